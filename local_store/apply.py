@@ -1,0 +1,176 @@
+"""Apply a batch of remote rows (a pulled delta, an export, a file import).
+
+Rules:
+  * Idempotent and order-independent: a row is written only if its version key
+    ``(updated_at, origin, content_hash)`` beats the local one (``merge.wins``).
+  * Remote text is redacted like local text (the plane does not redact imports, RELIABILITY P5),
+    and the preview is recomputed from the redacted content.
+  * One bad row is reported (index, id, field, message) and skipped; the rest apply.
+  * Timestamps are stored canonical; a row without a parseable ``updated_at`` is rejected.
+  * Rows from a writer that sent no ``origin`` (the control plane's own) get origin ``""``.
+  * Edges are upserted by their deterministic id; the edge's wire ``created_at`` is its version
+    unless the syncd extension ``updated_at`` is present. ``props`` with ``"deleted": true`` is
+    the plane's edge tombstone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from local_store.errors import ValidationError
+from local_store.merge import NODE_HASHED, content_hash, wins
+from local_store.records import MEMORY_TYPES, STATUSES, parse_timestamp, preview
+from local_store.redact import strip_private
+from local_store.writes import Row, Vector, Writer
+from protocol.rows import EdgeRow, NodeRow, edge_id
+
+_NODE_TEXT = ("labels", "realm", "memory_type", "title", "content", "tags", "status",
+              "source_session_id", "source_run_id", "superseded_by", "provenance", "topic_key",
+              "memory_class", "space", "writer_agent_id")
+_NODE_TIMES = ("created_at", "valid_at", "invalid_at")
+
+
+@dataclass(slots=True)
+class RowProblem:
+    kind: str
+    index: int
+    id: str | None
+    field: str | None
+    message: str
+
+
+@dataclass(slots=True)
+class ApplyResult:
+    applied_nodes: int = 0
+    applied_edges: int = 0
+    skipped_nodes: int = 0
+    skipped_edges: int = 0
+    problems: list[RowProblem] = field(default_factory=list)
+    max_version: str | None = None
+
+
+def _text(value: object, name: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValidationError(name, f"must be a string, got {type(value).__name__}")
+    return strip_private(value) if "<" in value else value
+
+
+def node_from_wire(wire: NodeRow) -> tuple[Row, np.ndarray | None]:
+    """Validate and redact one remote node row into a store row (plus its vector, if any)."""
+    if not isinstance(wire.id, str) or not wire.id.strip():
+        raise ValidationError("id", "is required and must be a non-empty string")
+    updated = parse_timestamp(wire.updated_at, "updated_at")
+    if updated is None:
+        raise ValidationError("updated_at", "is required")
+    row: Row = {"id": wire.id.strip()}
+    for name in _NODE_TEXT:
+        row[name] = _text(getattr(wire, name), name)
+    for name in _NODE_TIMES:
+        row[name] = parse_timestamp(getattr(wire, name), name)
+    row["updated_at"] = updated
+    row["created_at"] = row["created_at"] or updated
+    kind = (row["memory_type"] or "").strip().lower()
+    row["memory_type"] = kind if kind in MEMORY_TYPES else "fact"
+    status = (row["status"] or "").strip().lower()
+    row["status"] = status if status in STATUSES else "active"
+    row["realm"] = row["realm"] or "default"
+    row["content"] = row["content"] or ""
+    row["content_preview"] = preview(row["content"])
+    row["tags"] = row["tags"] or ""
+    importance = wire.importance
+    if importance is None or not math.isfinite(importance):
+        importance = 0.5
+    row["importance"] = min(1.0, max(0.0, float(importance)))
+    row["origin"] = _text(wire.origin, "origin") or ""
+    row["deleted"] = int(bool(wire.deleted))
+    row.update(local_seq=0, dedupe_key=None, source_uris=None, mentions=None, last_seen=None)
+    vector = None
+    if wire.embedding is not None and not row["deleted"]:
+        values = np.asarray(wire.embedding, dtype=np.float32)
+        if values.ndim != 1 or not np.isfinite(values).all():
+            raise ValidationError("embedding", "must be an array of finite numbers")
+        if values.any():
+            vector = values
+    return row, vector
+
+
+def edge_from_wire(wire: EdgeRow) -> Row:
+    for name in ("src", "dst", "type"):
+        value = getattr(wire, name)
+        if not isinstance(value, str) or not value.strip():
+            raise ValidationError(name, "is required and must be a non-empty string")
+    src, dst, type_ = wire.src or "", wire.dst or "", wire.type or ""
+    eid = edge_id(src, dst, type_)
+    if wire.id is not None and wire.id != eid:
+        raise ValidationError("id", f"must be {{src}}->{{dst}}:{{type}} = {eid!r}")
+    version = parse_timestamp(wire.updated_at, "updated_at") or parse_timestamp(
+        wire.created_at, "created_at")
+    if version is None:
+        raise ValidationError("created_at", "is required")
+    props = _text(wire.props, "props")
+    deleted = bool(wire.deleted) or _props_say_deleted(props)
+    row: Row = {
+        "id": eid, "src": _text(src, "src"), "dst": _text(dst, "dst"), "type": _text(type_, "type"),
+        "realm": _text(wire.realm, "realm"), "target_namespace": _text(wire.target_namespace,
+                                                                       "target_namespace"),
+        "props": props, "created_at": parse_timestamp(wire.created_at, "created_at") or version,
+        "updated_at": version, "origin": _text(wire.origin, "origin") or "",
+        "deleted": int(deleted), "local_seq": 0,
+    }
+    return row
+
+
+def _props_say_deleted(props: str | None) -> bool:
+    if not props or "deleted" not in props:
+        return False
+    try:
+        parsed = json.loads(props)
+    except ValueError:
+        return False
+    return isinstance(parsed, dict) and parsed.get("deleted") is True
+
+
+def apply_batch(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow],
+                model: str) -> ApplyResult:
+    """Run inside the writer's transaction. Nodes first, then edges (endpoints may be absent)."""
+    result = ApplyResult()
+    known = writer.current_keys("memories", [n.id for n in nodes if isinstance(n.id, str)])
+    for index, wire in enumerate(nodes):
+        try:
+            row, values = node_from_wire(wire)
+        except ValidationError as exc:
+            result.problems.append(RowProblem("node", index, wire.id, exc.field, exc.message))
+            continue
+        _note_version(writer, result, row["updated_at"])
+        key = (row["updated_at"], row["origin"], content_hash(row, NODE_HASHED))
+        if not wins(key, known.get(row["id"])):
+            result.skipped_nodes += 1
+            continue
+        writer.apply_node(row, None if values is None else Vector(model, values))
+        known[row["id"]] = key
+        result.applied_nodes += 1
+    for index, ewire in enumerate(edges):
+        try:
+            erow = edge_from_wire(ewire)
+        except ValidationError as exc:
+            result.problems.append(RowProblem("edge", index, ewire.id, exc.field, exc.message))
+            continue
+        _note_version(writer, result, erow["updated_at"])
+        if writer.apply_edge(erow):
+            result.applied_edges += 1
+        else:
+            result.skipped_edges += 1
+    return result
+
+
+def _note_version(writer: Writer, result: ApplyResult, version: str) -> None:
+    writer.clock.receive(version)
+    if result.max_version is None or version > result.max_version:
+        result.max_version = version
+

@@ -1,0 +1,30 @@
+"""Column lists and the SQL built from them, in one place.
+
+The first 20 node columns are exactly the control plane's exported columns, in its order.
+"""
+
+from __future__ import annotations
+
+from protocol.rows import EDGE_COLUMNS, NODE_EXPORT_COLUMNS, NODE_LATE_COLUMNS
+
+NODE_WIRE = tuple(c for c in NODE_EXPORT_COLUMNS if c != "embedding") + NODE_LATE_COLUMNS
+NODE_LOCAL = ("origin", "content_hash", "local_seq", "deleted", "dedupe_key", "source_uris",
+              "mentions", "last_seen")
+NODE_COLUMNS = NODE_WIRE + NODE_LOCAL
+
+EDGE_LOCAL = ("updated_at", "origin", "content_hash", "local_seq", "deleted")
+EDGE_ALL = EDGE_COLUMNS + EDGE_LOCAL
+
+
+def upsert_sql(table: str, columns: tuple[str, ...]) -> str:
+    names = ", ".join(columns)
+    marks = ", ".join(f":{c}" for c in columns)
+    updates = ", ".join(f"{c} = excluded.{c}" for c in columns if c != "id")
+    return (f"INSERT INTO {table} ({names}) VALUES ({marks}) "
+            f"ON CONFLICT (id) DO UPDATE SET {updates}")
+
+
+NODE_UPSERT = upsert_sql("memories", NODE_COLUMNS)
+EDGE_UPSERT = upsert_sql("edges", EDGE_ALL)
+NODE_SELECT = "SELECT " + ", ".join(NODE_COLUMNS) + " FROM memories"
+EDGE_SELECT = "SELECT " + ", ".join(EDGE_ALL) + " FROM edges"

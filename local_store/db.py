@@ -1,0 +1,123 @@
+"""SQLite plumbing: the data-dir lock, connections, pragmas and numbered migrations.
+
+Rules:
+  * One process per data directory: ``DataDirLock`` holds an exclusive ``flock`` on
+    ``<data-dir>/syncd.lock`` for the store's lifetime; a second opener fails at once.
+  * WAL with ``synchronous=NORMAL``: a committed transaction survives a process crash (kill -9);
+    only an OS crash or power loss can drop the last commits. ``busy_timeout`` covers the
+    checkpointer and outside readers (CLI, backup); ``journal_size_limit`` bounds the WAL.
+  * Migrations are ``schema/NNNN_name.sql`` applied in order, each in its own transaction
+    together with its ``schema_migrations`` record. Applied files are never edited.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sqlite3
+from importlib import resources
+from pathlib import Path
+
+from local_store.errors import StoreLockedError
+
+DB_FILENAME = "memory.db"
+LOCK_FILENAME = "syncd.lock"
+BUSY_TIMEOUT_MS = 10_000
+JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
+
+
+class DataDirLock:
+    """An exclusive advisory lock on the data directory, released on close or process death."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / LOCK_FILENAME
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise StoreLockedError(
+                f"data directory {self.path.parent} is in use by another syncd process "
+                f"(pid {holder}); stop it or choose another --data-dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
+    """A connection in autocommit mode; transactions are explicit (``BEGIN IMMEDIATE``)."""
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
+                           cached_statements=256)
+    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    conn.execute("PRAGMA foreign_keys = ON")
+    if readonly:
+        conn.execute("PRAGMA query_only = ON")
+    else:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
+        conn.execute("PRAGMA wal_autocheckpoint = 1000")
+    return conn
+
+
+def migration_files() -> list[tuple[int, str, str]]:
+    """(number, name, sql) for every ``schema/NNNN_*.sql``, in order."""
+    out = []
+    for entry in resources.files("local_store").joinpath("schema").iterdir():
+        name = entry.name
+        if name.endswith(".sql") and name[:4].isdigit():
+            out.append((int(name[:4]), name, entry.read_text(encoding="utf-8")))
+    return sorted(out)
+
+
+def migrate(conn: sqlite3.Connection) -> list[str]:
+    """Apply pending migrations; returns the names applied now."""
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations ("
+        " number INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL) STRICT"
+    )
+    done = {row[0] for row in conn.execute("SELECT number FROM schema_migrations")}
+    applied = []
+    for number, name, sql in migration_files():
+        if number in done:
+            continue
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in split_sql(sql):
+                conn.execute(statement)
+            conn.execute(
+                "INSERT INTO schema_migrations VALUES (?, ?, strftime('%Y-%m-%dT%H:%M:%fZ'))",
+                (number, name),
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        applied.append(name)
+    return applied
+
+
+def split_sql(script: str) -> list[str]:
+    """Split a script into complete statements (``executescript`` would commit on its own)."""
+    statements, buffer = [], ""
+    for line in script.splitlines(keepends=True):
+        if not buffer and line.lstrip().startswith("--"):
+            continue
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            if buffer.strip():
+                statements.append(buffer.strip())
+            buffer = ""
+    if buffer.strip():
+        raise ValueError(f"incomplete SQL statement at end of migration: {buffer[:80]!r}")
+    return statements

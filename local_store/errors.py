@@ -1,0 +1,39 @@
+"""The store's error tree. Each class has a stable ``code``; the daemon maps codes to HTTP.
+
+    StoreError
+    ├── ValidationError     bad input; names the field; nothing was written
+    ├── NotFoundError       the id does not exist (or is a tombstone)
+    ├── StoreLockedError    another process holds the data directory
+    └── StoreClosedError    the store was used after close()
+"""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    code = "store_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ValidationError(StoreError):
+    code = "invalid"
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class NotFoundError(StoreError):
+    code = "not_found"
+
+
+class StoreLockedError(StoreError):
+    code = "store_locked"
+
+
+class StoreClosedError(StoreError):
+    code = "store_closed"

@@ -1,0 +1,322 @@
+"""Pure input handling for the write path: validate, redact, fold, normalise.
+
+Rules:
+  * Redaction runs first, on every string of the input (keys included), before validation,
+    truncation, previews, hashing or embedding (RELIABILITY P1).
+  * Every error is a ``ValidationError`` naming the field; these functions never touch SQLite.
+  * ``why``/``where``/``learned`` fold into content exactly as the control plane does:
+    ``content + "\\nWhy: …" + "\\nWhere: …" + "\\nLearned: …"`` for the non-blank ones, trimmed.
+  * Unknown memory types coerce to ``fact`` (as the plane does) and the coercion is reported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from local_store.errors import ValidationError
+from local_store.redact import strip_json_strings
+from protocol.timestamp import TimestampError, canonical
+
+MEMORY_TYPES = ("fact", "decision", "preference", "learning", "summary", "procedure", "entity")
+STATUSES = ("active", "background", "archived")
+DEFAULT_REALM = "default"
+DEFAULT_IMPORTANCE = 0.5
+PREVIEW_CHARS = 280
+MAX_CONTENT_CHARS = 256 * 1024
+MAX_TITLE_CHARS = 1000
+MAX_REALM_CHARS = 200
+MAX_TAGS = 64
+MAX_TAG_CHARS = 200
+MAX_KEY_CHARS = 500
+
+_SLUG_RUNS = re.compile(r"[^0-9a-z]+")
+_WS = re.compile(r"\s+")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+SAVE_FIELDS = frozenset({
+    "content", "title", "memory_type", "tags", "realm", "importance", "references",
+    "topic_key", "why", "where", "learned", "sync", "space", "valid_at", "source_session_id",
+    "source_run_id", "provenance", "memory_class", "writer_agent_id", "source_uris",
+    "mentions", "dedupe_key", "conversationId", "memoryContext",
+})
+
+
+@dataclass(slots=True)
+class Draft:
+    """A validated, redacted memory version, not yet stamped or identified."""
+
+    realm: str
+    memory_type: str
+    content: str
+    title: str | None = None
+    tags: str = ""
+    importance: float = DEFAULT_IMPORTANCE
+    status: str = "active"
+    topic_key: str | None = None
+    valid_at: str | None = None
+    source_session_id: str | None = None
+    source_run_id: str | None = None
+    provenance: str | None = None
+    memory_class: str | None = None
+    space: str | None = None
+    writer_agent_id: str | None = None
+    source_uris: str | None = None
+    mentions: str | None = None
+    dedupe_key: str | None = None
+    references: tuple[str, ...] = ()
+    coerced: dict[str, str] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------- scalars
+
+def optional_str(args: Mapping[str, object], name: str, *, limit: int = MAX_KEY_CHARS,
+                 label: str | None = None) -> str | None:
+    """A trimmed string or None for missing/blank; anything else is an error naming the field."""
+    value = args.get(name)
+    label = label or name
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValidationError(label, f"must be a string, got {type(value).__name__}")
+    value = value.strip()
+    if len(value) > limit:
+        raise ValidationError(label, f"must be at most {limit} characters, got {len(value)}")
+    return value or None
+
+
+def required_str(args: Mapping[str, object], name: str, *, limit: int = MAX_KEY_CHARS,
+                 label: str | None = None) -> str:
+    value = optional_str(args, name, limit=limit, label=label)
+    if value is None:
+        raise ValidationError(label or name, "is required and must be a non-empty string")
+    return value
+
+
+def parse_realm(value: object, label: str = "realm") -> str:
+    if value is None:
+        return DEFAULT_REALM
+    if not isinstance(value, str):
+        raise ValidationError(label, f"must be a string, got {type(value).__name__}")
+    realm = value.strip()
+    if not realm:
+        return DEFAULT_REALM
+    if len(realm) > MAX_REALM_CHARS or _CONTROL.search(realm):
+        raise ValidationError(label, f"must be at most {MAX_REALM_CHARS} printable characters")
+    return realm
+
+
+def parse_memory_type(value: object, coerced: dict[str, str], label: str = "memory_type") -> str:
+    """Lenient like the plane: trimmed, lower-cased, unknown → ``fact`` (reported in ``coerced``)."""
+    if value is None:
+        return "fact"
+    if not isinstance(value, str):
+        raise ValidationError(label, f"must be a string, got {type(value).__name__}")
+    kind = value.strip().lower()
+    if kind in MEMORY_TYPES:
+        return kind
+    if kind:
+        coerced[label] = f"unknown memory_type {value[:60]!r} stored as 'fact'"
+    return "fact"
+
+
+def parse_status(value: object, label: str = "status") -> str:
+    if not isinstance(value, str) or value.strip().lower() not in STATUSES:
+        raise ValidationError(label, "must be active|background|archived")
+    return value.strip().lower()
+
+
+def parse_importance(value: object, label: str = "importance") -> float:
+    """A finite number, clamped to [0, 1] as the plane does."""
+    if value is None:
+        return DEFAULT_IMPORTANCE
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValidationError(label, f"must be a number between 0 and 1, got {type(value).__name__}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValidationError(label, f"must be a finite number, got {number}")
+    return min(1.0, max(0.0, number))
+
+
+def parse_timestamp(value: object, label: str) -> str | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if not isinstance(value, str):
+        raise ValidationError(label, f"must be an RFC 3339 string, got {type(value).__name__}")
+    try:
+        return canonical(value.strip())
+    except TimestampError as exc:
+        raise ValidationError(label, str(exc)) from None
+
+
+def parse_tags(value: object, label: str = "tags") -> str:
+    """A list of strings → the plane's comma-joined form (trimmed, blank dropped, de-duplicated)."""
+    if value is None:
+        return ""
+    if not isinstance(value, list | tuple):
+        raise ValidationError(label, "must be a list of strings")
+    if len(value) > MAX_TAGS:
+        raise ValidationError(label, f"must have at most {MAX_TAGS} tags, got {len(value)}")
+    tags: list[str] = []
+    for index, tag in enumerate(value):
+        where = f"{label}[{index}]"
+        if not isinstance(tag, str):
+            raise ValidationError(where, f"must be a string, got {type(tag).__name__}")
+        tag = tag.strip()
+        if "," in tag:
+            raise ValidationError(where, "must not contain a comma (tags are comma-joined on the wire)")
+        if len(tag) > MAX_TAG_CHARS:
+            raise ValidationError(where, f"must be at most {MAX_TAG_CHARS} characters")
+        if tag and tag not in tags:
+            tags.append(tag)
+    return ",".join(tags)
+
+
+def parse_id_list(value: object, label: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple):
+        raise ValidationError(label, "must be a list of strings")
+    out: list[str] = []
+    for index, item in enumerate(value):
+        if not isinstance(item, str) or not item.strip():
+            raise ValidationError(f"{label}[{index}]", "must be a non-empty string")
+        if item.strip() not in out:
+            out.append(item.strip())
+    return tuple(out)
+
+
+def normalise_memory_id(value: object, label: str = "memory_id") -> str:
+    """Accept ``memory:<uuid>`` or a bare uuid (as the plane's tools do)."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValidationError(label, "is required and must be a non-empty string")
+    text = value.strip()
+    return text if text.startswith("memory:") else f"memory:{text}"
+
+
+# ---------------------------------------------------------------------------- derived text
+
+def fold_content(content: str, why: str | None, where: str | None, learned: str | None) -> str:
+    for label, extra in (("Why", why), ("Where", where), ("Learned", learned)):
+        if extra and extra.strip():
+            content += f"\n{label}: {extra.strip()}"
+    return content
+
+
+def preview(content: str) -> str:
+    text = content.strip()
+    return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS] + "…"
+
+
+def slug(name: str) -> str:
+    return _SLUG_RUNS.sub("-", name.lower()).strip("-")
+
+
+def dedupe_key(realm: str, memory_type: str, content: str) -> str:
+    """Same realm, type and whitespace/case-normalised content → the same key."""
+    normal = _WS.sub(" ", content.strip().lower())
+    return hashlib.sha256(f"{realm}\x1f{memory_type}\x1f{normal}".encode()).hexdigest()[:32]
+
+
+def new_memory_id() -> str:
+    return f"memory:{uuid.uuid4()}"
+
+
+def json_text(value: object, label: str) -> str | None:
+    """Objects become compact JSON text; strings stay as given (the wire keeps JSON in strings)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict | list):
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+    raise ValidationError(label, "must be an object or a JSON string")
+
+
+def stamp_provenance(given: object, writer: Mapping[str, object]) -> str:
+    """Merge the writer stamp into an object provenance; wrap any other value as the plane does."""
+    base: dict[str, object]
+    if given is None:
+        base = {}
+    elif isinstance(given, dict):
+        base = dict(given)
+    elif isinstance(given, str):
+        try:
+            parsed = json.loads(given)
+        except ValueError:
+            parsed = given
+        base = dict(parsed) if isinstance(parsed, dict) else {"value": parsed}
+    else:
+        raise ValidationError("provenance", "must be an object or a JSON string")
+    base["writer"] = dict(writer)
+    return json.dumps(base, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+
+
+# ---------------------------------------------------------------------------- save
+
+def build_save(raw: Mapping[str, object], writer: Mapping[str, object], *,
+               label: str = "") -> Draft:
+    """Turn the ``save_memory`` arguments into a Draft (redacted, folded, validated)."""
+    if not isinstance(raw, Mapping):
+        raise ValidationError(label or "body", "must be a JSON object")
+    args = strip_json_strings(dict(raw))
+    assert isinstance(args, dict)
+    p = f"{label}." if label else ""
+    coerced: dict[str, str] = {}
+    content = args.get("content")
+    if not isinstance(content, str):
+        raise ValidationError(f"{p}content", "is required and must be a string")
+    why = optional_str(args, "why", limit=MAX_CONTENT_CHARS, label=f"{p}why")
+    where = optional_str(args, "where", limit=MAX_CONTENT_CHARS, label=f"{p}where")
+    learned = optional_str(args, "learned", limit=MAX_CONTENT_CHARS, label=f"{p}learned")
+    content = fold_content(content, why, where, learned)
+    if not content.strip() or content.strip() == "[redacted]":
+        raise ValidationError(f"{p}content", "is empty (after removing <private> sections)")
+    if len(content) > MAX_CONTENT_CHARS:
+        raise ValidationError(f"{p}content", f"must be at most {MAX_CONTENT_CHARS} characters")
+    realm = parse_realm(args.get("realm"), f"{p}realm")
+    memory_type = parse_memory_type(args.get("memory_type"), coerced, f"{p}memory_type")
+    return Draft(
+        realm=realm,
+        memory_type=memory_type,
+        content=content,
+        title=optional_str(args, "title", limit=MAX_TITLE_CHARS, label=f"{p}title"),
+        tags=parse_tags(args.get("tags"), f"{p}tags"),
+        importance=parse_importance(args.get("importance"), f"{p}importance"),
+        topic_key=optional_str(args, "topic_key", label=f"{p}topic_key"),
+        valid_at=parse_timestamp(args.get("valid_at"), f"{p}valid_at"),
+        source_session_id=optional_str(args, "source_session_id", label=f"{p}source_session_id"),
+        source_run_id=optional_str(args, "source_run_id", label=f"{p}source_run_id"),
+        provenance=stamp_provenance(args.get("provenance"), writer),
+        memory_class=optional_str(args, "memory_class", label=f"{p}memory_class"),
+        space=optional_str(args, "space", label=f"{p}space"),
+        writer_agent_id=optional_str(args, "writer_agent_id", label=f"{p}writer_agent_id"),
+        source_uris=json_text(args.get("source_uris"), f"{p}source_uris"),
+        mentions=json_text(args.get("mentions"), f"{p}mentions"),
+        dedupe_key=dedupe_key(realm, memory_type, content),
+        references=parse_id_list(args.get("references"), f"{p}references"),
+        coerced=coerced,
+    )
+
+
+def entity_content(name: str, kind: str | None, properties: Mapping[str, object],
+                   type_: str | None, icon: str | None) -> str:
+    """The plane's entity body: name, Kind, properties (strings raw, others JSON), type, icon."""
+    lines = [name]
+    if kind:
+        lines.append(f"Kind: {kind}")
+    for key, value in properties.items():
+        if value is None or value == "":
+            continue
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        lines.append(f"{key}: {text}")
+    if type_:
+        lines.append(f"type: {type_}")
+    if icon:
+        lines.append(f"icon: {icon}")
+    return "\n".join(lines)

@@ -1,0 +1,573 @@
+"""``Store``: the async shell around the memory store. The only class that awaits SQLite.
+
+Rules:
+  * Writes run on one dedicated writer thread, each as one ``BEGIN IMMEDIATE`` transaction that
+    commits or rolls back whole (``_write``). The thread is the one-writer rule: no other
+    connection ever writes, so clients never see "database is locked".
+  * Embedding happens before the transaction, never under the write lock.
+  * Reads use their own aiosqlite connection (WAL snapshot reads, ``query_only``).
+  * The HLC's last stamp and ``local_seq`` are persisted in the same transaction as the rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import socket
+import sqlite3
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiosqlite
+import numpy as np
+
+from local_store import db
+from local_store.apply import ApplyResult, apply_batch
+from local_store.columns import EDGE_ALL, EDGE_SELECT, NODE_COLUMNS, NODE_SELECT
+from local_store.embed import Embedder, HashingEmbedder, from_blob
+from local_store.errors import NotFoundError, StoreClosedError, ValidationError
+from local_store.records import (
+    Draft,
+    build_save,
+    entity_content,
+    normalise_memory_id,
+    optional_str,
+    parse_importance,
+    parse_realm,
+    parse_status,
+    parse_tags,
+    required_str,
+    slug,
+    stamp_provenance,
+)
+from local_store.redact import strip_json_strings
+from local_store.writes import Row, Vector, Writer, props_json
+from protocol.hlc import HybridClock
+from protocol.rows import EdgeRow, NodeRow
+
+T = TypeVar("T")
+
+MAX_BATCH = 1000
+LIST_LIMIT_DEFAULT = 50
+LIST_LIMIT_MAX = 500
+
+
+class Store:
+    """Open with ``await Store.open(data_dir)``; close with ``await store.close()``."""
+
+    def __init__(self, data_dir: Path, embedder: Embedder, writer: Writer,
+                 reader: aiosqlite.Connection, lock: db.DataDirLock,
+                 pool: ThreadPoolExecutor, store_id: str) -> None:
+        self.data_dir = data_dir
+        self.embedder = embedder
+        self.store_id = store_id
+        self.replica_id = writer.replica_id
+        self._writer = writer
+        self._reader = reader
+        self._lock = lock
+        self._pool = pool
+        self._closed = False
+        self.writer_info: dict[str, object] = {
+            "host": socket.gethostname(), "source": "syncd", "client": None,
+            "client_version": None,
+        }
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    async def open(cls, data_dir: Path | str, *, embedder: Embedder | None = None,
+                   wall: Callable[[], int] = time.time_ns) -> Store:
+        data_dir = Path(data_dir)
+        data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        lock = db.DataDirLock(data_dir)
+        lock.acquire()
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="syncd-writer")
+        try:
+            loop = asyncio.get_running_loop()
+            writer = await loop.run_in_executor(pool, _open_writer, data_dir / db.DB_FILENAME, wall)
+            reader = await aiosqlite.connect(data_dir / db.DB_FILENAME, isolation_level=None)
+            await reader.execute(f"PRAGMA busy_timeout = {db.BUSY_TIMEOUT_MS}")
+            await reader.execute("PRAGMA query_only = ON")
+        except BaseException:
+            pool.shutdown(wait=True)
+            lock.release()
+            raise
+        store_id = writer.meta("store_id") or ""
+        return cls(data_dir, embedder or HashingEmbedder(), writer, reader, lock, pool, store_id)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self._reader.close()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._pool, self._writer.conn.close)
+        self._pool.shutdown(wait=True)
+        self._lock.release()
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / db.DB_FILENAME
+
+    @property
+    def clock(self) -> HybridClock:
+        return self._writer.clock
+
+    # ------------------------------------------------------------------ plumbing
+
+    async def _write(self, fn: Callable[[Writer], T]) -> T:
+        """Run ``fn`` on the writer thread inside one BEGIN IMMEDIATE transaction."""
+        if self._closed:
+            raise StoreClosedError("the store is closed")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, _transaction, self._writer, fn)
+
+    async def _embed(self, texts: list[str]) -> list[Vector]:
+        if not texts:
+            return []
+        loop = asyncio.get_running_loop()
+        matrix = await loop.run_in_executor(None, self.embedder.embed, texts)
+        return [Vector(self.embedder.model_id, np.asarray(row, dtype=np.float32))
+                for row in matrix]
+
+    async def _fetch(self, sql: str, params: Sequence[object] = ()) -> list[sqlite3.Row]:
+        if self._closed:
+            raise StoreClosedError("the store is closed")
+        return list(await self._reader.execute_fetchall(sql, params))
+
+    # ------------------------------------------------------------------ saves
+
+    async def save(self, args: Mapping[str, object]) -> dict[str, Any]:
+        """``save_memory``: validate + redact + fold, embed, then one transaction."""
+        draft = build_save(args, self.writer_info)
+        (vector,) = await self._embed([draft.content])
+        result = await self._write(lambda w: w.save(draft, vector))
+        if draft.coerced:
+            result["coerced"] = dict(draft.coerced)
+        return result
+
+    async def save_many(self, items: Sequence[object]) -> dict[str, Any]:
+        """``save_memories``: invalid items are reported by index; the valid ones save together."""
+        if not isinstance(items, list | tuple):
+            raise ValidationError("memories", "must be a list of memory objects")
+        if not items:
+            raise ValidationError("memories", "is empty")
+        if len(items) > MAX_BATCH:
+            raise ValidationError("memories", f"must have at most {MAX_BATCH} items")
+        drafts: list[tuple[int, Draft]] = []
+        errors: list[str] = []
+        for index, item in enumerate(items):
+            try:
+                if not isinstance(item, Mapping):
+                    raise ValidationError(f"memories[{index}]", "must be an object")
+                drafts.append((index, build_save(item, self.writer_info,
+                                                 label=f"memories[{index}]")))
+            except ValidationError as exc:
+                errors.append(f"#{index}: {exc}")
+        vectors = await self._embed([d.content for _, d in drafts])
+
+        def run(w: Writer) -> list[dict[str, Any]]:
+            return [w.save(d, v) for (_, d), v in zip(drafts, vectors, strict=True)]
+
+        results = await self._write(run) if drafts else []
+        ids: list[str | None] = [None] * len(items)
+        for (index, _), res in zip(drafts, results, strict=True):
+            ids[index] = res["id"]
+        out: dict[str, Any] = {"saved": bool(results), "count": len(results), "ids": ids}
+        if errors:
+            out["errors"] = errors
+        return out
+
+    # ------------------------------------------------------------------ mutations
+
+    async def update_status(self, memory_id: object, status: object) -> dict[str, Any]:
+        mid = normalise_memory_id(memory_id)
+        value = parse_status(status)
+        await self._write(lambda w: w.mutate(mid, {"status": value}))
+        return {"ok": True, "memory_id": mid, "status": value}
+
+    async def update_importance(self, memory_id: object, importance: object) -> dict[str, Any]:
+        mid = normalise_memory_id(memory_id)
+        if importance is None:
+            raise ValidationError("importance", "is required")
+        value = parse_importance(importance)
+        await self._write(lambda w: w.mutate(mid, {"importance": value}))
+        return {"ok": True, "memory_id": mid, "importance": value}
+
+    async def delete(self, memory_id: object, *, hard: bool = False) -> dict[str, Any]:
+        mid = normalise_memory_id(memory_id)
+        await self._write(lambda w: w.delete(mid, hard=hard))
+        return {"ok": True, "memory_id": mid, "deleted": True, "hard": hard}
+
+    async def judge(self, memory_id: object, target_id: object, verdict: object,
+                    reason: object = None) -> dict[str, Any]:
+        """``memory_judge``: supersedes/invalidates, merged, or any other verdict as a relation."""
+        src = normalise_memory_id(memory_id, "memory_id")
+        dst = normalise_memory_id(target_id, "target_id")
+        if src == dst:
+            raise ValidationError("target_id", "must differ from memory_id")
+        raw = strip_json_strings({"verdict": verdict, "reason": reason})
+        assert isinstance(raw, dict)
+        word = required_str(raw, "verdict").lower()
+        why = optional_str(raw, "reason", limit=4000)
+
+        def run(w: Writer) -> dict[str, Any]:
+            w.live_node(src, "memory_id")
+            target = w.live_node(dst, "target_id")
+            if word in ("supersedes", "invalidates"):
+                stamp = w.clock.now()
+                w.mutate(dst, {"invalid_at": stamp, "superseded_by": src}, "target_id")
+                w.put_edge(src, dst, "INVALIDATES", realm=target["realm"])
+                return {"ok": True, "verdict": "supersedes", "src": src, "dst": dst}
+            if word in ("merged", "merged_into"):
+                w.mutate(dst, {"status": "archived"}, "target_id")
+                w.put_edge(dst, src, "MERGED_INTO", realm=target["realm"])
+                return {"ok": True, "verdict": "merged", "into": src, "from": dst}
+            w.put_edge(src, dst, "RELATES_TO", realm=target["realm"],
+                       props=props_json({"verdict": word, "reason": why}))
+            return {"ok": True, "verdict": word, "src": src, "dst": dst}
+
+        return await self._write(run)
+
+    async def link(self, args: Mapping[str, object]) -> dict[str, Any]:
+        """``link_memory_to_entity``: an edge from a memory to any node id (verbatim)."""
+        clean = strip_json_strings(dict(args))
+        assert isinstance(clean, dict)
+        src = normalise_memory_id(clean.get("memory_id"))
+        dst = required_str(clean, "target_node_id")
+        kind = optional_str(clean, "relationship_type") or "REFERENCES"
+        namespace = optional_str(clean, "target_namespace")
+        realm_arg = clean.get("realm")
+
+        def run(w: Writer) -> dict[str, Any]:
+            node = w.live_node(src)
+            realm = node["realm"] if realm_arg is None else parse_realm(realm_arg)
+            w.put_edge(src, dst, kind, realm=realm, target_namespace=namespace)
+            return {"linked": True, "src": src, "dst": dst, "type": kind}
+
+        return await self._write(run)
+
+    async def ingest_entity(self, args: Mapping[str, object]) -> dict[str, Any]:
+        """``ingest_entity``: idempotent per (realm, kind, name) through its topic key."""
+        clean = strip_json_strings(dict(args))
+        assert isinstance(clean, dict)
+        name = required_str(clean, "name", limit=1000)
+        kind = optional_str(clean, "kind")
+        type_ = optional_str(clean, "type")
+        icon = optional_str(clean, "icon")
+        properties = clean.get("properties") or {}
+        if not isinstance(properties, dict):
+            raise ValidationError("properties", "must be an object")
+        links = _parse_links(clean.get("links"))
+        realm = parse_realm(clean.get("realm"))
+        topic = f"entity/{kind or 'entity'}/{slug(name)}"
+        provenance = {"source": "synthetic", "via": "ingest_entity", "kind": kind,
+                      "type": type_, "icon": icon}
+        draft = Draft(
+            realm=realm, memory_type="entity", title=name,
+            content=entity_content(name, kind, properties, type_, icon),
+            tags=parse_tags([f"kind:{kind}"] if kind else []), importance=0.5,
+            topic_key=topic, provenance=stamp_provenance(provenance, self.writer_info),
+        )
+        (vector,) = await self._embed([draft.content])
+
+        def run(w: Writer) -> dict[str, Any]:
+            saved = w.save(draft, vector)
+            for target, relation, namespace in links:
+                dst = target if namespace else normalise_memory_id(target, "links")
+                w.put_edge(saved["node_id"], dst, relation, realm=realm,
+                           target_namespace=namespace)
+            return saved
+
+        saved = await self._write(run)
+        return {"created": True, "upserted": bool(saved.get("upserted")), "id": saved["id"],
+                "node_id": saved["node_id"], "kind": kind, "type": type_, "icon": icon,
+                "topic_key": topic, "links": len(links)}
+
+    async def session_summary(self, args: Mapping[str, object]) -> dict[str, Any]:
+        """``memory_session_summary``: one summary memory from the non-empty fields."""
+        clean = strip_json_strings(dict(args))
+        assert isinstance(clean, dict)
+        parts = []
+        for key, label in (("goal", "Goal"), ("instructions", "Instructions"),
+                           ("discoveries", "Discoveries"), ("accomplished", "Accomplished"),
+                           ("next_steps", "Next steps"), ("files", "Files")):
+            value = clean.get(key)
+            if isinstance(value, list):
+                value = ", ".join(str(v) for v in value)
+            text = optional_str({key: value}, key, limit=64 * 1024)
+            if text:
+                parts.append(f"\n{label}: {text}")
+        if not parts:
+            raise ValidationError("goal", "nothing to summarize — provide at least one field")
+        return await self.save({
+            "content": "Session summary." + "".join(parts), "title": "Session summary",
+            "memory_type": "summary", "importance": 0.6, "tags": ["session-summary"],
+            "realm": clean.get("realm"),
+        })
+
+    # ------------------------------------------------------------------ replication
+
+    async def apply(self, nodes: Sequence[NodeRow], edges: Sequence[EdgeRow], *,
+                    model: str) -> ApplyResult:
+        """Apply remote rows (LWW, idempotent); ``model`` names the embedder of their vectors."""
+        node_list, edge_list = list(nodes), list(edges)
+        return await self._write(lambda w: apply_batch(w, node_list, edge_list, model))
+
+    async def export(self, realm: str | None = None, *, model: str | None = None,
+                     include_deleted: bool = False) -> tuple[list[NodeRow], list[EdgeRow]]:
+        """Latest versions (archived and invalidated included), as wire rows."""
+        where, params = ["1 = 1"], []
+        if realm is not None:
+            where.append("realm = ?")
+            params.append(realm)
+        if not include_deleted:
+            where.append("deleted = 0")
+        rows = await self._fetch(NODE_SELECT + " WHERE " + " AND ".join(where)
+                                 + " ORDER BY local_seq", params)
+        nodes = await self._wire_nodes(rows, model or self.embedder.model_id)
+        edge_sql = EDGE_SELECT + ("" if include_deleted else " WHERE deleted = 0")
+        edges = [wire_edge(dict(zip(EDGE_ALL, r, strict=True)))
+                 for r in await self._fetch(edge_sql + " ORDER BY local_seq")]
+        return nodes, edges
+
+    async def changes(self, since_seq: int, *, limit: int = 1000,
+                      model: str | None = None) -> tuple[list[NodeRow], list[EdgeRow], int]:
+        """Local versions (tombstones included) with ``local_seq > since_seq``, in commit order.
+
+        Returns the rows and the cursor to pass next time (the last seq returned).
+        """
+        node_rows = await self._fetch(
+            NODE_SELECT + " WHERE local_seq > ? ORDER BY local_seq LIMIT ?", (since_seq, limit))
+        edge_rows = await self._fetch(
+            EDGE_SELECT + " WHERE local_seq > ? ORDER BY local_seq LIMIT ?", (since_seq, limit))
+        seq_index = NODE_COLUMNS.index("local_seq")
+        merged = sorted([(r[seq_index], "n", r) for r in node_rows]
+                        + [(r[EDGE_ALL.index("local_seq")], "e", r) for r in edge_rows],
+                        key=lambda item: item[0])[:limit]
+        cursor = merged[-1][0] if merged else since_seq
+        nodes = await self._wire_nodes([r for _, k, r in merged if k == "n"],
+                                       model or self.embedder.model_id)
+        edges = [wire_edge(dict(zip(EDGE_ALL, r, strict=True))) for _, k, r in merged if k == "e"]
+        return nodes, edges, int(cursor)
+
+    async def _wire_nodes(self, rows: list[sqlite3.Row], model: str) -> list[NodeRow]:
+        dicts = [dict(zip(NODE_COLUMNS, r, strict=True)) for r in rows]
+        vectors = await self._vectors([d["id"] for d in dicts], model)
+        return [wire_node(d, vectors.get(d["id"])) for d in dicts]
+
+    async def _vectors(self, ids: list[str], model: str) -> dict[str, list[float]]:
+        out: dict[str, list[float]] = {}
+        for start in range(0, len(ids), 500):
+            chunk = ids[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            for mid, blob in await self._fetch(
+                    f"SELECT memory_id, vec FROM vectors WHERE model = ? AND memory_id IN ({marks})",
+                    [model, *chunk]):
+                out[mid] = from_blob(blob).tolist()
+        return out
+
+    # ------------------------------------------------------------------ reads
+
+    async def get(self, memory_id: object) -> dict[str, Any]:
+        mid = normalise_memory_id(memory_id)
+        rows = await self._fetch(NODE_SELECT + " WHERE id = ? AND deleted = 0", (mid,))
+        if not rows:
+            raise NotFoundError(f"memory_id: memory {mid} not found")
+        node = memory_view(dict(zip(NODE_COLUMNS, rows[0], strict=True)))
+        edges = await self._fetch(EDGE_SELECT + " WHERE (src = ? OR dst = ?) AND deleted = 0 "
+                                  "ORDER BY id", (mid, mid))
+        node["edges"] = [edge_view(dict(zip(EDGE_ALL, e, strict=True))) for e in edges]
+        return node
+
+    async def list_memories(self, args: Mapping[str, object] | None = None) -> dict[str, Any]:
+        """``list_memories``: newest first; invalidated and deleted excluded; archived unless asked."""
+        clean = strip_json_strings(dict(args or {}))
+        assert isinstance(clean, dict)
+        limit = _int_arg(clean, "limit", LIST_LIMIT_DEFAULT, 1, LIST_LIMIT_MAX)
+        offset = _int_arg(clean, "offset", 0, 0, 10**9)
+        where, params = ["deleted = 0", "invalid_at IS NULL"], []
+        if clean.get("status") is not None:
+            where.append("status = ?")
+            params.append(parse_status(clean["status"]))
+        else:
+            where.append("status <> 'archived'")
+        if clean.get("realm") is not None:
+            where.append("realm = ?")
+            params.append(parse_realm(clean["realm"]))
+        if clean.get("memory_type") is not None:
+            where.append("memory_type = ?")
+            params.append(_lenient_type(clean["memory_type"]))
+        for tag in parse_tags(clean.get("tags")).split(",") if clean.get("tags") else []:
+            where.append("(',' || tags || ',') LIKE ? ESCAPE '\\'")
+            params.append("%," + _like_escape(tag) + ",%")
+        sql = (NODE_SELECT + " WHERE " + " AND ".join(where)
+               + " ORDER BY created_at DESC, id LIMIT ? OFFSET ?")
+        rows = await self._fetch(sql, [*params, limit, offset])
+        items = [list_view(dict(zip(NODE_COLUMNS, r, strict=True))) for r in rows]
+        return {"rows": items, "row_count": len(items), "truncated": len(items) == limit}
+
+    async def stats(self) -> dict[str, int]:
+        (counts,) = await self._fetch(
+            "SELECT (SELECT count(*) FROM memories WHERE deleted = 0), "
+            "(SELECT count(*) FROM memories WHERE deleted = 1), "
+            "(SELECT count(*) FROM edges WHERE deleted = 0), (SELECT count(*) FROM outbox)")
+        return {"memories": counts[0], "tombstones": counts[1], "edges": counts[2],
+                "outbox": counts[3]}
+
+    async def outbox(self, limit: int = 1000) -> list[tuple[str, str, int]]:
+        rows = await self._fetch(
+            "SELECT kind, item_id, local_seq FROM outbox ORDER BY local_seq LIMIT ?", (limit,))
+        return [(r[0], r[1], r[2]) for r in rows]
+
+    async def dump(self) -> dict[str, list[tuple[Any, ...]]]:
+        """Every table's rows, ordered — for "the store is unchanged" assertions."""
+        out: dict[str, list[tuple[Any, ...]]] = {}
+        for table, order in (("meta", "key"), ("memories", "id"), ("vectors", "memory_id, model"),
+                             ("edges", "id"), ("outbox", "kind, item_id")):
+            out[table] = [tuple(r) for r in await self._fetch(
+                f"SELECT * FROM {table} ORDER BY {order}")]
+        return out
+
+    async def integrity_check(self) -> str:
+        rows = await self._fetch("PRAGMA integrity_check")
+        return "; ".join(str(r[0]) for r in rows)
+
+
+# ---------------------------------------------------------------------- writer-thread helpers
+
+def _open_writer(path: Path, wall: Callable[[], int]) -> Writer:
+    conn = db.connect(path)
+    db.migrate(conn)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        values = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        if "store_id" not in values:
+            values["store_id"] = secrets.token_hex(16)
+            values["replica_id"] = secrets.token_hex(8)
+            values["hlc_node"] = str(int(values["replica_id"], 16) % 1000)
+            for key in ("store_id", "replica_id", "hlc_node"):
+                conn.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (key, values[key]))
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        conn.close()
+        raise
+    clock = HybridClock(int(values["hlc_node"]), wall=wall,
+                        last_ns=int(values.get("hlc_last", "0")))
+    return Writer(conn, clock, values["replica_id"])
+
+
+def _transaction(writer: Writer, fn: Callable[[Writer], T]) -> T:
+    writer.begin()
+    try:
+        result = fn(writer)
+        writer.commit()
+    except BaseException:
+        writer.rollback()
+        raise
+    return result
+
+
+# ---------------------------------------------------------------------- row views
+
+def wire_node(row: Row, embedding: list[float] | None) -> NodeRow:
+    return NodeRow(
+        id=row["id"], labels=row["labels"], realm=row["realm"], memory_type=row["memory_type"],
+        title=row["title"], content=row["content"], content_preview=row["content_preview"],
+        tags=row["tags"], importance=row["importance"], status=row["status"],
+        source_session_id=row["source_session_id"], source_run_id=row["source_run_id"],
+        embedding=embedding, created_at=row["created_at"], updated_at=row["updated_at"],
+        valid_at=row["valid_at"], invalid_at=row["invalid_at"],
+        superseded_by=row["superseded_by"], provenance=row["provenance"],
+        topic_key=row["topic_key"], memory_class=row["memory_class"], space=row["space"],
+        writer_agent_id=row["writer_agent_id"], origin=row["origin"] or None,
+        deleted=True if row["deleted"] else None,
+    )
+
+
+def wire_edge(row: Row) -> EdgeRow:
+    return EdgeRow(
+        id=row["id"], src=row["src"], dst=row["dst"], type=row["type"], realm=row["realm"],
+        target_namespace=row["target_namespace"], props=row["props"],
+        created_at=row["updated_at"], updated_at=row["updated_at"],
+        origin=row["origin"] or None, deleted=True if row["deleted"] else None,
+    )
+
+
+def memory_view(row: Row) -> dict[str, Any]:
+    view = {name: row[name] for name in NODE_COLUMNS if name not in (
+        "content_hash", "local_seq", "deleted", "last_seen")}
+    view["tags"] = [t for t in (row["tags"] or "").split(",") if t]
+    view["provenance"] = _maybe_json(row["provenance"])
+    return view
+
+
+def list_view(row: Row) -> dict[str, Any]:
+    keys = ("id", "memory_type", "title", "content_preview", "tags", "importance", "status",
+            "realm", "created_at")
+    return {k: row[k] for k in keys if row[k] is not None}
+
+
+def edge_view(row: Row) -> dict[str, Any]:
+    keys = ("id", "src", "dst", "type", "realm", "target_namespace", "created_at", "updated_at")
+    view = {k: row[k] for k in keys}
+    view["props"] = _maybe_json(row["props"])
+    return view
+
+
+def _maybe_json(text: str | None) -> object:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _int_arg(args: Mapping[str, object], name: str, default: int, low: int, high: int) -> int:
+    value = args.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError(name, f"must be an integer, got {type(value).__name__}")
+    return min(high, max(low, value))
+
+
+def _lenient_type(value: object) -> str:
+    from local_store.records import parse_memory_type
+    return parse_memory_type(value, {})
+
+
+def _like_escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def _parse_links(value: object) -> list[tuple[str, str, str | None]]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ValidationError("links", "must be a list of {target_node_id, relationship_type?}")
+    out = []
+    for index, item in enumerate(value):
+        label = f"links[{index}]"
+        if not isinstance(item, dict):
+            raise ValidationError(label, "must be an object")
+        target = required_str(item, "target_node_id", label=f"{label}.target_node_id")
+        relation = optional_str(item, "relationship_type") or "RELATES_TO"
+        namespace = optional_str(item, "target_namespace")
+        out.append((target, relation, namespace))
+    return out
+
+
+

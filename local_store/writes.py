@@ -1,0 +1,265 @@
+"""The write path: every mutation of the store is one of these functions, run by the single
+writer thread inside one ``BEGIN IMMEDIATE`` transaction (see ``store.Store._write``).
+
+Rules:
+  * Input arrives already validated and redacted (``records``) — except remote rows, which
+    ``apply`` redacts itself; nothing here embeds or does network I/O.
+  * Every version written takes a fresh HLC stamp (``updated_at``) and the next ``local_seq``.
+  * A local write queues an outbox entry for the item; an applied remote version never does
+    (no echo), and when it replaces the local version it clears that item's entry.
+  * Writes are upserts keyed by id, so the FTS triggers see an UPDATE, never a REPLACE.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from local_store.columns import (
+    EDGE_ALL,
+    EDGE_SELECT,
+    EDGE_UPSERT,
+    NODE_COLUMNS,
+    NODE_SELECT,
+    NODE_UPSERT,
+)
+from local_store.embed import to_blob
+from local_store.errors import NotFoundError
+from local_store.merge import EDGE_HASHED, NODE_HASHED, content_hash, version_key, wins
+from local_store.records import Draft, new_memory_id, preview
+from protocol.hlc import HybridClock
+from protocol.rows import edge_id
+
+Row = dict[str, Any]
+
+
+@dataclass(slots=True)
+class Vector:
+    model: str
+    values: npt.NDArray[np.float32]
+
+
+class Writer:
+    """Owns the writer connection. Only ever called from the writer thread."""
+
+    def __init__(self, conn: sqlite3.Connection, clock: HybridClock, replica_id: str) -> None:
+        self.conn = conn
+        self.clock = clock
+        self.replica_id = replica_id
+        self._seq = 0
+
+    # ------------------------------------------------------------------ transaction frame
+
+    def begin(self) -> None:
+        self.conn.execute("BEGIN IMMEDIATE")
+        self._seq = int(self.meta("local_seq") or 0)
+
+    def commit(self) -> None:
+        self.set_meta("local_seq", str(self._seq))
+        self.set_meta("hlc_last", str(self.clock.last_ns))
+        self.conn.execute("COMMIT")
+
+    def rollback(self) -> None:
+        if self.conn.in_transaction:
+            self.conn.execute("ROLLBACK")
+
+    def next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def meta(self, key: str) -> str | None:
+        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.conn.execute(
+            "INSERT INTO meta (key, value) VALUES (?, ?) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (key, value))
+
+    # ------------------------------------------------------------------ reads inside the tx
+
+    def node(self, memory_id: str) -> Row | None:
+        cur = self.conn.execute(NODE_SELECT + " WHERE id = ?", (memory_id,))
+        found = cur.fetchone()
+        return None if found is None else dict(zip(NODE_COLUMNS, found, strict=True))
+
+    def live_node(self, memory_id: str, field: str = "memory_id") -> Row:
+        row = self.node(memory_id)
+        if row is None or row["deleted"]:
+            raise NotFoundError(f"{field}: memory {memory_id} not found")
+        return row
+
+    def edge(self, eid: str) -> Row | None:
+        found = self.conn.execute(EDGE_SELECT + " WHERE id = ?", (eid,)).fetchone()
+        return None if found is None else dict(zip(EDGE_ALL, found, strict=True))
+
+    def find_topic(self, realm: str, topic_key: str) -> Row | None:
+        found = self.conn.execute(
+            "SELECT id FROM memories WHERE realm = ? AND topic_key = ? AND deleted = 0 "
+            "ORDER BY updated_at DESC LIMIT 1", (realm, topic_key)).fetchone()
+        return None if found is None else self.node(found[0])
+
+    def find_duplicate(self, realm: str, key: str) -> str | None:
+        found = self.conn.execute(
+            "SELECT id FROM memories WHERE realm = ? AND dedupe_key = ? AND deleted = 0 "
+            "AND invalid_at IS NULL AND status <> 'archived' LIMIT 1", (realm, key)).fetchone()
+        return None if found is None else str(found[0])
+
+    # ------------------------------------------------------------------ local versions
+
+    def put_node(self, row: Row, vector: Vector | None = None, *, local: bool = True) -> Row:
+        """Stamp and write a new version of a node (a local write unless ``local`` is False)."""
+        if local:
+            row["updated_at"] = self.clock.now()
+            row["origin"] = self.replica_id
+            if row["created_at"] is None:  # a new memory: created = valid = this stamp
+                row["created_at"] = row["updated_at"]
+                row["valid_at"] = row["valid_at"] or row["updated_at"]
+        row["content_hash"] = content_hash(row, NODE_HASHED)
+        row["local_seq"] = self.next_seq()
+        self.conn.execute(NODE_UPSERT, row)
+        if row["deleted"]:
+            self.conn.execute("DELETE FROM vectors WHERE memory_id = ?", (row["id"],))
+        if vector is not None:
+            self.put_vector(row["id"], vector)
+        if local:
+            self.enqueue("node", row["id"], row["local_seq"])
+        return row
+
+    def put_vector(self, memory_id: str, vector: Vector) -> None:
+        self.conn.execute(
+            "INSERT INTO vectors (memory_id, model, dim, vec) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (memory_id, model) DO UPDATE SET dim = excluded.dim, vec = excluded.vec",
+            (memory_id, vector.model, int(vector.values.shape[0]), to_blob(vector.values)))
+
+    def put_edge(self, src: str, dst: str, type_: str, *, realm: str | None,
+                 target_namespace: str | None = None, props: str | None = None,
+                 deleted: bool = False) -> Row:
+        eid = edge_id(src, dst, type_)
+        old = self.edge(eid)
+        stamp = self.clock.now()
+        row: Row = {
+            "id": eid, "src": src, "dst": dst, "type": type_, "realm": realm,
+            "target_namespace": target_namespace, "props": props,
+            "created_at": old["created_at"] if old and not old["deleted"] else stamp,
+            "updated_at": stamp, "origin": self.replica_id, "deleted": int(deleted),
+        }
+        row["content_hash"] = content_hash(row, EDGE_HASHED)
+        row["local_seq"] = self.next_seq()
+        self.conn.execute(EDGE_UPSERT, row)
+        self.enqueue("edge", eid, row["local_seq"])
+        return row
+
+    def enqueue(self, kind: str, item_id: str, seq: int) -> None:
+        self.conn.execute(
+            "INSERT INTO outbox (kind, item_id, local_seq) VALUES (?, ?, ?) "
+            "ON CONFLICT (kind, item_id) DO UPDATE SET local_seq = excluded.local_seq",
+            (kind, item_id, seq))
+
+    def node_from_draft(self, draft: Draft, memory_id: str) -> Row:
+        """A node row from a draft; ``put_node`` stamps it (created_at = valid_at = the stamp)."""
+        return {
+            "id": memory_id, "labels": "Memory", "realm": draft.realm,
+            "memory_type": draft.memory_type, "title": draft.title, "content": draft.content,
+            "content_preview": preview(draft.content), "tags": draft.tags,
+            "importance": draft.importance, "status": draft.status,
+            "source_session_id": draft.source_session_id, "source_run_id": draft.source_run_id,
+            "created_at": None, "updated_at": None, "valid_at": draft.valid_at,
+            "invalid_at": None, "superseded_by": None, "provenance": draft.provenance,
+            "topic_key": draft.topic_key, "memory_class": draft.memory_class,
+            "space": draft.space, "writer_agent_id": draft.writer_agent_id,
+            "origin": self.replica_id, "content_hash": "", "local_seq": 0, "deleted": 0,
+            "dedupe_key": draft.dedupe_key, "source_uris": draft.source_uris,
+            "mentions": draft.mentions, "last_seen": None,
+        }
+
+    def save(self, draft: Draft, vector: Vector | None) -> dict[str, Any]:
+        """Save one memory: topic-key upsert, else exact-duplicate reuse, else a new id."""
+        if draft.topic_key:
+            existing = self.find_topic(draft.realm, draft.topic_key)
+            if existing is not None:
+                row = self.node_from_draft(draft, existing["id"])
+                self.put_node(row, vector)
+                return {"saved": True, "upserted": True, "id": _uuid(row["id"]),
+                        "node_id": row["id"], "topic_key": draft.topic_key}
+        elif draft.dedupe_key:
+            duplicate = self.find_duplicate(draft.realm, draft.dedupe_key)
+            if duplicate is not None:
+                return {"saved": True, "deduped": True, "id": _uuid(duplicate),
+                        "node_id": duplicate}
+        row = self.node_from_draft(draft, new_memory_id())
+        self.put_node(row, vector)
+        for ref in draft.references:
+            self.put_edge(row["id"], ref, "REFERENCES", realm=draft.realm)
+        return {"saved": True, "id": _uuid(row["id"]), "node_id": row["id"]}
+
+    def mutate(self, memory_id: str, changes: Mapping[str, object],
+               field: str = "memory_id") -> Row:
+        """A new version of an existing live node with some fields changed."""
+        row = self.live_node(memory_id, field)
+        row.update(changes)
+        return self.put_node(row)
+
+    def delete(self, memory_id: str, *, hard: bool) -> Row:
+        """Soft delete keeps the text locally; hard delete purges it. Both leave a tombstone."""
+        changes: dict[str, object] = {"deleted": 1}
+        if hard:
+            changes.update(title=None, content="", content_preview="", tags="",
+                           provenance=None, source_uris=None, mentions=None, dedupe_key=None)
+        row = self.mutate(memory_id, changes)
+        for edge in self.edges_of(memory_id):
+            self.put_edge(edge["src"], edge["dst"], edge["type"], realm=edge["realm"],
+                          target_namespace=edge["target_namespace"], props=edge["props"],
+                          deleted=True)
+        return row
+
+    def edges_of(self, node_id: str) -> list[Row]:
+        cur = self.conn.execute(EDGE_SELECT + " WHERE (src = ? OR dst = ?) AND deleted = 0",
+                                (node_id, node_id))
+        return [dict(zip(EDGE_ALL, found, strict=True)) for found in cur]
+
+    # ------------------------------------------------------------------ remote versions
+
+    def apply_node(self, row: Row, vector: Vector | None) -> None:
+        """Write a remote version that already won LWW; it replaces any pending local edit."""
+        self.put_node(row, vector, local=False)
+        self.conn.execute("DELETE FROM outbox WHERE kind = 'node' AND item_id = ?", (row["id"],))
+
+    def apply_edge(self, row: Row) -> bool:
+        row["content_hash"] = content_hash(row, EDGE_HASHED)
+        current = self.conn.execute(
+            "SELECT updated_at, origin, content_hash FROM edges WHERE id = ?",
+            (row["id"],)).fetchone()
+        if not wins(version_key(row), None if current is None else tuple(current)):
+            return False
+        row["local_seq"] = self.next_seq()
+        self.conn.execute(EDGE_UPSERT, row)
+        self.conn.execute("DELETE FROM outbox WHERE kind = 'edge' AND item_id = ?", (row["id"],))
+        return True
+
+    def current_keys(self, table: str, ids: Iterable[str]) -> dict[str, tuple[str, str, str]]:
+        """Version keys of the given ids, fetched in chunks (for fast re-apply skipping)."""
+        out: dict[str, tuple[str, str, str]] = {}
+        batch = list(ids)
+        for start in range(0, len(batch), 500):
+            chunk = batch[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            sql = (f"SELECT id, updated_at, origin, content_hash FROM {table} "
+                   f"WHERE id IN ({marks})")
+            for found in self.conn.execute(sql, chunk):
+                out[found[0]] = (found[1], found[2], found[3])
+        return out
+
+
+def _uuid(memory_id: str) -> str:
+    return memory_id.removeprefix("memory:")
+
+
+def props_json(value: Mapping[str, object]) -> str:
+    return json.dumps(dict(value), separators=(",", ":"), ensure_ascii=False)

@@ -1,0 +1,97 @@
+"""``POST /v1/agent/memory/query`` request and response (contract §4.1, §6).
+
+Rules:
+1. The request decodes the way the plane's serde does: only ``query`` is required; the other
+   fields have the plane's defaults, and unknown fields are ignored. ``limit`` and
+   ``expand_hops`` are unsigned in the plane (usize, u8), so out-of-range values are
+   validation errors (the plane answers 422).
+2. ``RetrievedMemory``, ``Via`` and ``Linked`` encode None as an explicit ``null`` (serde),
+   unlike the export rows. syncd's extensions on them are always present too.
+3. ``QueryResponse`` always carries ``memories``, ``linked``, ``context`` and ``took_ms``.
+   ``brief`` and syncd's extensions are omitted when None, as the plane omits ``brief``.
+"""
+
+from typing import Annotated
+
+import msgspec
+
+Unsigned = Annotated[int, msgspec.Meta(ge=0)]
+U8 = Annotated[int, msgspec.Meta(ge=0, le=255)]
+
+
+class QueryRequest(msgspec.Struct, kw_only=True):
+    query: str
+    realms: list[str] = []  # [] = all realms; "global" is never added implicitly
+    memory_type: str | None = None
+    tags: list[str] = []
+    importance_min: float | None = None
+    as_of: str | None = None
+    include_invalidated: bool = False
+    limit: Unsigned | None = None  # None = settings.default_limit; clamped to [1, 100]
+    expand_hops: U8 | None = None  # None = settings.default_expand_hops; min(., 2)
+    space_agent: str | None = None
+    mode: str | None = None  # "agentic" adds brief; anything else is "fast"
+
+
+class Via(msgspec.Struct, kw_only=True):
+    """How a graph-pulled memory was reached."""
+
+    seed: str
+    type: str
+    depth: int
+
+
+class Linked(msgspec.Struct, kw_only=True):
+    """A non-memory endpoint reached by graph expansion."""
+
+    node_id: str
+    target_namespace: str | None
+    edge_type: str
+    depth: int
+
+
+class ScoreComponents(msgspec.Struct, kw_only=True):
+    """syncd: the unweighted terms of the final score, for explaining a ranking."""
+
+    rrf: float
+    semantic: float
+    keyword: float
+    graph: float
+    importance: float
+    recency: float
+    penalty: float = 0.0
+
+
+class RetrievedMemory(msgspec.Struct, kw_only=True):
+    id: str
+    memory_type: str
+    title: str | None
+    content_preview: str
+    score: float
+    distance: float | None
+    kw_score: float | None
+    graph_proximity: float
+    importance: float
+    realm: str | None
+    valid_at: str | None
+    invalid_at: str | None
+    via: Via | None
+    components: ScoreComponents | None = None  # syncd
+    fallback: bool = False  # syncd
+    superseded_by: str | None = None  # syncd
+
+
+class QueryResponse(msgspec.Struct, kw_only=True, omit_defaults=True):
+    memories: list[RetrievedMemory]
+    linked: list[Linked]
+    context: str
+    took_ms: int
+    brief: str | None = None
+    gated: list[str] | None = None  # syncd
+    gate_reason: str | None = None  # syncd
+    fallback: bool | None = None  # syncd
+
+
+json_encoder = msgspec.json.Encoder()
+query_request_decoder = msgspec.json.Decoder(QueryRequest)
+query_response_decoder = msgspec.json.Decoder(QueryResponse)

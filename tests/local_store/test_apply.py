@@ -1,0 +1,200 @@
+"""Applying remote rows: LWW, idempotence, order independence, redaction, per-row errors
+(RELIABILITY R1, R2, R5, R12, R14, R18 and P5 at the store level)."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from local_store import Store
+from local_store.merge import NODE_HASHED, content_hash
+from protocol.rows import EdgeRow, NodeRow, edge_id
+from protocol.timestamp import format_autosi, format_ns
+
+T0 = 1_780_000_000_000_000_000
+MODEL = "plane-model"
+
+
+def node(i: int, version_ns: int, *, origin: str = "", content: str = "c", deleted: bool = False,
+         autosi: bool = False, **extra: Any) -> NodeRow:
+    stamp = format_autosi(version_ns) if autosi else format_ns(version_ns)
+    return NodeRow(id=f"memory:{i:08d}", realm="p", memory_type="fact", content=content,
+                   updated_at=stamp, created_at=stamp, importance=0.5, status="active",
+                   origin=origin or None, deleted=deleted or None,
+                   embedding=[1.0, 0.0, 0.0], **extra)
+
+
+async def state(store: Store) -> dict[str, Any]:
+    nodes, edges = await store.export(include_deleted=True, model=MODEL)
+    return {"nodes": sorted((n.id, n.updated_at, n.origin, n.content, n.deleted, n.embedding)
+                            for n in nodes),
+            "edges": sorted((e.id, e.updated_at, e.deleted, e.props) for e in edges)}
+
+
+async def test_apply_is_idempotent(store: Store) -> None:
+    rows = [node(i, T0 + i * 1000) for i in range(20)]
+    edges = [EdgeRow(src=rows[0].id, dst=rows[1].id, type="RELATES_TO",
+                     created_at=format_ns(T0))]
+    first = await store.apply(rows, edges, model=MODEL)
+    assert (first.applied_nodes, first.applied_edges) == (20, 1)
+    snapshot = await store.dump()
+    for _ in range(3):
+        again = await store.apply(rows, edges, model=MODEL)
+        assert (again.applied_nodes, again.applied_edges) == (0, 0)
+        assert (again.skipped_nodes, again.skipped_edges) == (20, 1)
+    assert await store.dump() == snapshot
+
+
+async def test_applied_rows_are_not_queued_for_push(store: Store) -> None:
+    await store.apply([node(1, T0)], [], model=MODEL)
+    assert await store.outbox() == []
+
+
+async def test_newer_remote_replaces_a_pending_local_edit_and_older_does_not(
+        store: Store) -> None:
+    local = await store.save({"content": "local edit"})
+    mine = (await store.get(local["id"]))["updated_at"]
+    older = NodeRow(id=local["node_id"], content="stale", updated_at="2001-01-01T00:00:00Z")
+    res = await store.apply([older], [], model=MODEL)
+    assert res.applied_nodes == 0 and (await store.get(local["id"]))["content"] == "local edit"
+    assert len(await store.outbox()) == 1
+    newer = NodeRow(id=local["node_id"], content="remote wins", updated_at="2999-01-01T00:00:00Z")
+    await store.apply([newer], [], model=MODEL)
+    assert (await store.get(local["id"]))["content"] == "remote wins"
+    assert await store.outbox() == []
+    assert mine < "2999"
+
+
+async def test_stale_update_never_resurrects_a_tombstone(store: Store) -> None:
+    await store.apply([node(1, T0 + 10, deleted=True)], [], model=MODEL)
+    await store.apply([node(1, T0 + 5, content="old update")], [], model=MODEL)
+    nodes, _ = await store.export(include_deleted=True)
+    assert nodes[0].deleted is True
+    assert (await store.stats())["memories"] == 0
+
+
+async def test_equal_versions_pick_the_same_winner_everywhere(tmp_path: Path) -> None:
+    """R14: identical updated_at strings from two replicas → one deterministic winner."""
+    a = node(1, T0, origin="aaaa", content="from a")
+    b = node(1, T0, origin="bbbb", content="from b")
+    c = node(1, T0, origin="bbbb", content="from b, other text")
+    winners = []
+    for order in ([a, b, c], [c, b, a], [b, a, c]):
+        s = await Store.open(tmp_path / str(len(winners)))
+        for row in order:
+            await s.apply([row], [], model=MODEL)
+        winners.append((await s.export())[0][0].content)
+        await s.close()
+    assert len(set(winners)) == 1
+    expected = max([a, b, c], key=lambda r: (r.updated_at, r.origin, content_hash(
+        {**{k: getattr(r, k, None) for k in NODE_HASHED}, "deleted": 0, "tags": "",
+         "labels": None, "content_preview": r.content}, NODE_HASHED)))
+    assert winners[0] in ("from b", "from b, other text") and expected.origin == "bbbb"
+
+
+async def test_plane_timestamp_forms_are_stored_canonical(store: Store) -> None:
+    await store.apply([node(1, T0, autosi=True)], [], model=MODEL)
+    nodes, _ = await store.export()
+    assert nodes[0].updated_at == format_ns(T0)
+    res = await store.apply([NodeRow(id="memory:z", content="x",
+                                     updated_at="2026-06-01T12:00:00.5Z")], [], model=MODEL)
+    assert res.applied_nodes == 1
+
+
+async def test_one_bad_row_is_reported_and_the_rest_apply(store: Store) -> None:
+    rows = [node(1, T0), NodeRow(id="memory:bad", updated_at="not a time"), node(2, T0),
+            NodeRow(content="no id", updated_at=format_ns(T0)),
+            NodeRow(id="memory:vec", updated_at=format_ns(T0), embedding=[float("nan")])]
+    res = await store.apply(rows, [EdgeRow(src="a", dst="", type="T", created_at="x")],
+                            model=MODEL)
+    assert res.applied_nodes == 2
+    assert [(p.kind, p.index, p.field) for p in res.problems] == [
+        ("node", 1, "updated_at"), ("node", 3, "id"), ("node", 4, "embedding"),
+        ("edge", 0, "dst")]
+
+
+async def test_imported_text_is_redacted(store: Store) -> None:
+    row = NodeRow(id="memory:p", content="a <private>CANARY-1</private> b",
+                  title="<private>CANARY-2", tags="x,<private>CANARY-3</private>",
+                  provenance='{"k":"<private>CANARY-4</private>"}', updated_at=format_ns(T0))
+    edge = EdgeRow(src="memory:p", dst="x", type="T", props="<private>CANARY-5</private>",
+                   created_at=format_ns(T0))
+    await store.apply([row], [edge], model=MODEL)
+    dump = repr(await store.dump())
+    assert "CANARY" not in dump and "[redacted]" in dump
+
+
+async def test_edges_dedupe_by_id_and_arrive_before_their_endpoints(store: Store) -> None:
+    """R18: an edge before its endpoint, three times, from another realm → one edge."""
+    edge = EdgeRow(src="memory:later", dst="memory:other", type="RELATES_TO", realm="elsewhere",
+                   created_at=format_ns(T0))
+    for _ in range(3):
+        await store.apply([], [edge], model=MODEL)
+    await store.apply([node(7, T0)], [], model=MODEL)
+    _, edges = await store.export()
+    assert [e.id for e in edges] == [edge_id("memory:later", "memory:other", "RELATES_TO")]
+
+
+async def test_plane_edge_tombstone_in_props(store: Store) -> None:
+    e = EdgeRow(src="a", dst="b", type="T", created_at=format_ns(T0))
+    tomb = EdgeRow(src="a", dst="b", type="T", created_at=format_ns(T0 + 1000),
+                   props='{"deleted":true,"deleted_at":"x"}')
+    await store.apply([], [tomb, e], model=MODEL)
+    _, edges = await store.export(include_deleted=True)
+    assert edges[0].deleted is True
+
+
+async def test_apply_receives_stamps_into_the_clock(store: Store) -> None:
+    future = store.clock.physical_ns() + 60 * 1_000_000_000
+    await store.apply([node(1, future)], [], model=MODEL)
+    res = await store.save({"content": "after"})
+    assert (await store.get(res["id"]))["updated_at"] > format_ns(future)
+
+
+# ------------------------------------------------------------------ property: convergence
+
+versions = st.lists(
+    st.tuples(st.integers(0, 4), st.integers(0, 6), st.sampled_from(["", "r1", "r2"]),
+              st.sampled_from(["x", "y", "z"]), st.booleans()),
+    min_size=1, max_size=25)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(versions, st.randoms(use_true_random=False), st.integers(1, 5))
+def test_any_permutation_and_split_converges(spec: list[tuple[int, int, str, str, bool]],
+                                             rng: Any, repeats: int) -> None:
+    """R1 + R2: any order, any batch split, any repetition → the same store as the model."""
+    rows = [node(i, T0 + v * 1000, origin=o, content=c, deleted=d) for i, v, o, c, d in spec]
+    edges = [EdgeRow(src=f"memory:{i:08d}", dst="memory:00000000", type="RELATES_TO",
+                     created_at=format_ns(T0 + v * 1000), props=c, deleted=d or None,
+                     origin=o or None) for i, v, o, c, d in spec]
+
+    async def run() -> list[dict[str, Any]]:
+        results = []
+        with tempfile.TemporaryDirectory() as tmp:
+            for variant in range(2):
+                async with await Store.open(Path(tmp) / str(variant)) as s:
+                    shuffled = [*rows, *edges] * (repeats if variant else 1)
+                    rng.shuffle(shuffled)
+                    cut = rng.randint(0, len(shuffled))
+                    for part in (shuffled[:cut], shuffled[cut:]):
+                        await s.apply([r for r in part if isinstance(r, NodeRow)],
+                                      [r for r in part if isinstance(r, EdgeRow)], model=MODEL)
+                    results.append(await state(s))
+        return results
+
+    first, second = asyncio.run(run())
+    assert first == second
+    model: dict[str, tuple[str, str, str]] = {}
+    for r in rows:
+        key = (r.updated_at or "", r.origin or "", r.content or "")
+        model[r.id or ""] = max(model.get(r.id or "", key), key, key=lambda k: k)
+    got = {n[0]: n for n in first["nodes"]}
+    assert set(got) == set(model)
+    for mid, (stamp, origin, _) in model.items():
+        assert (got[mid][1], got[mid][2] or "") == (stamp, origin)

@@ -1,0 +1,272 @@
+"""The write path: save, upsert, dedupe, mutations, judge, entities, links, deletes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from local_store import NotFoundError, Store, StoreLockedError, ValidationError
+from local_store.redact import REDACTED
+from protocol.timestamp import format_ns, is_canonical
+
+
+async def test_save_and_get_round_trip(store: Store) -> None:
+    res = await store.save({"content": "Use ruff for linting", "title": "lint",
+                            "memory_type": "decision", "tags": ["tooling", "python"],
+                            "realm": "proj", "importance": 0.8})
+    assert res["saved"] is True and res["node_id"] == f"memory:{res['id']}"
+    got = await store.get(res["id"])
+    assert got["content"] == "Use ruff for linting"
+    assert got["memory_type"] == "decision"
+    assert got["tags"] == ["tooling", "python"]
+    assert got["realm"] == "proj" and got["importance"] == 0.8 and got["status"] == "active"
+    assert is_canonical(got["updated_at"]) and got["created_at"] == got["updated_at"]
+    assert got["valid_at"] == got["created_at"] and got["invalid_at"] is None
+    assert got["provenance"]["writer"]["source"] == "syncd"
+    assert got["origin"] == store.replica_id
+
+
+async def test_why_where_learned_fold_exactly_like_the_plane(store: Store) -> None:
+    res = await store.save({"content": "body ", "why": " because ", "where": "",
+                            "learned": "x"})
+    got = await store.get(res["node_id"])
+    assert got["content"] == "body \nWhy: because\nLearned: x"
+
+
+async def test_unknown_type_is_coerced_and_reported(store: Store) -> None:
+    res = await store.save({"content": "c", "memory_type": "Gossip"})
+    assert res["coerced"] == {"memory_type": "unknown memory_type 'Gossip' stored as 'fact'"}
+    assert (await store.get(res["id"]))["memory_type"] == "fact"
+
+
+async def test_preview_is_280_chars_plus_ellipsis(store: Store) -> None:
+    res = await store.save({"content": "  " + "é" * 300 + "  "})
+    got = await store.get(res["id"])
+    assert got["content_preview"] == "é" * 280 + "…"
+
+
+async def test_importance_is_clamped(store: Store) -> None:
+    res = await store.save({"content": "a", "importance": 7})
+    assert (await store.get(res["id"]))["importance"] == 1.0
+
+
+async def test_topic_key_upsert_keeps_the_id(store: Store) -> None:
+    first = await store.save({"content": "v1", "topic_key": "build", "realm": "p"})
+    second = await store.save({"content": "v2", "topic_key": "build", "realm": "p"})
+    other = await store.save({"content": "v1", "topic_key": "build", "realm": "q"})
+    assert second["upserted"] is True and second["id"] == first["id"]
+    assert other["id"] != first["id"]
+    assert (await store.get(first["id"]))["content"] == "v2"
+    assert (await store.stats())["memories"] == 2
+
+
+async def test_exact_duplicate_is_not_stored_twice(store: Store) -> None:
+    first = await store.save({"content": "Deploy with make release", "realm": "p"})
+    again = await store.save({"content": "  deploy WITH   make release ", "realm": "p"})
+    assert again == {"saved": True, "deduped": True, "id": first["id"],
+                     "node_id": first["node_id"]}
+    assert (await store.stats())["memories"] == 1
+
+
+async def test_references_become_edges(store: Store) -> None:
+    res = await store.save({"content": "touches the repo", "references": ["default::repo:x"]})
+    got = await store.get(res["id"])
+    assert [e["id"] for e in got["edges"]] == [f"{res['node_id']}->default::repo:x:REFERENCES"]
+
+
+async def test_save_many_reports_bad_items_and_saves_the_rest(store: Store) -> None:
+    res = await store.save_many([{"content": "a"}, {"content": 3}, {"content": "b"}])
+    assert res["count"] == 2 and res["ids"][1] is None
+    assert res["errors"] == ["#1: memories[1].content: is required and must be a string"]
+    with pytest.raises(ValidationError) as exc:
+        await store.save_many([])
+    assert exc.value.field == "memories"
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    ({}, "content"),
+    ({"content": ""}, "content"),
+    ({"content": "   "}, "content"),
+    ({"content": "<private>all secret</private>"}, "content"),
+    ({"content": "x", "tags": "a,b"}, "tags"),
+    ({"content": "x", "tags": ["a", 1]}, "tags[1]"),
+    ({"content": "x", "tags": ["a,b"]}, "tags[0]"),
+    ({"content": "x", "importance": "high"}, "importance"),
+    ({"content": "x", "importance": float("nan")}, "importance"),
+    ({"content": "x", "importance": True}, "importance"),
+    ({"content": "x", "realm": 5}, "realm"),
+    ({"content": "x", "title": ["t"]}, "title"),
+    ({"content": "x", "valid_at": "yesterday"}, "valid_at"),
+    ({"content": "x", "references": "memory:1"}, "references"),
+    ({"content": "x" * (256 * 1024 + 1)}, "content"),
+])
+async def test_bad_input_names_the_field_and_changes_nothing(
+        store: Store, args: dict[str, object], field: str) -> None:
+    await store.save({"content": "existing"})
+    before = await store.dump()
+    with pytest.raises(ValidationError) as exc:
+        await store.save(args)
+    assert exc.value.field == field
+    assert await store.dump() == before
+
+
+async def test_status_and_importance_updates_make_new_versions(store: Store) -> None:
+    res = await store.save({"content": "x"})
+    v1 = (await store.get(res["id"]))["updated_at"]
+    await store.update_status(res["id"], "background")
+    await store.update_importance(res["node_id"], 0.9)
+    got = await store.get(res["id"])
+    assert got["status"] == "background" and got["importance"] == 0.9
+    assert got["updated_at"] > v1
+    before = await store.dump()
+    with pytest.raises(ValidationError) as exc:
+        await store.update_status(res["id"], "gone")
+    assert exc.value.field == "status"
+    with pytest.raises(NotFoundError):
+        await store.update_importance("memory:nope", 0.1)
+    assert await store.dump() == before
+
+
+async def test_judge_supersedes_invalidates_with_edge(store: Store) -> None:
+    old = await store.save({"content": "we deploy on fridays", "realm": "p"})
+    new = await store.save({"content": "we never deploy on fridays", "realm": "p"})
+    res = await store.judge(new["id"], old["id"], "Supersedes", "policy changed")
+    assert res["verdict"] == "supersedes"
+    got = await store.get(old["id"])
+    assert got["superseded_by"] == new["node_id"] and got["invalid_at"] is not None
+    assert any(e["type"] == "INVALIDATES" and e["src"] == new["node_id"] for e in got["edges"])
+    listed = await store.list_memories({"realm": "p"})
+    assert [r["id"] for r in listed["rows"]] == [new["node_id"]]
+
+
+async def test_judge_merged_archives_and_other_verdicts_relate(store: Store) -> None:
+    a = await store.save({"content": "a"})
+    b = await store.save({"content": "b"})
+    c = await store.save({"content": "c"})
+    merged = await store.judge(a["id"], b["id"], "merged")
+    assert merged == {"ok": True, "verdict": "merged", "into": a["node_id"], "from": b["node_id"]}
+    assert (await store.get(b["id"]))["status"] == "archived"
+    await store.judge(a["id"], c["id"], "conflicts", "they disagree")
+    edge = next(e for e in (await store.get(c["id"]))["edges"] if e["type"] == "RELATES_TO")
+    assert edge["props"] == {"verdict": "conflicts", "reason": "they disagree"}
+    with pytest.raises(NotFoundError):
+        await store.judge(a["id"], "memory:missing", "related")
+
+
+async def test_ingest_entity_is_idempotent_per_realm_kind_name(store: Store) -> None:
+    first = await store.ingest_entity({"name": "Billing API", "kind": "service",
+                                       "properties": {"owner": "team-a", "port": 8080},
+                                       "links": [{"target_node_id": "github::repo:billing",
+                                                  "target_namespace": "github",
+                                                  "relationship_type": "RESOLVES_TO"}]})
+    again = await store.ingest_entity({"name": "billing api", "kind": "service"})
+    assert first["topic_key"] == "entity/service/billing-api"
+    assert again["upserted"] is True and again["id"] == first["id"]
+    got = await store.get(first["id"])
+    assert got["memory_type"] == "entity" and got["content"].startswith("billing api\nKind: service")
+    with pytest.raises(ValidationError) as exc:
+        await store.ingest_entity({"name": "  "})
+    assert exc.value.field == "name"
+
+
+async def test_link_defaults_to_the_memorys_realm(store: Store) -> None:
+    m = await store.save({"content": "x", "realm": "proj"})
+    res = await store.link({"memory_id": m["id"], "target_node_id": "default::repo:y"})
+    assert res["type"] == "REFERENCES"
+    edge = (await store.get(m["id"]))["edges"][0]
+    assert edge["realm"] == "proj"
+    with pytest.raises(NotFoundError):
+        await store.link({"memory_id": "memory:none", "target_node_id": "x"})
+
+
+async def test_session_summary(store: Store) -> None:
+    res = await store.session_summary({"goal": "ship", "files": ["a.py", "b.py"]})
+    got = await store.get(res["id"])
+    assert got["content"] == "Session summary.\nGoal: ship\nFiles: a.py, b.py"
+    assert got["memory_type"] == "summary" and got["tags"] == ["session-summary"]
+    with pytest.raises(ValidationError):
+        await store.session_summary({})
+
+
+async def test_soft_and_hard_delete_leave_tombstones(store: Store) -> None:
+    soft = await store.save({"content": "soft one", "references": ["x::y"]})
+    hard = await store.save({"content": "hard secret text"})
+    await store.delete(soft["id"])
+    await store.delete(hard["id"], hard=True)
+    for res in (soft, hard):
+        with pytest.raises(NotFoundError):
+            await store.get(res["id"])
+    nodes, edges, _ = await store.changes(0)
+    tombs = {n.id: n for n in nodes if n.deleted}
+    assert set(tombs) == {soft["node_id"], hard["node_id"]}
+    assert tombs[hard["node_id"]].content == "" and tombs[hard["node_id"]].embedding is None
+    assert all(e.deleted for e in edges)
+    assert (await store.stats())["memories"] == 0
+
+
+async def test_list_filters(store: Store) -> None:
+    await store.save({"content": "a", "realm": "r1", "tags": ["x", "y"], "memory_type": "decision"})
+    await store.save({"content": "b", "realm": "r1", "tags": ["xy"]})
+    c = await store.save({"content": "c", "realm": "r2"})
+    await store.update_status(c["id"], "archived")
+    assert [r["content_preview"] for r in (await store.list_memories({"tags": ["x"]}))["rows"]] == ["a"]
+    assert len((await store.list_memories({"realm": "r1"}))["rows"]) == 2
+    assert (await store.list_memories({"status": "archived"}))["rows"][0]["content_preview"] == "c"
+    assert len((await store.list_memories({"memory_type": "decision"}))["rows"]) == 1
+    assert len((await store.list_memories({"limit": 1}))["rows"]) == 1
+    with pytest.raises(ValidationError) as exc:
+        await store.list_memories({"limit": "ten"})
+    assert exc.value.field == "limit"
+
+
+async def test_local_seq_is_commit_ordered_and_outbox_coalesces(store: Store) -> None:
+    a = await store.save({"content": "a"})
+    await store.save({"content": "b"})
+    await store.update_importance(a["id"], 0.1)
+    nodes, _, cursor = await store.changes(0)
+    assert [n.content for n in nodes] == ["b", "a"]
+    assert cursor == 3
+    assert [(k, i) for k, i, _ in await store.outbox()] == [
+        ("node", nodes[0].id), ("node", a["node_id"])]
+    assert (await store.changes(cursor))[0] == []
+
+
+async def test_second_open_of_a_data_dir_is_refused(tmp_path: Path) -> None:
+    s = await Store.open(tmp_path)
+    try:
+        with pytest.raises(StoreLockedError, match="in use by another syncd process"):
+            await Store.open(tmp_path)
+    finally:
+        await s.close()
+    reopened = await Store.open(tmp_path)
+    await reopened.close()
+
+
+async def test_hlc_and_identity_survive_restart(tmp_path: Path) -> None:
+    s = await Store.open(tmp_path)
+    await s.save({"content": "a"})
+    last, store_id, replica = s.clock.last_ns, s.store_id, s.replica_id
+    await s.close()
+    s = await Store.open(tmp_path, wall=lambda: 0)  # the wall clock went back to 1970
+    try:
+        res = await s.save({"content": "b"})
+        assert s.store_id == store_id and s.replica_id == replica
+        got = await s.get(res["id"])
+        assert got["updated_at"] > format_ns(last)
+    finally:
+        await s.close()
+
+
+async def test_private_is_redacted_in_every_text_field(store: Store) -> None:
+    res = await store.save({
+        "content": "key <private>sk-1</private> ok", "title": "t <private>T</private>",
+        "tags": ["<private>tag</private>x"], "why": "<PRIVATE reason='r'>w</PRIVATE> why",
+        "provenance": {"note": "<private>p</private>"}, "topic_key": "k<private>z</private>",
+    })
+    got = await store.get(res["id"])
+    blob = json.dumps(got)
+    for secret in ("sk-1", "'r'", ">w<", "tag</", "\"p\""):
+        assert secret not in blob
+    assert got["content"] == f"key {REDACTED} ok\nWhy: {REDACTED} why"

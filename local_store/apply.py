@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 from local_store.errors import ValidationError
 from local_store.merge import NODE_HASHED, content_hash, wins
@@ -27,6 +28,7 @@ from local_store.records import MEMORY_TYPES, STATUSES, parse_timestamp, preview
 from local_store.redact import strip_private
 from local_store.writes import Row, Vector, Writer
 from protocol.rows import EdgeRow, NodeRow, edge_id
+from protocol.timestamp import format_ns
 
 _NODE_TEXT = ("labels", "realm", "memory_type", "title", "content", "tags", "status",
               "source_session_id", "source_run_id", "superseded_by", "provenance", "topic_key",
@@ -51,6 +53,9 @@ class ApplyResult:
     skipped_edges: int = 0
     problems: list[RowProblem] = field(default_factory=list)
     max_version: str | None = None
+    bound: str = ""
+    max_within: str | None = None
+    beyond_drift: list[str] = field(default_factory=list)
 
 
 def _text(value: object, name: str) -> str | None:
@@ -61,43 +66,68 @@ def _text(value: object, name: str) -> str | None:
     return strip_private(value) if "<" in value else value
 
 
-def node_from_wire(wire: NodeRow) -> tuple[Row, np.ndarray | None]:
-    """Validate and redact one remote node row into a store row (plus its vector, if any)."""
-    if not isinstance(wire.id, str) or not wire.id.strip():
+def node_from_wire(wire: NodeRow) -> Row:
+    """Validate and redact one remote node row into a store row (its vector comes later).
+
+    This runs for every pulled row, so it avoids per-field helper calls on the common path.
+    """
+    mid = wire.id
+    if not isinstance(mid, str) or not mid.strip():
         raise ValidationError("id", "is required and must be a non-empty string")
     updated = parse_timestamp(wire.updated_at, "updated_at")
     if updated is None:
         raise ValidationError("updated_at", "is required")
-    row: Row = {"id": wire.id.strip()}
+    row: Row = {"id": mid.strip()}
     for name in _NODE_TEXT:
-        row[name] = _text(getattr(wire, name), name)
-    for name in _NODE_TIMES:
-        row[name] = parse_timestamp(getattr(wire, name), name)
+        value = getattr(wire, name)
+        if value is not None:
+            if value.__class__ is not str:
+                raise ValidationError(name, f"must be a string, got {type(value).__name__}")
+            if "<" in value:
+                value = strip_private(value)
+        row[name] = value
+    raw_created = wire.created_at
+    created = updated if raw_created == wire.updated_at else (
+        parse_timestamp(raw_created, "created_at") or updated)
+    row["created_at"] = created
+    raw_valid = wire.valid_at
+    row["valid_at"] = created if raw_valid is not None and raw_valid == raw_created else (
+        parse_timestamp(raw_valid, "valid_at"))
+    row["invalid_at"] = parse_timestamp(wire.invalid_at, "invalid_at")
     row["updated_at"] = updated
-    row["created_at"] = row["created_at"] or updated
-    kind = (row["memory_type"] or "").strip().lower()
-    row["memory_type"] = kind if kind in MEMORY_TYPES else "fact"
-    status = (row["status"] or "").strip().lower()
-    row["status"] = status if status in STATUSES else "active"
+    kind = row["memory_type"]
+    if kind not in MEMORY_TYPES:
+        kind = (kind or "").strip().lower()
+        row["memory_type"] = kind if kind in MEMORY_TYPES else "fact"
+    status = row["status"]
+    if status not in STATUSES:
+        status = (status or "").strip().lower()
+        row["status"] = status if status in STATUSES else "active"
     row["realm"] = row["realm"] or "default"
-    row["content"] = row["content"] or ""
-    row["content_preview"] = preview(row["content"])
+    content = row["content"] or ""
+    row["content"] = content
+    row["content_preview"] = preview(content)
     row["tags"] = row["tags"] or ""
     importance = wire.importance
     if importance is None or not math.isfinite(importance):
         importance = 0.5
     row["importance"] = min(1.0, max(0.0, float(importance)))
     row["origin"] = _text(wire.origin, "origin") or ""
-    row["deleted"] = int(bool(wire.deleted))
-    row.update(local_seq=0, dedupe_key=None, source_uris=None, mentions=None, last_seen=None)
-    vector = None
-    if wire.embedding is not None and not row["deleted"]:
-        values = np.asarray(wire.embedding, dtype=np.float32)
-        if values.ndim != 1 or not np.isfinite(values).all():
-            raise ValidationError("embedding", "must be an array of finite numbers")
-        if values.any():
-            vector = values
-    return row, vector
+    row["deleted"] = 1 if wire.deleted else 0
+    row["local_seq"] = 0
+    row["dedupe_key"] = row["source_uris"] = row["mentions"] = row["last_seen"] = None
+    row["content_hash"] = content_hash(row, NODE_HASHED)
+    return row
+
+
+def vector_from_wire(wire: NodeRow) -> npt.NDArray[np.float32] | None:
+    """The row's embedding, or None when absent or all zeros (the plane's "no vector")."""
+    if wire.embedding is None or wire.deleted:
+        return None
+    values = np.asarray(wire.embedding, dtype=np.float32)
+    if values.ndim != 1 or not np.isfinite(values).all():
+        raise ValidationError("embedding", "must be an array of finite numbers")
+    return values if values.any() else None
 
 
 def edge_from_wire(wire: EdgeRow) -> Row:
@@ -139,22 +169,25 @@ def _props_say_deleted(props: str | None) -> bool:
 def apply_batch(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow],
                 model: str) -> ApplyResult:
     """Run inside the writer's transaction. Nodes first, then edges (endpoints may be absent)."""
-    result = ApplyResult()
+    result = ApplyResult(bound=format_ns(writer.clock.physical_ns() + writer.clock.max_drift_ns))
     known = writer.current_keys("memories", [n.id for n in nodes if isinstance(n.id, str)])
+    winners: dict[str, tuple[Row, Vector | None]] = {}
     for index, wire in enumerate(nodes):
         try:
-            row, values = node_from_wire(wire)
+            row = node_from_wire(wire)
+            key = (row["updated_at"], row["origin"], row["content_hash"])
+            _note_version(writer, result, row["updated_at"])
+            if not wins(key, known.get(row["id"])):
+                result.skipped_nodes += 1
+                continue
+            values = vector_from_wire(wire)
         except ValidationError as exc:
             result.problems.append(RowProblem("node", index, wire.id, exc.field, exc.message))
             continue
-        _note_version(writer, result, row["updated_at"])
-        key = (row["updated_at"], row["origin"], content_hash(row, NODE_HASHED))
-        if not wins(key, known.get(row["id"])):
-            result.skipped_nodes += 1
-            continue
-        writer.apply_node(row, None if values is None else Vector(model, values))
         known[row["id"]] = key
+        winners[row["id"]] = (row, None if values is None else Vector(model, values))
         result.applied_nodes += 1
+    writer.apply_nodes(list(winners.values()), model)
     for index, ewire in enumerate(edges):
         try:
             erow = edge_from_wire(ewire)
@@ -166,11 +199,24 @@ def apply_batch(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow],
             result.applied_edges += 1
         else:
             result.skipped_edges += 1
+    _receive_versions(writer, result)
     return result
 
 
 def _note_version(writer: Writer, result: ApplyResult, version: str) -> None:
-    writer.clock.receive(version)
     if result.max_version is None or version > result.max_version:
         result.max_version = version
+    if version > result.bound:
+        result.beyond_drift.append(version)
+    elif result.max_within is None or version > result.max_within:
+        result.max_within = version
+
+
+def _receive_versions(writer: Writer, result: ApplyResult) -> None:
+    """The HLC receive rule for the whole batch: receiving the largest stamp within the drift
+    bound is the same as receiving each in turn; stamps beyond it are counted, not received."""
+    if result.max_within is not None:
+        writer.clock.receive(result.max_within)
+    for version in result.beyond_drift:
+        writer.clock.receive(version)
 

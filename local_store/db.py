@@ -24,6 +24,7 @@ DB_FILENAME = "memory.db"
 LOCK_FILENAME = "syncd.lock"
 BUSY_TIMEOUT_MS = 10_000
 JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
+CACHE_KIB = 64 * 1024
 
 
 class DataDirLock:
@@ -67,6 +68,7 @@ def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
         conn.execute("PRAGMA wal_autocheckpoint = 1000")
+        conn.execute(f"PRAGMA cache_size = {-CACHE_KIB}")
     return conn
 
 

@@ -12,7 +12,6 @@ documented policy for concurrent delete-vs-update is "later HLC stamp wins".
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping, Sequence
 
 VersionKey = tuple[str, str, str]
@@ -27,9 +26,9 @@ EDGE_HASHED = ("src", "dst", "type", "realm", "target_namespace", "props", "dele
 
 
 def content_hash(row: Mapping[str, object], fields: Sequence[str]) -> str:
-    payload = json.dumps([row.get(name) for name in fields], separators=(",", ":"),
-                         ensure_ascii=False)
-    return hashlib.sha256(payload.encode()).hexdigest()[:32]
+    """A digest of the replicated fields: None, str, int and float values, unit-separated."""
+    parts = ["\x00" if (value := row.get(name)) is None else str(value) for name in fields]
+    return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=16).hexdigest()
 
 
 def version_key(row: Mapping[str, object]) -> VersionKey:

@@ -144,12 +144,16 @@ def parse_importance(value: object, label: str = "importance") -> float:
 
 
 def parse_timestamp(value: object, label: str) -> str | None:
-    if value is None or (isinstance(value, str) and not value.strip()):
+    if value is None:
         return None
     if not isinstance(value, str):
         raise ValidationError(label, f"must be an RFC 3339 string, got {type(value).__name__}")
+    if not value or value[0].isspace() or value[-1].isspace():
+        value = value.strip()
+        if not value:
+            return None
     try:
-        return canonical(value.strip())
+        return canonical(value)
     except TimestampError as exc:
         raise ValidationError(label, str(exc)) from None
 
@@ -209,7 +213,7 @@ def fold_content(content: str, why: str | None, where: str | None, learned: str 
 
 
 def preview(content: str) -> str:
-    text = content.strip()
+    text = content.strip() if content[:1].isspace() or content[-1:].isspace() else content
     return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS] + "…"
 
 

@@ -82,21 +82,27 @@ class Store:
     async def open(cls, data_dir: Path | str, *, embedder: Embedder | None = None,
                    wall: Callable[[], int] = time.time_ns) -> Store:
         data_dir = Path(data_dir)
-        data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         lock = db.DataDirLock(data_dir)
-        lock.acquire()
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="syncd-writer")
+        loop = asyncio.get_running_loop()
         try:
-            loop = asyncio.get_running_loop()
-            writer = await loop.run_in_executor(pool, _open_writer, data_dir / db.DB_FILENAME, wall)
+            await loop.run_in_executor(pool, _claim_data_dir, data_dir, lock)
+        except BaseException:
+            pool.shutdown(wait=False)
+            raise
+        reader = None
+        try:
+            writer, store_id = await loop.run_in_executor(
+                pool, _open_writer, data_dir / db.DB_FILENAME, wall)
             reader = await aiosqlite.connect(data_dir / db.DB_FILENAME, isolation_level=None)
             await reader.execute(f"PRAGMA busy_timeout = {db.BUSY_TIMEOUT_MS}")
             await reader.execute("PRAGMA query_only = ON")
         except BaseException:
-            pool.shutdown(wait=True)
-            lock.release()
+            if reader is not None:
+                await reader.close()
+            await loop.run_in_executor(pool, lock.release)
+            pool.shutdown(wait=False)
             raise
-        store_id = writer.meta("store_id") or ""
         return cls(data_dir, embedder or HashingEmbedder(), writer, reader, lock, pool, store_id)
 
     async def close(self) -> None:
@@ -106,8 +112,8 @@ class Store:
         await self._reader.close()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._pool, self._writer.conn.close)
-        self._pool.shutdown(wait=True)
-        self._lock.release()
+        await loop.run_in_executor(self._pool, self._lock.release)
+        self._pool.shutdown(wait=False)
 
     async def __aenter__(self) -> Store:
         return self
@@ -446,7 +452,12 @@ class Store:
 
 # ---------------------------------------------------------------------- writer-thread helpers
 
-def _open_writer(path: Path, wall: Callable[[], int]) -> Writer:
+def _claim_data_dir(data_dir: Path, lock: db.DataDirLock) -> None:
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    lock.acquire()
+
+
+def _open_writer(path: Path, wall: Callable[[], int]) -> tuple[Writer, str]:
     conn = db.connect(path)
     db.migrate(conn)
     conn.execute("BEGIN IMMEDIATE")
@@ -465,7 +476,7 @@ def _open_writer(path: Path, wall: Callable[[], int]) -> Writer:
         raise
     clock = HybridClock(int(values["hlc_node"]), wall=wall,
                         last_ns=int(values.get("hlc_last", "0")))
-    return Writer(conn, clock, values["replica_id"])
+    return Writer(conn, clock, values["replica_id"]), values["store_id"]
 
 
 def _transaction(writer: Writer, fn: Callable[[Writer], T]) -> T:

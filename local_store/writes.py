@@ -28,6 +28,8 @@ from local_store.columns import (
     NODE_COLUMNS,
     NODE_SELECT,
     NODE_UPSERT,
+    edge_params,
+    node_params,
 )
 from local_store.embed import to_blob
 from local_store.errors import NotFoundError
@@ -123,7 +125,9 @@ class Writer:
                 row["valid_at"] = row["valid_at"] or row["updated_at"]
         row["content_hash"] = content_hash(row, NODE_HASHED)
         row["local_seq"] = self.next_seq()
-        self.conn.execute(NODE_UPSERT, row)
+        self.fts_remove([row["id"]])
+        self.conn.execute(NODE_UPSERT, node_params(row))
+        self.fts_add([row["id"]])
         if row["deleted"]:
             self.conn.execute("DELETE FROM vectors WHERE memory_id = ?", (row["id"],))
         if vector is not None:
@@ -152,7 +156,7 @@ class Writer:
         }
         row["content_hash"] = content_hash(row, EDGE_HASHED)
         row["local_seq"] = self.next_seq()
-        self.conn.execute(EDGE_UPSERT, row)
+        self.conn.execute(EDGE_UPSERT, edge_params(row))
         self.enqueue("edge", eid, row["local_seq"])
         return row
 
@@ -226,10 +230,26 @@ class Writer:
 
     # ------------------------------------------------------------------ remote versions
 
-    def apply_node(self, row: Row, vector: Vector | None) -> None:
-        """Write a remote version that already won LWW; it replaces any pending local edit."""
-        self.put_node(row, vector, local=False)
-        self.conn.execute("DELETE FROM outbox WHERE kind = 'node' AND item_id = ?", (row["id"],))
+    def apply_nodes(self, winners: list[tuple[Row, Vector | None]], model: str) -> None:
+        """Write remote versions that already won LWW, in bulk. Each replaces any pending local
+        edit of its id; a winner without a vector drops the stale vector of that model."""
+        for row, _ in winners:
+            row["local_seq"] = self.next_seq()
+        ids = [row["id"] for row, _ in winners]
+        self.fts_remove(ids)
+        self.conn.executemany(NODE_UPSERT, [node_params(row) for row, _ in winners])
+        self.fts_add(ids)
+        self.conn.executemany(
+            "DELETE FROM vectors WHERE memory_id = ? AND (model = ? OR ?)",
+            [(row["id"], model, row["deleted"]) for row, vector in winners
+             if vector is None or row["deleted"]])
+        self.conn.executemany(
+            "INSERT INTO vectors (memory_id, model, dim, vec) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (memory_id, model) DO UPDATE SET dim = excluded.dim, vec = excluded.vec",
+            [(row["id"], vector.model, int(vector.values.shape[0]), to_blob(vector.values))
+             for row, vector in winners if vector is not None and not row["deleted"]])
+        self.conn.executemany("DELETE FROM outbox WHERE kind = 'node' AND item_id = ?",
+                              [(row["id"],) for row, _ in winners])
 
     def apply_edge(self, row: Row) -> bool:
         row["content_hash"] = content_hash(row, EDGE_HASHED)
@@ -239,22 +259,47 @@ class Writer:
         if not wins(version_key(row), None if current is None else tuple(current)):
             return False
         row["local_seq"] = self.next_seq()
-        self.conn.execute(EDGE_UPSERT, row)
+        self.conn.execute(EDGE_UPSERT, edge_params(row))
         self.conn.execute("DELETE FROM outbox WHERE kind = 'edge' AND item_id = ?", (row["id"],))
         return True
+
+    def fts_remove(self, ids: list[str]) -> None:
+        """Drop the FTS entries of these ids' current live rows (call before overwriting)."""
+        for chunk in chunks(ids):
+            self.conn.execute(
+                "INSERT INTO memories_fts (memories_fts, rowid, title, content, tags) "
+                "SELECT 'delete', rowid, title, content, tags FROM memories "
+                f"WHERE deleted = 0 AND id IN ({marks(chunk)})", chunk)
+
+    def fts_add(self, ids: list[str]) -> None:
+        """Index these ids' current live rows (call after writing them)."""
+        for chunk in chunks(ids):
+            self.conn.execute(
+                "INSERT INTO memories_fts (rowid, title, content, tags) "
+                "SELECT rowid, title, content, tags FROM memories "
+                f"WHERE deleted = 0 AND id IN ({marks(chunk)})", chunk)
 
     def current_keys(self, table: str, ids: Iterable[str]) -> dict[str, tuple[str, str, str]]:
         """Version keys of the given ids, fetched in chunks (for fast re-apply skipping)."""
         out: dict[str, tuple[str, str, str]] = {}
-        batch = list(ids)
-        for start in range(0, len(batch), 500):
-            chunk = batch[start:start + 500]
-            marks = ",".join("?" * len(chunk))
+        for chunk in chunks(list(ids)):
             sql = (f"SELECT id, updated_at, origin, content_hash FROM {table} "
-                   f"WHERE id IN ({marks})")
+                   f"WHERE id IN ({marks(chunk)})")
             for found in self.conn.execute(sql, chunk):
                 out[found[0]] = (found[1], found[2], found[3])
         return out
+
+
+CHUNK = 500
+
+
+def chunks(items: list[str]) -> list[list[str]]:
+    """Split for ``IN (…)`` lists, well under SQLite's bound-parameter limit."""
+    return [items[start:start + CHUNK] for start in range(0, len(items), CHUNK)]
+
+
+def marks(chunk: list[str]) -> str:
+    return ",".join("?" * len(chunk))
 
 
 def _uuid(memory_id: str) -> str:

@@ -65,6 +65,10 @@ class HybridClock:
         """The last stamp issued or received, in nanoseconds: persist this."""
         return self._last_ns
 
+    @property
+    def max_drift_ns(self) -> int:
+        return self._max_drift_ns
+
     def physical_ns(self) -> int:
         return self._wall() + self.offset_ns
 

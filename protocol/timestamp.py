@@ -101,9 +101,38 @@ def format_autosi(ns: int) -> str:
     return f"{head}.{nanos:09d}+00:00"
 
 
+_CANONICAL_SHAPE = re.compile(
+    r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{9}\+00:00", re.ASCII)
+
+
 def canonical(text: str) -> str:
-    """Rewrite any accepted timestamp into the canonical form."""
+    """Rewrite any accepted timestamp into the canonical form.
+
+    Fast path: a string already in canonical shape only needs its fields range-checked.
+    """
+    if _CANONICAL_SHAPE.fullmatch(text):
+        if _valid_day(text[:10]) and text[11:13] < "24" and text[14:16] < "60" and (
+                text[17:19] < "60"):
+            return text
+        raise _reject(text)
     return format_ns(parse_ns(text))
+
+
+_DAYS_SEEN: dict[str, bool] = {}
+
+
+def _valid_day(day: str) -> bool:
+    """Is ``YYYY-MM-DD`` a real date? Memoised: a sync batch spans few distinct days."""
+    known = _DAYS_SEEN.get(day)
+    if known is None:
+        try:
+            date(int(day[0:4]), int(day[5:7]), int(day[8:10]))
+            known = True
+        except ValueError:
+            known = False
+        if len(_DAYS_SEEN) < 100_000:
+            _DAYS_SEEN[day] = known
+    return known
 
 
 def is_canonical(text: str) -> bool:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from blockbuster import blockbuster_ctx
 
 from local_store import HashingEmbedder, Store
 
@@ -35,3 +37,14 @@ async def store(tmp_path: Path) -> AsyncIterator[Store]:
         yield s
     finally:
         await s.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_blocking_in_event_loop(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail any async test whose event loop blocks (STYLE 11): blockbuster patches blocking calls
+    and raises when one runs on the loop thread. Sync tests are unaffected."""
+    if not asyncio.iscoroutinefunction(getattr(request.node, "function", None)):
+        yield
+        return
+    with blockbuster_ctx(["local_store", "protocol", "syncd"]):
+        yield

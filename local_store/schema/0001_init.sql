@@ -53,13 +53,14 @@ CREATE UNIQUE INDEX memories_seq ON memories (local_seq);
 CREATE INDEX memories_list ON memories (created_at DESC);
 
 -- One vector per (memory, embedding model): vectors of different models are never compared.
+-- A rowid table (not WITHOUT ROWID): 1.5 KB blobs make WITHOUT ROWID b-trees slow.
 CREATE TABLE vectors (
     memory_id TEXT NOT NULL REFERENCES memories (id) ON DELETE CASCADE,
     model     TEXT NOT NULL,
     dim       INTEGER NOT NULL,
     vec       BLOB NOT NULL,          -- little-endian float32 × dim
-    PRIMARY KEY (memory_id, model)
-) STRICT, WITHOUT ROWID;
+    UNIQUE (memory_id, model)
+) STRICT;
 
 -- Typed edges, one row per deterministic id "{src}->{dst}:{type}" (re-imports never duplicate).
 CREATE TABLE edges (
@@ -90,28 +91,11 @@ CREATE TABLE outbox (
     PRIMARY KEY (kind, item_id)
 ) STRICT, WITHOUT ROWID;
 
--- Keyword index over the redacted text; kept in step with `memories` by the triggers below.
--- Tombstones are not indexed.
+-- Keyword index over the redacted text of live (non-tombstone) memories. The write path keeps it
+-- in step explicitly (writes.Writer.fts_remove/fts_add, one statement per batch): FTS5 flushes
+-- its pending terms at every statement savepoint, so per-row triggers cost 4× more.
 CREATE VIRTUAL TABLE memories_fts USING fts5 (
     title, content, tags,
     content = 'memories', content_rowid = 'rowid',
     tokenize = 'unicode61 remove_diacritics 2'
 );
-CREATE TRIGGER memories_fts_insert AFTER INSERT ON memories WHEN new.deleted = 0 BEGIN
-    INSERT INTO memories_fts (rowid, title, content, tags)
-    VALUES (new.rowid, new.title, new.content, new.tags);
-END;
-CREATE TRIGGER memories_fts_delete AFTER DELETE ON memories WHEN old.deleted = 0 BEGIN
-    INSERT INTO memories_fts (memories_fts, rowid, title, content, tags)
-    VALUES ('delete', old.rowid, old.title, old.content, old.tags);
-END;
-CREATE TRIGGER memories_fts_update_old AFTER UPDATE OF title, content, tags, deleted ON memories
-WHEN old.deleted = 0 BEGIN
-    INSERT INTO memories_fts (memories_fts, rowid, title, content, tags)
-    VALUES ('delete', old.rowid, old.title, old.content, old.tags);
-END;
-CREATE TRIGGER memories_fts_update_new AFTER UPDATE OF title, content, tags, deleted ON memories
-WHEN new.deleted = 0 BEGIN
-    INSERT INTO memories_fts (rowid, title, content, tags)
-    VALUES (new.rowid, new.title, new.content, new.tags);
-END;

@@ -1,0 +1,84 @@
+"""RELIABILITY L7 at the store level: every error path leaves the store byte-for-byte unchanged.
+
+Each case runs one failing call against a store holding a few memories and edges, and compares a
+full dump of every table (meta included, so not even the clock or local_seq moved) before/after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from local_store import NotFoundError, Store, StoreError, ValidationError
+
+Case = Callable[[Store, dict[str, str]], Awaitable[Any]]
+
+CASES: dict[str, tuple[Case, type[StoreError], str | None]] = {
+    "save without content": (lambda s, ids: s.save({"title": "t"}), ValidationError, "content"),
+    "save private only": (lambda s, ids: s.save({"content": "<private>x"}), ValidationError,
+                          "content"),
+    "save bad tags": (lambda s, ids: s.save({"content": "x", "tags": [1]}), ValidationError,
+                      "tags[0]"),
+    "save bad valid_at": (lambda s, ids: s.save({"content": "x", "valid_at": "soon"}),
+                          ValidationError, "valid_at"),
+    "save bad provenance": (lambda s, ids: s.save({"content": "x", "provenance": 5}),
+                            ValidationError, "provenance"),
+    "save_many not a list": (lambda s, ids: s.save_many("x"),  # type: ignore[arg-type]
+                             ValidationError, "memories"),
+    "save_many all bad": (lambda s, ids: s.save_many([{"content": 1}]), None, None),  # type: ignore[dict-item]
+    "status unknown": (lambda s, ids: s.update_status(ids["a"], "done"), ValidationError,
+                       "status"),
+    "status missing id": (lambda s, ids: s.update_status("memory:none", "active"), NotFoundError,
+                          None),
+    "status empty id": (lambda s, ids: s.update_status("", "active"), ValidationError,
+                        "memory_id"),
+    "importance NaN": (lambda s, ids: s.update_importance(ids["a"], float("nan")),
+                       ValidationError, "importance"),
+    "importance string": (lambda s, ids: s.update_importance(ids["a"], "1"), ValidationError,
+                          "importance"),
+    "importance missing": (lambda s, ids: s.update_importance(ids["a"], None), ValidationError,
+                           "importance"),
+    "judge self": (lambda s, ids: s.judge(ids["a"], ids["a"], "supersedes"), ValidationError,
+                   "target_id"),
+    "judge missing target": (lambda s, ids: s.judge(ids["a"], "memory:x", "supersedes"),
+                             NotFoundError, None),
+    "judge missing source": (lambda s, ids: s.judge("memory:x", ids["a"], "merged"),
+                             NotFoundError, None),
+    "judge no verdict": (lambda s, ids: s.judge(ids["a"], ids["b"], ""), ValidationError,
+                         "verdict"),
+    "entity no name": (lambda s, ids: s.ingest_entity({"kind": "service"}), ValidationError,
+                       "name"),
+    "entity bad properties": (lambda s, ids: s.ingest_entity({"name": "n", "properties": [1]}),
+                              ValidationError, "properties"),
+    "entity bad link": (lambda s, ids: s.ingest_entity({"name": "n", "links": [{"x": 1}]}),
+                        ValidationError, "links[0].target_node_id"),
+    "link missing memory": (lambda s, ids: s.link({"memory_id": "memory:x",
+                                                    "target_node_id": "t"}), NotFoundError, None),
+    "link no target": (lambda s, ids: s.link({"memory_id": ids["a"]}), ValidationError,
+                       "target_node_id"),
+    "summary empty": (lambda s, ids: s.session_summary({"goal": "  "}), ValidationError, "goal"),
+    "delete missing": (lambda s, ids: s.delete("memory:nope", hard=True), NotFoundError, None),
+    "get missing": (lambda s, ids: s.get("memory:nope"), NotFoundError, None),
+    "list bad status": (lambda s, ids: s.list_memories({"status": "x"}), ValidationError,
+                        "status"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+async def test_error_leaves_store_unchanged(store: Store, name: str) -> None:
+    a = await store.save({"content": "alpha", "references": ["x::y"]})
+    b = await store.save({"content": "beta"})
+    ids = {"a": a["id"], "b": b["id"]}
+    call, error, field = CASES[name]
+    before = await store.dump()
+    if error is None:
+        result = await call(store, ids)
+        assert result["count"] == 0 and result["errors"]
+    else:
+        with pytest.raises(error) as exc:
+            await call(store, ids)
+        if field is not None:
+            assert isinstance(exc.value, ValidationError) and exc.value.field == field
+    assert await store.dump() == before

@@ -12,6 +12,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import secrets
 import socket
@@ -23,13 +24,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import aiosqlite
+import msgspec
 import numpy as np
+import numpy.typing as npt
 
 from local_store import db
 from local_store.apply import ApplyResult, apply_batch
 from local_store.columns import EDGE_ALL, EDGE_SELECT, NODE_COLUMNS, NODE_SELECT
 from local_store.embed import Embedder, HashingEmbedder, from_blob
 from local_store.errors import NotFoundError, StoreClosedError, ValidationError
+from local_store.recall import Mode, Recall
 from local_store.records import (
     Draft,
     build_save,
@@ -40,14 +44,18 @@ from local_store.records import (
     parse_realm,
     parse_status,
     parse_tags,
+    parse_timestamp,
     required_str,
     slug,
     stamp_provenance,
 )
 from local_store.redact import strip_json_strings
+from local_store.vectors import VectorIndex
 from local_store.writes import Row, Vector, Writer, props_json
 from protocol.hlc import HybridClock
+from protocol.query import QueryRequest, QueryResponse
 from protocol.rows import EdgeRow, NodeRow
+from protocol.settings import DEFAULT_SETTINGS, MemorySettings, merge_patch, settings_decoder
 
 T = TypeVar("T")
 
@@ -71,6 +79,8 @@ class Store:
         self._lock = lock
         self._pool = pool
         self._closed = False
+        self.index = VectorIndex(embedder.model_id, embedder.dim)
+        self._settings = DEFAULT_SETTINGS
         self.writer_info: dict[str, object] = {
             "host": socket.gethostname(), "source": "syncd", "client": None,
             "client_version": None,
@@ -103,7 +113,24 @@ class Store:
             await loop.run_in_executor(pool, lock.release)
             pool.shutdown(wait=False)
             raise
-        return cls(data_dir, embedder or HashingEmbedder(), writer, reader, lock, pool, store_id)
+        store = cls(data_dir, embedder or HashingEmbedder(), writer, reader, lock, pool, store_id)
+        try:
+            await store._load()
+        except BaseException:
+            await store.close()
+            raise
+        return store
+
+    async def _load(self) -> None:
+        """Rebuild the in-RAM vector index and load settings (start-up)."""
+        model, dim = self.embedder.model_id, self.embedder.dim
+        rows = await self._fetch("SELECT memory_id, vec FROM vectors WHERE model = ? AND dim = ?",
+                                 (model, dim))
+        self.index = VectorIndex.from_rows(model, dim, [r[0] for r in rows],
+                                           b"".join(r[1] for r in rows))
+        found = await self._fetch("SELECT value FROM meta WHERE key = 'settings'")
+        if found:
+            self._settings = settings_decoder.decode(found[0][0])
 
     async def close(self) -> None:
         if self._closed:
@@ -136,7 +163,15 @@ class Store:
         if self._closed:
             raise StoreClosedError("the store is closed")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, _transaction, self._writer, fn)
+        result, events = await loop.run_in_executor(self._pool, _transaction, self._writer, fn)
+        for memory_id, model, values in events:
+            if model is not None and model != self.index.model:
+                continue
+            if values is None or values.shape[0] != self.index.dim:
+                self.index.remove(memory_id)
+            else:
+                self.index.upsert(memory_id, values)
+        return result
 
     async def _embed(self, texts: list[str]) -> list[Vector]:
         if not texts:
@@ -383,6 +418,59 @@ class Store:
                 out[mid] = from_blob(blob).tolist()
         return out
 
+    # ------------------------------------------------------------------ recall and settings
+
+    async def recall(self, request: QueryRequest | Mapping[str, object], *,
+                     mode: Mode = "syncd", graph: bool = True) -> QueryResponse:
+        """Hybrid recall (``POST /v1/agent/memory/query``); ``graph=False`` when gated."""
+        if not isinstance(request, QueryRequest):
+            try:
+                request = msgspec.convert(dict(request), QueryRequest)
+            except msgspec.ValidationError as exc:
+                raise ValidationError(_msgspec_field(str(exc)), str(exc)) from None
+        if request.as_of is not None:
+            parse_timestamp(request.as_of, "as_of")
+        engine = Recall(self._fetch, self.index, self._embed_query, self._settings)
+        return await engine.run(request, mode, graph_allowed=graph)
+
+    async def _embed_query(self, text: str) -> npt.NDArray[np.float32] | None:
+        if not text.strip():
+            return None
+        loop = asyncio.get_running_loop()
+        matrix = await loop.run_in_executor(None, self.embedder.embed, [text])
+        return np.asarray(matrix[0], dtype=np.float32)
+
+    @property
+    def settings(self) -> MemorySettings:
+        return self._settings
+
+    async def put_settings(self, patch: Mapping[str, object]) -> MemorySettings:
+        """Patch the given keys (nested objects merge) and persist; returns the full settings."""
+        try:
+            merged = merge_patch(self._settings, dict(patch))
+        except msgspec.ValidationError as exc:
+            raise ValidationError(_msgspec_field(str(exc)), str(exc)) from None
+        encoded = msgspec.json.encode(merged).decode()
+        await self._write(lambda w: w.set_meta("settings", encoded))
+        self._settings = merged
+        return merged
+
+    async def reembed_missing(self, batch: int = 64) -> int:
+        """Give every live memory a vector of the current embedder's model (those pulled with
+        another model's vector stay keyword-searchable until then). Returns how many."""
+        model, done = self.embedder.model_id, 0
+        while True:
+            rows = await self._fetch(
+                "SELECT id, content FROM memories WHERE deleted = 0 AND content <> '' AND id NOT IN "
+                "(SELECT memory_id FROM vectors WHERE model = ?) ORDER BY local_seq LIMIT ?",
+                (model, batch))
+            if not rows:
+                return done
+            vectors = await self._embed([r[1] for r in rows])
+            items = [(r[0], r[1], v) for r, v in zip(rows, vectors, strict=True)]
+            await self._write(functools.partial(_put_embedded, items))
+            done += len(rows)
+
     # ------------------------------------------------------------------ reads
 
     async def get(self, memory_id: object) -> dict[str, Any]:
@@ -452,6 +540,15 @@ class Store:
 
 # ---------------------------------------------------------------------- writer-thread helpers
 
+def _put_embedded(items: list[tuple[str, str, Vector]], w: Writer) -> None:
+    """Store re-embedded vectors unless the memory changed meanwhile (its new version embedded
+    itself). Vectors are derived data: no new version, no outbox entry."""
+    for memory_id, content, vector in items:
+        row = w.node(memory_id)
+        if row is not None and not row["deleted"] and row["content"] == content:
+            w.put_vector(memory_id, vector)
+
+
 def _claim_data_dir(data_dir: Path, lock: db.DataDirLock) -> None:
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     lock.acquire()
@@ -479,7 +576,7 @@ def _open_writer(path: Path, wall: Callable[[], int]) -> tuple[Writer, str]:
     return Writer(conn, clock, values["replica_id"]), values["store_id"]
 
 
-def _transaction(writer: Writer, fn: Callable[[Writer], T]) -> T:
+def _transaction(writer: Writer, fn: Callable[[Writer], T]) -> tuple[T, list[Any]]:
     writer.begin()
     try:
         result = fn(writer)
@@ -487,7 +584,7 @@ def _transaction(writer: Writer, fn: Callable[[Writer], T]) -> T:
     except BaseException:
         writer.rollback()
         raise
-    return result
+    return result, writer.vector_events
 
 
 # ---------------------------------------------------------------------- row views
@@ -553,6 +650,14 @@ def _int_arg(args: Mapping[str, object], name: str, default: int, low: int, high
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValidationError(name, f"must be an integer, got {type(value).__name__}")
     return min(high, max(low, value))
+
+
+def _msgspec_field(message: str) -> str:
+    """The field named in a msgspec error (``… - at `$.limit` `` → ``limit``)."""
+    marker = "at `$."
+    if marker in message:
+        return message.split(marker, 1)[1].split("`", 1)[0]
+    return "body"
 
 
 def _lenient_type(value: object) -> str:

@@ -55,12 +55,16 @@ class Writer:
         self.clock = clock
         self.replica_id = replica_id
         self._seq = 0
+        # (memory_id, model or None for "every model", values or None for removal), collected
+        # per transaction so the store can update its in-RAM index after the commit.
+        self.vector_events: list[tuple[str, str | None, npt.NDArray[np.float32] | None]] = []
 
     # ------------------------------------------------------------------ transaction frame
 
     def begin(self) -> None:
         self.conn.execute("BEGIN IMMEDIATE")
         self._seq = int(self.meta("local_seq") or 0)
+        self.vector_events = []
 
     def commit(self) -> None:
         self.set_meta("local_seq", str(self._seq))
@@ -130,6 +134,7 @@ class Writer:
         self.fts_add([row["id"]])
         if row["deleted"]:
             self.conn.execute("DELETE FROM vectors WHERE memory_id = ?", (row["id"],))
+            self.vector_events.append((row["id"], None, None))
         if vector is not None:
             self.put_vector(row["id"], vector)
         if local:
@@ -141,6 +146,7 @@ class Writer:
             "INSERT INTO vectors (memory_id, model, dim, vec) VALUES (?, ?, ?, ?) "
             "ON CONFLICT (memory_id, model) DO UPDATE SET dim = excluded.dim, vec = excluded.vec",
             (memory_id, vector.model, int(vector.values.shape[0]), to_blob(vector.values)))
+        self.vector_events.append((memory_id, vector.model, vector.values))
 
     def put_edge(self, src: str, dst: str, type_: str, *, realm: str | None,
                  target_namespace: str | None = None, props: str | None = None,
@@ -250,6 +256,13 @@ class Writer:
              for row, vector in winners if vector is not None and not row["deleted"]])
         self.conn.executemany("DELETE FROM outbox WHERE kind = 'node' AND item_id = ?",
                               [(row["id"],) for row, _ in winners])
+        for row, vector in winners:
+            if row["deleted"]:
+                self.vector_events.append((row["id"], None, None))
+            elif vector is None:
+                self.vector_events.append((row["id"], model, None))
+            else:
+                self.vector_events.append((row["id"], vector.model, vector.values))
 
     def apply_edge(self, row: Row) -> bool:
         row["content_hash"] = content_hash(row, EDGE_HASHED)

@@ -1,0 +1,189 @@
+"""Pure ranking functions for recall: tokenising, FTS query building, fusion, the blend, and the
+context text. No I/O; table-driven tests in tests/local_store/test_ranking.py.
+
+Two scorers share the candidate pipeline (contract §6):
+  * ``plane``: the control plane's exact blend —
+    ``w_rrf·rrf + w_semantic·sem + w_keyword·kw + w_graph·graph + w_importance·imp
+    + w_recency·recency`` with 0-based ranks in ``1/(rrf_k + rank)``.
+  * ``syncd`` (default): relevance first. ``rel = max(sem, kw) + 0.3·min(sem, kw)`` (raw cosine
+    and coverage-weighted, per-query-normalised BM25), then small settings-weighted terms for
+    graph, importance and recency, and a penalty for superseded memories — so recency and
+    importance can reorder close matches but never outrank relevance (PRIOR-ART "Recall").
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from protocol.query import Linked, RetrievedMemory
+
+_SPLIT = re.compile(r"[^\w]+|_+", re.UNICODE)
+NS_PER_DAY = 86_400 * 1_000_000_000
+LN2 = math.log(2.0)
+
+# Words that carry no topic in a question; dropped when the strict keyword query is relaxed.
+STOPWORDS = frozenset("""
+a about after all also am an and any are as at be been before being but by can could did do
+does doing done for from had has have having how i if in into is it its just me my no not now of
+on or our out over should so some than that the their them then there these they this those to
+too under up us use used using was we were what when where which while who whom why will with
+would you your does did get got make made new current currently still anymore please tell know
+""".split())
+
+
+def tokenize(text: str) -> list[str]:
+    """The plane's tokeniser: split on non-alphanumerics, keep ≥ 2 chars, lower-case, dedup."""
+    seen: list[str] = []
+    for piece in _SPLIT.split(text):
+        token = piece.lower()
+        if len(token) >= 2 and token not in seen:
+            seen.append(token)
+    return seen
+
+
+def fts_match(tokens: Sequence[str], *, relaxed: bool) -> str | None:
+    """An FTS5 MATCH expression with every token quoted, so no input is FTS syntax.
+
+    Strict: all tokens (AND). Relaxed: any non-stopword token (OR). None when nothing is left.
+    """
+    words = [t for t in tokens if not relaxed or t not in STOPWORDS]
+    if not words:
+        return None
+    quoted = ['"' + t.replace('"', '""') + '"' for t in words[:32]]
+    return (" OR " if relaxed else " AND ").join(quoted)
+
+
+def rrf(vec_rank: int | None, kw_rank: int | None, k: float) -> float:
+    total = 0.0
+    for rank in (vec_rank, kw_rank):
+        if rank is not None:
+            total += 1.0 / (k + rank)
+    return total
+
+
+def recency(created_ns: int | None, now_ns: int, half_life_days: float) -> float:
+    """``exp(−ln2·age/half_life)`` on whole days' seconds as the plane does; 0.5 if unknown."""
+    if created_ns is None:
+        return 0.5
+    half = half_life_days if half_life_days > 0 else 30.0
+    age_seconds = (now_ns - created_ns) // 1_000_000_000
+    if age_seconds <= 0:
+        return 1.0
+    return math.exp(-LN2 * (age_seconds / 86_400) / half)
+
+
+def coverage(tokens: Sequence[str], text: str) -> float:
+    """Fraction of the non-stopword query tokens that occur in ``text`` (lower-cased)."""
+    words = [t for t in tokens if t not in STOPWORDS] or list(tokens)
+    if not words:
+        return 0.0
+    lowered = text.lower()
+    return sum(1 for t in words if t in lowered) / len(words)
+
+
+@dataclass(slots=True)
+class Candidate:
+    """One memory on its way through recall; fields fill in as the legs and graph run."""
+
+    id: str
+    vec_rank: int | None = None
+    kw_rank: int | None = None
+    cosine: float | None = None
+    kw_raw: float | None = None  # plane: matched-token count; syncd: normalised BM25 × coverage
+    graph_proximity: float = 0.0
+    via: tuple[str, str, int] | None = None
+    row: dict[str, Any] | None = None
+    score: float = 0.0
+    parts: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def best_rank(self) -> int:
+        ranks = [r for r in (self.vec_rank, self.kw_rank) if r is not None]
+        return min(ranks) if ranks else 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Weights:
+    w_rrf: float
+    w_semantic: float
+    w_keyword: float
+    w_graph: float
+    w_importance: float
+    w_recency: float
+    rrf_k: float
+    half_life_days: float
+
+
+def score_plane(c: Candidate, w: Weights, n_tokens: int, recency_value: float,
+                importance: float) -> float:
+    semantic = min(1.0, max(0.0, c.cosine)) if c.cosine is not None else 0.0
+    keyword = min(1.0, max(0.0, c.kw_raw / max(n_tokens, 1))) if c.kw_raw is not None else 0.0
+    fused = rrf(c.vec_rank, c.kw_rank, w.rrf_k)
+    c.parts = {"rrf": fused, "semantic": semantic, "keyword": keyword,
+               "graph": c.graph_proximity, "importance": importance, "recency": recency_value,
+               "penalty": 0.0}
+    return (w.w_rrf * fused + w.w_semantic * semantic + w.w_keyword * keyword
+            + w.w_graph * c.graph_proximity + w.w_importance * importance
+            + w.w_recency * recency_value)
+
+
+SUPERSEDED_PENALTY = 0.3
+SYNCD_IMPORTANCE_SCALE = 0.1
+SYNCD_RECENCY_SCALE = 0.1
+SYNCD_GRAPH_SCALE = 0.5
+
+
+def score_syncd(c: Candidate, w: Weights, recency_value: float, importance: float,
+                superseded: bool) -> float:
+    semantic = min(1.0, max(0.0, c.cosine)) if c.cosine is not None else 0.0
+    keyword = min(1.0, max(0.0, c.kw_raw)) if c.kw_raw is not None else 0.0
+    relevance = max(semantic, keyword) + 0.3 * min(semantic, keyword)
+    fused = rrf(c.vec_rank, c.kw_rank, w.rrf_k)
+    penalty = SUPERSEDED_PENALTY if superseded else 0.0
+    c.parts = {"rrf": fused, "semantic": semantic, "keyword": keyword,
+               "graph": c.graph_proximity, "importance": importance, "recency": recency_value,
+               "penalty": penalty}
+    return (relevance + w.w_rrf * fused + SYNCD_GRAPH_SCALE * w.w_graph * c.graph_proximity
+            + SYNCD_IMPORTANCE_SCALE * w.w_importance * importance
+            + SYNCD_RECENCY_SCALE * w.w_recency * recency_value - penalty)
+
+
+def order(candidates: Iterable[Candidate]) -> list[Candidate]:
+    """Score descending; ties by best rank, then id — deterministic everywhere."""
+    return sorted(candidates, key=lambda c: (-c.score, c.best_rank, c.id))
+
+
+def build_context(memories: Sequence[RetrievedMemory], linked: Sequence[Linked]) -> str:
+    """The plane's ``context`` text, byte for byte (contract §6 step 12)."""
+    if not memories:
+        return ""
+    lines = ["Relevant memories:\n"]
+    for m in memories:
+        if m.invalid_at:
+            validity = f" (invalidated {m.invalid_at})"
+        elif m.valid_at:
+            validity = f" (since {m.valid_at})"
+        else:
+            validity = ""
+        via = f" [via {m.via.type}]" if m.via is not None else ""
+        lines.append(f"- [{m.memory_type}] {m.content_preview}{validity}{via} "
+                     f"(score {m.score:.2f}) {m.id}\n")
+    if linked:
+        lines.append("\nConnected resources/traces:\n")
+        for link in linked[:20]:
+            lines.append(f"- {link.node_id} ({link.target_namespace or ''}) via {link.edge_type}\n")
+    return "".join(lines)
+
+
+def dedupe_linked(linked: list[Linked], cap: int = 50) -> list[Linked]:
+    """Stable sort by depth, drop adjacent equal node ids (as the plane), then cap."""
+    out: list[Linked] = []
+    for link in sorted(linked, key=lambda item: item.depth):
+        if out and out[-1].node_id == link.node_id:
+            continue
+        out.append(link)
+    return out[:cap]

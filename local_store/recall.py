@@ -1,0 +1,403 @@
+"""Hybrid recall over the local store: the control plane's algorithm (contract §6), and syncd's.
+
+Pipeline (both modes): filters → semantic leg (exact cosine over the in-RAM index, 50) and
+keyword leg (50) → candidate map with 0-based ranks → graph expansion from the top 10 seeds
+(1–2 hops, proximity 1/(1+hops)) → blend → sort → truncate → ``context``.
+
+Where ``syncd`` mode departs from ``plane`` mode (each is listed in the README):
+  * keyword leg on FTS5/BM25 with quoted tokens (strict AND, relaxed to OR without stopwords
+    when AND finds nothing), instead of substring counting;
+  * semantic leg ranked by cosine alone (the plane mixes in importance), and candidates must
+    clear a relevance floor, so a nonsense query matches nothing;
+  * graph expansion dedupes edges by id, skips tombstones, orders edges deterministically, and
+    applies the realm/status/validity filters to what it pulls in (the plane leaks archived,
+    invalidated and other-realm memories through the graph);
+  * superseded memories are penalised; one memory per ``dedupe_key``;
+  * when nothing matches, the most important recent memories come back marked ``fallback``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from local_store.ranking import (
+    Candidate,
+    Weights,
+    build_context,
+    coverage,
+    dedupe_linked,
+    fts_match,
+    order,
+    recency,
+    score_plane,
+    score_syncd,
+    tokenize,
+)
+from local_store.records import MEMORY_TYPES, parse_timestamp
+from local_store.vectors import VectorIndex
+from protocol.query import (
+    Linked,
+    QueryRequest,
+    QueryResponse,
+    RetrievedMemory,
+    ScoreComponents,
+    Via,
+)
+from protocol.settings import MemorySettings
+from protocol.timestamp import TimestampError, parse_ns
+
+Mode = Literal["syncd", "plane", "keyword", "vector"]
+Fetch = Callable[[str, Sequence[object]], Awaitable[list[Any]]]
+Embed = Callable[[str], Awaitable[npt.NDArray[np.float32] | None]]
+
+CAND_K = 50
+SEED_N = 10
+EXPAND_CAP = 200
+MAX_HOPS = 2
+OVERSAMPLE = 8
+# syncd: a candidate is a match only when its relevance clears this floor (raw cosine for the
+# semantic leg, normalised BM25 × token coverage for the keyword leg); calibrated on
+# bench/recall_eval.py, where nonsense queries top out below it.
+MATCH_FLOOR = 0.35
+
+_ROW = ("id", "memory_type", "title", "content", "content_preview", "tags", "importance",
+        "realm", "created_at", "valid_at", "invalid_at", "superseded_by", "dedupe_key")
+_ROW_SQL = ", ".join(f"m.{c}" for c in _ROW)
+
+
+@dataclass(frozen=True, slots=True)
+class Filters:
+    realms: tuple[str, ...] = ()
+    memory_type: str | None = None
+    tags: tuple[str, ...] = ()
+    importance_min: float | None = None
+    as_of: str | None = None
+    include_invalidated: bool = False
+
+    def sql(self, *, for_graph: bool = False) -> tuple[str, list[object]]:
+        """AND-ed predicates over ``memories m``. The graph (syncd) uses realm/status/validity."""
+        where = ["m.deleted = 0", "m.status <> 'archived'"]
+        params: list[object] = []
+        if self.realms:
+            where.append(f"m.realm IN ({','.join('?' * len(self.realms))})")
+            params.extend(self.realms)
+        if not for_graph:
+            if self.memory_type is not None:
+                where.append("m.memory_type = ?")
+                params.append(self.memory_type)
+            if self.importance_min is not None:
+                where.append("m.importance >= ?")
+                params.append(self.importance_min)
+            for tag in self.tags:
+                where.append("m.tags LIKE ?")
+                params.append(f"%{tag}%")
+        if self.include_invalidated:
+            pass
+        elif self.as_of is not None:
+            where.append("(m.invalid_at IS NULL OR m.invalid_at > ?) "
+                         "AND (m.valid_at IS NULL OR m.valid_at <= ?)")
+            params.extend([self.as_of, self.as_of])
+        else:
+            where.append("m.invalid_at IS NULL")
+        return " AND ".join(where), params
+
+
+def filters_from(request: QueryRequest) -> Filters:
+    kind = None
+    if request.memory_type is not None:
+        kind = request.memory_type.strip().lower()
+        kind = kind if kind in MEMORY_TYPES else "fact"
+    as_of = None
+    if request.as_of is not None and not request.include_invalidated:
+        as_of = parse_timestamp(request.as_of, "as_of")
+    tags = tuple(t.replace("%", "").replace("_", "") for t in request.tags if t.strip())
+    realms = tuple(dict.fromkeys(r for r in request.realms if r))
+    return Filters(realms=realms, memory_type=kind, tags=tuple(t for t in tags if t),
+                   importance_min=request.importance_min, as_of=as_of,
+                   include_invalidated=request.include_invalidated)
+
+
+def weights_from(s: MemorySettings) -> Weights:
+    return Weights(w_rrf=s.w_rrf, w_semantic=s.w_semantic, w_keyword=s.w_keyword,
+                   w_graph=s.w_graph, w_importance=s.w_importance, w_recency=s.w_recency,
+                   rrf_k=s.rrf_k, half_life_days=s.half_life_days)
+
+
+class Recall:
+    """One recall request against a store's reader, index and embedder."""
+
+    def __init__(self, fetch: Fetch, index: VectorIndex | None, embed: Embed,
+                 settings: MemorySettings, now_ns: Callable[[], int] = time.time_ns) -> None:
+        self._fetch = fetch
+        self._index = index
+        self._embed = embed
+        self._settings = settings
+        self._now_ns = now_ns
+
+    async def run(self, request: QueryRequest, mode: Mode = "syncd",
+                  graph_allowed: bool = True) -> QueryResponse:
+        started = time.perf_counter()
+        s = self._settings
+        limit = min(100, max(1, request.limit if request.limit is not None else s.default_limit))
+        hops = min(MAX_HOPS, request.expand_hops if request.expand_hops is not None
+                   else s.default_expand_hops)
+        if not graph_allowed or mode in ("keyword", "vector"):
+            hops = 0
+        filters = filters_from(request)
+        tokens = tokenize(request.query)
+        cands: dict[str, Candidate] = {}
+        if mode != "keyword":
+            await self._semantic_leg(request.query, filters, mode, cands)
+        if mode != "vector" and tokens:
+            await self._keyword_leg(tokens, filters, mode, cands)
+        await self._hydrate(cands, filters, mode)
+        if mode == "syncd":
+            cands = {k: c for k, c in cands.items() if _relevance(c) >= MATCH_FLOOR}
+        linked: list[Linked] = []
+        if hops >= 1 and cands:
+            linked = await self._expand(cands, filters, hops, limit, mode)
+        ranked = self._score(cands.values(), tokens, mode)
+        fallback = False
+        if not ranked and mode == "syncd":
+            ranked = await self._fallback(filters, limit)
+            fallback = bool(ranked)
+        memories = [_retrieved(c, mode, fallback) for c in ranked[:limit]]
+        linked = dedupe_linked(linked)
+        took = int((time.perf_counter() - started) * 1000)
+        return QueryResponse(memories=memories, linked=linked,
+                             context=build_context(memories, linked), took_ms=took,
+                             fallback=True if fallback else None)
+
+    # ------------------------------------------------------------------ legs
+
+    async def _semantic_leg(self, query: str, filters: Filters, mode: Mode,
+                            cands: dict[str, Candidate]) -> None:
+        index = self._index
+        if index is None or len(index) == 0:
+            return
+        vector = await self._embed(query)
+        if vector is None or not np.any(vector):
+            return
+        sims = index.similarities(vector)
+        where, params = filters.sql()
+        want = min(len(index), CAND_K * OVERSAMPLE)
+        while True:
+            top = np.argpartition(-sims, want - 1)[:want] if want < len(index) else np.arange(
+                len(index))
+            ids = [index.ids[i] for i in top]
+            cos = {index.ids[i]: float(sims[i]) for i in top}
+            allowed = await self._allowed(ids, where, params)
+            if len(allowed) >= CAND_K or want >= len(index):
+                break
+            want = min(len(index), want * OVERSAMPLE)
+        if mode == "plane":
+            key = {mid: 0.7 * cos[mid] + 0.3 * imp for mid, imp in allowed.items()}
+        else:
+            key = {mid: cos[mid] for mid in allowed}
+        ranked = sorted(key, key=lambda mid: (-key[mid], mid))[:CAND_K]
+        for rank, mid in enumerate(ranked):
+            cand = cands.setdefault(mid, Candidate(mid))
+            cand.vec_rank, cand.cosine = rank, cos[mid]
+
+    async def _allowed(self, ids: list[str], where: str, params: list[object]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for start in range(0, len(ids), 500):
+            chunk = ids[start:start + 500]
+            rows = await self._fetch(
+                f"SELECT m.id, m.importance FROM memories m WHERE {where} "
+                f"AND m.id IN ({','.join('?' * len(chunk))})", [*params, *chunk])
+            out.update((r[0], float(r[1])) for r in rows)
+        return out
+
+    async def _keyword_leg(self, tokens: list[str], filters: Filters, mode: Mode,
+                           cands: dict[str, Candidate]) -> None:
+        where, params = filters.sql()
+        if mode == "plane":
+            hits = await self._plane_keyword(tokens, where, params)
+        else:
+            hits = await self._fts_keyword(tokens, where, params)
+        for rank, (mid, raw) in enumerate(hits):
+            cand = cands.setdefault(mid, Candidate(mid))
+            cand.kw_rank, cand.kw_raw = rank, raw
+
+    async def _plane_keyword(self, tokens: list[str], where: str,
+                             params: list[object]) -> list[tuple[str, float]]:
+        terms = " + ".join(
+            "(CASE WHEN lower(m.content) LIKE ? OR lower(coalesce(m.title, '')) LIKE ? "
+            "OR lower(m.tags) LIKE ? THEN 1 ELSE 0 END)" for _ in tokens)
+        likes: list[object] = []
+        for t in tokens:
+            likes.extend([f"%{t}%"] * 3)
+        rows = await self._fetch(
+            f"SELECT id, kw FROM (SELECT m.id AS id, m.importance AS imp, ({terms}) AS kw "
+            f"FROM memories m WHERE {where}) WHERE kw > 0 ORDER BY kw DESC, imp DESC, id "
+            f"LIMIT {CAND_K}", [*likes, *params])
+        return [(r[0], float(r[1])) for r in rows]
+
+    async def _fts_keyword(self, tokens: list[str], where: str,
+                           params: list[object]) -> list[tuple[str, float]]:
+        for relaxed in (False, True):
+            match = fts_match(tokens, relaxed=relaxed)
+            if match is None:
+                continue
+            rows = await self._fetch(
+                "SELECT m.id, -bm25(memories_fts, 2.0, 1.0, 1.0) AS s, "
+                "coalesce(m.title, '') || ' ' || m.content || ' ' || m.tags "
+                "FROM memories_fts JOIN memories m ON m.rowid = memories_fts.rowid "
+                f"WHERE memories_fts MATCH ? AND {where} ORDER BY s DESC, m.id LIMIT {CAND_K}",
+                [match, *params])
+            if rows:
+                best = max(float(r[1]) for r in rows) or 1.0
+                return [(r[0], max(0.0, float(r[1])) / best * coverage(tokens, r[2]))
+                        for r in rows]
+        return []
+
+    # ------------------------------------------------------------------ rows, graph, scores
+
+    async def _hydrate(self, cands: dict[str, Candidate], filters: Filters, mode: Mode,
+                       *, graph: bool = False) -> None:
+        missing = [mid for mid, c in cands.items() if c.row is None]
+        if graph and mode == "plane":
+            where, params = "m.deleted = 0 AND m.invalid_at IS NULL", list[object]()
+        elif graph:
+            where, params = filters.sql(for_graph=True)
+        else:
+            where, params = "1 = 1", []
+        for start in range(0, len(missing), 500):
+            chunk = missing[start:start + 500]
+            rows = await self._fetch(
+                f"SELECT {_ROW_SQL} FROM memories m WHERE {where} "
+                f"AND m.id IN ({','.join('?' * len(chunk))})", [*params, *chunk])
+            for r in rows:
+                cands[r[0]].row = dict(zip(_ROW, r, strict=True))
+
+    async def _expand(self, cands: dict[str, Candidate], filters: Filters, hops: int,
+                      limit: int, mode: Mode) -> list[Linked]:
+        seeds = sorted(cands.values(), key=lambda c: (c.best_rank, c.id))[:SEED_N]
+        frontier = {c.id: c.id for c in seeds}  # node → the seed it came from
+        seen_edges: set[str] = set()
+        linked: list[Linked] = []
+        added: dict[str, Candidate] = {}
+        for depth in range(1, hops + 1):
+            if not frontier:
+                break
+            nodes = list(frontier)
+            marks = ",".join("?" * len(nodes))
+            sql = (f"SELECT id, src, dst, type, realm, target_namespace FROM edges "
+                   f"WHERE (src IN ({marks}) OR dst IN ({marks}))")
+            params: list[object] = [*nodes, *nodes]
+            if mode != "plane":
+                sql += " AND deleted = 0"
+            if filters.realms:
+                sql += f" AND realm IN ({','.join('?' * len(filters.realms))})"
+                params.extend(filters.realms)
+            sql += f" ORDER BY id LIMIT {EXPAND_CAP}" if mode != "plane" else f" LIMIT {EXPAND_CAP}"
+            next_frontier: dict[str, str] = {}
+            for eid, src, dst, etype, _realm, namespace in await self._fetch(sql, params):
+                if mode != "plane":
+                    if eid in seen_edges:
+                        continue
+                    seen_edges.add(eid)
+                for near, far in ((src, dst), (dst, src)):
+                    if near not in frontier:
+                        continue
+                    if far.startswith("memory:"):
+                        if far in cands or far in added:
+                            continue
+                        cand = Candidate(far, graph_proximity=1.0 / (1 + depth),
+                                         via=(frontier[near], etype, depth))
+                        added[far] = cand
+                        next_frontier[far] = frontier[near]
+                    else:
+                        linked.append(Linked(node_id=far, target_namespace=namespace,
+                                             edge_type=etype, depth=depth))
+                if len(cands) + len(added) > 200 or len(linked) > limit * 20:
+                    break
+            frontier = next_frontier
+        await self._hydrate(added, filters, mode, graph=True)
+        for mid, cand in added.items():
+            if cand.row is not None or mode == "plane":
+                cands[mid] = cand
+        return linked
+
+    def _score(self, cands: Any, tokens: list[str], mode: Mode) -> list[Candidate]:
+        w = weights_from(self._settings)
+        now = self._now_ns()
+        out = []
+        for c in cands:
+            row = c.row or {}
+            importance = float(row.get("importance") or 0.0)
+            rec = recency(_ns(row.get("created_at")), now, w.half_life_days) if row else 0.5
+            if mode == "syncd":
+                superseded = bool(row.get("superseded_by") or row.get("invalid_at"))
+                c.score = score_syncd(c, w, rec, importance, superseded)
+            else:
+                c.score = score_plane(c, w, len(tokens), rec, importance)
+            out.append(c)
+        ranked = order(out)
+        if mode != "syncd":
+            return ranked
+        kept, keys = [], set()
+        for c in ranked:  # one memory per dedupe_key: the best-scored
+            key = (c.row or {}).get("dedupe_key")
+            if key is not None and key in keys:
+                continue
+            keys.add(key)
+            kept.append(c)
+        return kept
+
+    async def _fallback(self, filters: Filters, limit: int) -> list[Candidate]:
+        where, params = filters.sql()
+        rows = await self._fetch(
+            f"SELECT {_ROW_SQL} FROM memories m WHERE {where} "
+            f"ORDER BY m.importance DESC, m.created_at DESC, m.id LIMIT ?", [*params, limit])
+        out = []
+        for r in rows:
+            c = Candidate(r[0], row=dict(zip(_ROW, r, strict=True)))
+            assert c.row is not None
+            c.parts = {"rrf": 0.0, "semantic": 0.0, "keyword": 0.0, "graph": 0.0,
+                       "importance": float(c.row["importance"] or 0.0), "recency": 0.0,
+                       "penalty": 0.0}
+            out.append(c)
+        return out
+
+
+def _relevance(c: Candidate) -> float:
+    semantic = max(0.0, c.cosine or 0.0)
+    keyword = max(0.0, c.kw_raw or 0.0)
+    return max(semantic, keyword) + 0.3 * min(semantic, keyword)
+
+
+def _ns(value: object) -> int | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return parse_ns(value)
+    except TimestampError:
+        return None
+
+
+def _retrieved(c: Candidate, mode: Mode, fallback: bool) -> RetrievedMemory:
+    row = c.row or {}
+    via = Via(seed=c.via[0], type=c.via[1], depth=c.via[2]) if c.via else None
+    parts = c.parts or {}
+    return RetrievedMemory(
+        id=c.id, memory_type=str(row.get("memory_type") or ""),
+        title=_opt(row.get("title")), content_preview=str(row.get("content_preview") or ""),
+        score=c.score, distance=None if c.cosine is None else 1.0 - c.cosine,
+        kw_score=c.kw_raw, graph_proximity=c.graph_proximity,
+        importance=float(row.get("importance") or 0.0), realm=_opt(row.get("realm")),
+        valid_at=_opt(row.get("valid_at")), invalid_at=_opt(row.get("invalid_at")), via=via,
+        components=ScoreComponents(**parts) if parts else None, fallback=fallback,
+        superseded_by=_opt(row.get("superseded_by")),
+    )
+
+
+def _opt(value: object) -> str | None:
+    return None if value is None else str(value)

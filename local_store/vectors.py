@@ -1,0 +1,99 @@
+"""An in-RAM float32 matrix of one embedding model's vectors, with exact cosine top-k.
+
+Rules:
+  * One index per model id; a query vector is only ever compared with vectors of its own model.
+  * Rows are unit vectors (the embedders normalise), so cosine similarity is a dot product.
+  * The index mirrors the ``vectors`` table: rebuilt at start-up, then updated after each
+    committed write (never from inside the transaction). Removal swaps in the last row, so the
+    matrix stays dense; capacity grows by doubling.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+Matrix = npt.NDArray[np.float32]
+
+
+class VectorIndex:
+    def __init__(self, model: str, dim: int, capacity: int = 1024) -> None:
+        self.model = model
+        self.dim = dim
+        self._matrix: Matrix = np.zeros((max(capacity, 1), dim), dtype=np.float32)
+        self._ids: list[str] = []
+        self._rows: dict[str, int] = {}
+
+    @classmethod
+    def from_rows(cls, model: str, dim: int, ids: list[str], blob: bytes) -> VectorIndex:
+        """Build from concatenated little-endian float32 rows (one bulk copy, no per-row work)."""
+        index = cls(model, dim, capacity=max(1024, len(ids) * 5 // 4))
+        if ids:
+            index._matrix[: len(ids)] = np.frombuffer(blob, dtype="<f4").reshape(len(ids), dim)
+            index._ids = list(ids)
+            index._rows = {mid: row for row, mid in enumerate(ids)}
+        return index
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __contains__(self, memory_id: object) -> bool:
+        return memory_id in self._rows
+
+    @property
+    def ids(self) -> list[str]:
+        return self._ids
+
+    @property
+    def matrix(self) -> Matrix:
+        """The live rows (a view; do not keep it across writes)."""
+        return self._matrix[: len(self._ids)]
+
+    def upsert(self, memory_id: str, vector: npt.ArrayLike) -> None:
+        values = np.asarray(vector, dtype=np.float32).reshape(-1)
+        if values.shape[0] != self.dim:
+            raise ValueError(f"vector for {memory_id} has dim {values.shape[0]}, want {self.dim}")
+        row = self._rows.get(memory_id)
+        if row is None:
+            row = len(self._ids)
+            if row == self._matrix.shape[0]:
+                grown = np.zeros((row * 2, self.dim), dtype=np.float32)
+                grown[:row] = self._matrix
+                self._matrix = grown
+            self._ids.append(memory_id)
+            self._rows[memory_id] = row
+        self._matrix[row] = values
+
+    def remove(self, memory_id: str) -> None:
+        row = self._rows.pop(memory_id, None)
+        if row is None:
+            return
+        last = len(self._ids) - 1
+        if row != last:
+            moved = self._ids[last]
+            self._matrix[row] = self._matrix[last]
+            self._ids[row] = moved
+            self._rows[moved] = row
+        self._ids.pop()
+
+    def similarities(self, query: npt.ArrayLike) -> npt.NDArray[np.float32]:
+        """Cosine similarity of ``query`` with every live row, in ``ids`` order."""
+        q = np.asarray(query, dtype=np.float32).reshape(-1)
+        if q.shape[0] != self.dim:
+            raise ValueError(f"query has dim {q.shape[0]}, want {self.dim}")
+        sims: npt.NDArray[np.float32] = self.matrix @ q
+        return sims
+
+    def top_k(self, query: npt.ArrayLike, k: int,
+              mask: npt.NDArray[np.bool_] | None = None) -> list[tuple[str, float]]:
+        """The ``k`` most similar ids (ties by id), optionally among rows where ``mask`` is True."""
+        if not self._ids or k <= 0:
+            return []
+        sims = self.similarities(query)
+        if mask is not None:
+            sims = np.where(mask, sims, -np.inf).astype(np.float32)
+        k = min(k, len(self._ids))
+        part = np.argpartition(-sims, k - 1)[:k]
+        hits = [(self._ids[i], float(sims[i])) for i in part if np.isfinite(sims[i])]
+        hits.sort(key=lambda hit: (-hit[1], hit[0]))
+        return hits

@@ -1,0 +1,218 @@
+"""Recall through the store: every filter, point-in-time, hops, hostile input, fallback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from local_store import HashingEmbedder, Store, ValidationError
+from protocol.rows import NodeRow
+from protocol.timestamp import format_ns
+
+
+async def ids(store: Store, query: str, **kw: object) -> list[str]:
+    mode = kw.pop("mode", "syncd")
+    res = await store.recall({"query": query, **kw}, mode=mode)  # type: ignore[arg-type]
+    return [m.id for m in res.memories if not m.fallback]
+
+
+@pytest.fixture
+async def seeded(store: Store) -> dict[str, str]:
+    out = {}
+    for key, args in {
+        "deploy_p": {"content": "deploy billing with make release", "realm": "p",
+                     "memory_type": "procedure", "tags": ["deploy", "ci"], "importance": 0.9},
+        "deploy_q": {"content": "deploy billing with helm upgrade", "realm": "q",
+                     "tags": ["deploy"], "importance": 0.2},
+        "db": {"content": "billing database is postgres", "realm": "p", "memory_type": "fact"},
+        "archived": {"content": "deploy billing by ftp upload", "realm": "p"},
+    }.items():
+        out[key] = (await store.save(args))["node_id"]
+    await store.update_status(out["archived"], "archived")
+    return out
+
+
+async def test_realm_type_tag_importance_filters(store: Store, seeded: dict[str, str]) -> None:
+    assert await ids(store, "deploy billing", realms=["q"]) == [seeded["deploy_q"]]
+    assert await ids(store, "deploy billing", memory_type="procedure") == [seeded["deploy_p"]]
+    facts = await ids(store, "deploy billing", memory_type="Nonsense")  # unknown → fact
+    assert set(facts) == {seeded["db"], seeded["deploy_q"]}
+    assert await ids(store, "deploy billing", tags=["ci"]) == [seeded["deploy_p"]]
+    assert await ids(store, "deploy billing", importance_min=0.8) == [seeded["deploy_p"]]
+    everything = await ids(store, "deploy billing", limit=100)
+    assert seeded["archived"] not in everything
+    assert set(everything) == {seeded["deploy_p"], seeded["deploy_q"], seeded["db"]}
+
+
+async def test_limit_is_clamped_and_defaults_from_settings(store: Store) -> None:
+    for i in range(12):
+        await store.save({"content": f"note {i} about widgets"})
+    assert len(await ids(store, "widgets", limit=0)) == 1
+    assert len(await ids(store, "widgets")) == 8
+    await store.put_settings({"default_limit": 3})
+    assert len(await ids(store, "widgets")) == 3
+    assert len(await ids(store, "widgets", limit=500)) == 12
+
+
+async def test_invalidated_and_as_of(tmp_path: Path, wall: object) -> None:
+    from tests.conftest import FakeWall
+    clock = FakeWall()
+    store = await Store.open(tmp_path, wall=clock)
+    try:
+        old = await store.save({"content": "we use mysql for billing"})
+        clock.advance(3600)
+        between = format_ns(clock.now_ns)
+        clock.advance(3600)
+        new = await store.save({"content": "we use postgres for billing"})
+        await store.judge(new["id"], old["id"], "supersedes")
+        assert await ids(store, "mysql billing") == [new["node_id"]]
+        got = await ids(store, "mysql billing", include_invalidated=True)
+        assert set(got) == {new["node_id"], old["node_id"]}
+        assert await ids(store, "mysql billing", as_of=between) == [old["node_id"]]
+        with pytest.raises(ValidationError) as exc:
+            await store.recall({"query": "x", "as_of": "last week"})
+        assert exc.value.field == "as_of"
+    finally:
+        await store.close()
+
+
+async def test_superseded_memory_is_penalised(store: Store) -> None:
+    old = await store.save({"content": "billing runs on mysql five"})
+    new = await store.save({"content": "billing runs on postgres fifteen"})
+    await store.judge(new["id"], old["id"], "supersedes")
+    res = await store.recall({"query": "billing runs on mysql", "include_invalidated": True})
+    by_id = {m.id: m for m in res.memories}
+    assert by_id[old["node_id"]].components is not None
+    assert by_id[old["node_id"]].components.penalty > 0
+    assert by_id[old["node_id"]].superseded_by == new["node_id"]
+
+
+async def test_graph_hops_and_linked(store: Store) -> None:
+    seed = await store.save({"content": "alpha service owns invoices", "realm": "p"})
+    hop1 = await store.save({"content": "unrelated words one", "realm": "p"})
+    hop2 = await store.save({"content": "unrelated words two", "realm": "p"})
+    other_realm = await store.save({"content": "unrelated words three", "realm": "z"})
+    await store.link({"memory_id": seed["id"], "target_node_id": hop1["node_id"],
+                      "relationship_type": "RELATES_TO"})
+    await store.link({"memory_id": hop1["id"], "target_node_id": hop2["node_id"],
+                      "relationship_type": "RELATES_TO"})
+    await store.link({"memory_id": seed["id"], "target_node_id": other_realm["node_id"],
+                      "relationship_type": "RELATES_TO"})
+    await store.link({"memory_id": seed["id"], "target_node_id": "github::repo:alpha",
+                      "target_namespace": "github"})
+    q = "alpha service invoices"
+    assert await ids(store, q, expand_hops=0, realms=["p"]) == [seed["node_id"]]
+    one = await store.recall({"query": q, "expand_hops": 1, "realms": ["p"]})
+    assert [m.id for m in one.memories] == [seed["node_id"], hop1["node_id"]]
+    assert one.memories[1].via is not None and one.memories[1].via.depth == 1
+    assert one.memories[1].graph_proximity == pytest.approx(0.5)
+    assert [(x.node_id, x.target_namespace) for x in one.linked] == [
+        ("github::repo:alpha", "github")]
+    two = await store.recall({"query": q, "expand_hops": 7, "realms": ["p"]})
+    assert [m.id for m in two.memories] == [seed["node_id"], hop1["node_id"], hop2["node_id"]]
+    assert two.memories[2].graph_proximity == pytest.approx(1 / 3)
+    assert "[via RELATES_TO]" in two.context
+    # other realm: the edge lives in realm p but its far end is in realm z — filtered out
+    assert other_realm["node_id"] not in [m.id for m in two.memories]
+    # the plane leaks it (no filter on graph-pulled memories)
+    plane = await store.recall({"query": q, "expand_hops": 1, "realms": ["p"]}, mode="plane")
+    assert other_realm["node_id"] in [m.id for m in plane.memories]
+    unfiltered = await ids(store, q, expand_hops=1)
+    assert other_realm["node_id"] in unfiltered
+
+
+async def test_graph_is_skipped_when_not_allowed(store: Store) -> None:
+    seed = await store.save({"content": "gamma queue retries"})
+    far = await store.save({"content": "zzz"})
+    await store.link({"memory_id": seed["id"], "target_node_id": far["node_id"]})
+    res = await store.recall({"query": "gamma queue", "expand_hops": 2}, graph=False)
+    assert [m.id for m in res.memories] == [seed["node_id"]]
+
+
+@pytest.mark.parametrize("query", [
+    '"', "*", "NEAR(", 'unbalanced "quote', "a AND OR NOT", "col:umn", "^start", "-", "(",
+    "x" * 10_000, "deploy " * 2000, "",
+])
+async def test_fts_hostile_input_never_errors(store: Store, seeded: dict[str, str],
+                                              query: str) -> None:
+    for mode in ("syncd", "plane"):
+        res = await store.recall({"query": query}, mode=mode)  # type: ignore[arg-type]
+        assert isinstance(res.took_ms, int)
+
+
+async def test_empty_store(store: Store) -> None:
+    res = await store.recall({"query": "anything"})
+    assert (res.memories, res.linked, res.context) == ([], [], "")
+
+
+async def test_fallback_when_nothing_matches(store: Store) -> None:
+    low = await store.save({"content": "weekly standup is on tuesdays", "importance": 0.1})
+    high = await store.save({"content": "never force push to main", "importance": 0.9})
+    res = await store.recall({"query": "qwzx plorf"})
+    assert res.fallback is True
+    assert [m.id for m in res.memories] == [high["node_id"], low["node_id"]]
+    assert all(m.fallback and m.score == 0.0 for m in res.memories)
+    plane = await store.recall({"query": "qwzx plorf"}, mode="plane")
+    assert plane.fallback is None
+
+
+async def test_dedupe_key_collapses_in_syncd_mode(store: Store) -> None:
+    rows = [NodeRow(id=f"memory:dup{i}", content="Deploy with make release", realm="p",
+                    updated_at=format_ns(1_780_000_000_000_000_000 + i)) for i in range(2)]
+    await store.apply(rows, [], model="other")
+    await store.reembed_missing()
+    syncd = await ids(store, "deploy make release")
+    plane = await ids(store, "deploy make release", mode="plane")
+    assert len(plane) == 2
+    assert len(syncd) == 2  # remote rows carry no dedupe_key: both stay
+    await store.save({"content": "deploy   with MAKE release", "realm": "q"})
+    assert len(await ids(store, "deploy make release")) == 3
+
+
+async def test_index_follows_writes_and_reembedding(store: Store) -> None:
+    res = await store.save({"content": "zebra crossing rules"})
+    assert res["node_id"] in store.index
+    await store.delete(res["id"])
+    assert res["node_id"] not in store.index
+    await store.apply([NodeRow(id="memory:r1", content="remote zebra", embedding=[0.5] * 384,
+                               updated_at=format_ns(1_780_000_000_000_000_000))], [],
+                      model="bge-small-en-v1.5")
+    assert "memory:r1" not in store.index  # another model's vector is never compared
+    assert await ids(store, "zebra") == ["memory:r1"]  # keyword leg still finds it
+    assert await store.reembed_missing() == 1
+    assert "memory:r1" in store.index
+    assert await store.reembed_missing() == 0
+
+
+async def test_index_is_rebuilt_at_start(tmp_path: Path) -> None:
+    store = await Store.open(tmp_path, embedder=HashingEmbedder())
+    saved = [(await store.save({"content": f"fact number {i}"}))["node_id"] for i in range(5)]
+    await store.close()
+    store = await Store.open(tmp_path, embedder=HashingEmbedder())
+    try:
+        assert sorted(store.index.ids) == sorted(saved)
+        other = await Store.open(tmp_path / "x", embedder=HashingEmbedder(dim=64))
+        assert len(other.index) == 0
+        await other.close()
+    finally:
+        await store.close()
+
+
+async def test_bad_request_names_the_field(store: Store) -> None:
+    with pytest.raises(ValidationError) as exc:
+        await store.recall({"query": "x", "limit": -1})
+    assert exc.value.field == "limit"
+    with pytest.raises(ValidationError) as exc:
+        await store.recall({"limit": 3})
+    assert "query" in exc.value.message
+
+
+async def test_settings_patch_and_bad_settings(store: Store) -> None:
+    before = await store.dump()
+    with pytest.raises(ValidationError) as exc:
+        await store.put_settings({"w_graph": "high"})
+    assert exc.value.field == "w_graph"
+    assert await store.dump() == before
+    merged = await store.put_settings({"w_graph": 0.7, "hitl": {"enabled": True}})
+    assert merged.w_graph == 0.7 and merged.w_recency == 0.3 and merged.hitl.enabled is True

@@ -1,0 +1,41 @@
+"""The in-RAM vector index: exact top-k against a brute-force reference, growth, removal."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from local_store.vectors import VectorIndex
+
+
+def unit(rng: np.random.Generator, n: int, dim: int = 8) -> np.ndarray:
+    m = rng.standard_normal((n, dim)).astype(np.float32)
+    return m / np.linalg.norm(m, axis=1, keepdims=True)
+
+
+def test_top_k_matches_brute_force_after_growth_and_removals() -> None:
+    rng = np.random.default_rng(7)
+    index = VectorIndex("m", 8, capacity=2)
+    vectors = {f"id{i:03d}": v for i, v in enumerate(unit(rng, 300))}
+    for mid, v in vectors.items():
+        index.upsert(mid, v)
+    for mid in list(vectors)[::3]:
+        index.remove(mid)
+        del vectors[mid]
+    index.remove("never-there")
+    query = unit(rng, 1)[0]
+    expected = sorted(vectors, key=lambda mid: -float(vectors[mid] @ query))[:10]
+    assert [mid for mid, _ in index.top_k(query, 10)] == expected
+    assert len(index) == len(vectors) == 200
+
+
+def test_upsert_replaces_and_mask_filters() -> None:
+    index = VectorIndex("m", 2)
+    index.upsert("a", [1.0, 0.0])
+    index.upsert("b", [0.0, 1.0])
+    index.upsert("a", [0.0, 1.0])
+    assert index.top_k([0.0, 1.0], 5) == [("a", 1.0), ("b", 1.0)]
+    assert index.top_k([0.0, 1.0], 5, mask=np.array([False, True])) == [("b", 1.0)]
+    with pytest.raises(ValueError, match="dim 3"):
+        index.upsert("c", [1.0, 0.0, 0.0])
+    assert VectorIndex("m", 2).top_k([1.0, 0.0], 3) == []

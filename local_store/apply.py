@@ -24,8 +24,14 @@ import numpy.typing as npt
 
 from local_store.errors import ValidationError
 from local_store.merge import NODE_HASHED, content_hash, wins
-from local_store.records import MEMORY_TYPES, STATUSES, parse_timestamp, preview
-from local_store.redact import strip_private
+from local_store.records import (
+    MEMORY_TYPES,
+    STATUSES,
+    parse_timestamp,
+    preview,
+    refuse_private_id,
+)
+from local_store.redact import strip_private, strip_private_json_text
 from local_store.writes import Row, Vector, Writer
 from protocol.rows import EdgeRow, NodeRow, edge_id
 from protocol.timestamp import format_ns
@@ -74,6 +80,7 @@ def node_from_wire(wire: NodeRow) -> Row:
     mid = wire.id
     if not isinstance(mid, str) or not mid.strip():
         raise ValidationError("id", "is required and must be a non-empty string")
+    refuse_private_id(mid, "id")
     updated = parse_timestamp(wire.updated_at, "updated_at")
     if updated is None:
         raise ValidationError("updated_at", "is required")
@@ -86,6 +93,8 @@ def node_from_wire(wire: NodeRow) -> Row:
             if "<" in value:
                 value = strip_private(value)
         row[name] = value
+    if row["provenance"] is not None:
+        row["provenance"] = strip_private_json_text(row["provenance"])
     raw_created = wire.created_at
     created = updated if raw_created == wire.updated_at else (
         parse_timestamp(raw_created, "created_at") or updated)
@@ -131,29 +140,38 @@ def vector_from_wire(wire: NodeRow) -> npt.NDArray[np.float32] | None:
 
 
 def edge_from_wire(wire: EdgeRow) -> Row:
+    """Validate one remote edge. Its endpoints and type are identity: a private span there
+    refuses the row (ids are never rewritten); the id must be ``{src}->{dst}:{type}``."""
     for name in ("src", "dst", "type"):
         value = getattr(wire, name)
         if not isinstance(value, str) or not value.strip():
             raise ValidationError(name, "is required and must be a non-empty string")
+        refuse_private_id(value, name)
     src, dst, type_ = wire.src or "", wire.dst or "", wire.type or ""
     eid = edge_id(src, dst, type_)
     if wire.id is not None and wire.id != eid:
-        raise ValidationError("id", f"must be {{src}}->{{dst}}:{{type}} = {eid!r}")
+        raise ValidationError("id", "must be {src}->{dst}:{type}")
     version = parse_timestamp(wire.updated_at, "updated_at") or parse_timestamp(
         wire.created_at, "created_at")
     if version is None:
         raise ValidationError("created_at", "is required")
     props = _text(wire.props, "props")
+    if props is not None:
+        props = strip_private_json_text(props)
     deleted = bool(wire.deleted) or _props_say_deleted(props)
-    row: Row = {
-        "id": eid, "src": _text(src, "src"), "dst": _text(dst, "dst"), "type": _text(type_, "type"),
-        "realm": _text(wire.realm, "realm"), "target_namespace": _text(wire.target_namespace,
-                                                                       "target_namespace"),
+    return {
+        "id": eid, "src": src, "dst": dst, "type": type_,
+        "realm": _text(wire.realm, "realm"),
+        "target_namespace": _text(wire.target_namespace, "target_namespace"),
         "props": props, "created_at": parse_timestamp(wire.created_at, "created_at") or version,
         "updated_at": version, "origin": _text(wire.origin, "origin") or "",
         "deleted": int(deleted), "local_seq": 0,
     }
-    return row
+
+
+def _safe_id(value: object) -> str | None:
+    """An id as it may appear in an error report: never with private content in it."""
+    return strip_private(value) if isinstance(value, str) else None
 
 
 def _props_say_deleted(props: str | None) -> bool:
@@ -182,7 +200,7 @@ def apply_batch(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow],
                 continue
             values = vector_from_wire(wire)
         except ValidationError as exc:
-            result.problems.append(RowProblem("node", index, wire.id, exc.field, exc.message))
+            result.problems.append(RowProblem("node", index, _safe_id(wire.id), exc.field, exc.message))
             continue
         known[row["id"]] = key
         winners[row["id"]] = (row, None if values is None else Vector(model, values))
@@ -192,7 +210,7 @@ def apply_batch(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow],
         try:
             erow = edge_from_wire(ewire)
         except ValidationError as exc:
-            result.problems.append(RowProblem("edge", index, ewire.id, exc.field, exc.message))
+            result.problems.append(RowProblem("edge", index, _safe_id(ewire.id), exc.field, exc.message))
             continue
         _note_version(writer, result, erow["updated_at"])
         if writer.apply_edge(erow):

@@ -52,6 +52,8 @@ from protocol.query import (
 from protocol.settings import MemorySettings
 from protocol.timestamp import TimestampError, parse_ns
 
+# "keyword" and "vector" are single-leg baselines for the eval (no graph, ranked by the leg's own
+# relevance: normalised BM25 × coverage, or cosine).
 Mode = Literal["syncd", "plane", "keyword", "vector"]
 Fetch = Callable[[str, Sequence[object]], Awaitable[list[Any]]]
 Embed = Callable[[str], Awaitable[npt.NDArray[np.float32] | None]]
@@ -339,6 +341,10 @@ class Recall:
                 c.score = score_syncd(c, w, rec, importance, superseded)
             else:
                 c.score = score_plane(c, w, len(tokens), rec, importance)
+            if mode == "vector":  # single-leg baselines rank by their own relevance only
+                c.score = c.cosine or 0.0
+            elif mode == "keyword":
+                c.score = c.kw_raw or 0.0
             out.append(c)
         ranked = order(out)
         if mode != "syncd":

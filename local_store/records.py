@@ -20,7 +20,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from local_store.errors import ValidationError
-from local_store.redact import strip_json_strings
+from local_store.redact import (
+    contains_private_marker,
+    strip_json_strings,
+    strip_private_json_text,
+)
 from protocol.timestamp import TimestampError, canonical
 
 MEMORY_TYPES = ("fact", "decision", "preference", "learning", "summary", "procedure", "entity")
@@ -200,7 +204,15 @@ def normalise_memory_id(value: object, label: str = "memory_id") -> str:
     if not isinstance(value, str) or not value.strip():
         raise ValidationError(label, "is required and must be a non-empty string")
     text = value.strip()
+    refuse_private_id(text, label)
     return text if text.startswith("memory:") else f"memory:{text}"
+
+
+def refuse_private_id(value: str, label: str) -> None:
+    """Ids are identity, so they are never rewritten: one holding a private span is refused
+    (without echoing it)."""
+    if contains_private_marker(value) or "</private" in value.lower():
+        raise ValidationError(label, "must not contain <private> content")
 
 
 # ---------------------------------------------------------------------------- derived text
@@ -236,7 +248,7 @@ def json_text(value: object, label: str) -> str | None:
     if value is None:
         return None
     if isinstance(value, str):
-        return value
+        return strip_private_json_text(value)
     if isinstance(value, dict | list):
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
     raise ValidationError(label, "must be an object or a JSON string")
@@ -258,7 +270,8 @@ def stamp_provenance(given: object, writer: Mapping[str, object]) -> str:
     else:
         raise ValidationError("provenance", "must be an object or a JSON string")
     base["writer"] = dict(writer)
-    return json.dumps(base, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+    clean = strip_json_strings(base)  # a JSON string may have hidden tags behind \u escapes
+    return json.dumps(clean, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
 
 
 # ---------------------------------------------------------------------------- save

@@ -38,6 +38,7 @@ treated as a tag too (the wider match only ever hides more). "Whitespace" is
 
 from __future__ import annotations
 
+import json
 import re
 
 __all__ = ["REDACTED", "contains_private_marker", "strip_json_strings", "strip_private"]
@@ -123,3 +124,24 @@ def strip_json_strings(value: object) -> object:
     if isinstance(value, tuple):
         return tuple(strip_json_strings(item) for item in value)
     return value
+
+
+def strip_private_json_text(text: str) -> str:
+    """Redact a field that holds JSON text (provenance, props, source_uris, mentions).
+
+    The raw text is scanned first; then, if it may hide a tag behind JSON escapes
+    (``\\u003cprivate\\u003e``), it is decoded, every string inside is scanned, and it is
+    re-encoded only when something changed. Text that is not JSON keeps its literal escapes,
+    which are not tags.
+    """
+    out = strip_private(text) if "<" in text else text
+    if "\\u003c" not in out.lower():
+        return out
+    try:
+        parsed = json.loads(out)
+    except ValueError:
+        return out
+    cleaned = strip_json_strings(parsed)
+    if cleaned == parsed:
+        return out
+    return json.dumps(cleaned, ensure_ascii=False, separators=(",", ":"))

@@ -49,7 +49,7 @@ from local_store.records import (
     slug,
     stamp_provenance,
 )
-from local_store.redact import strip_json_strings
+from local_store.redact import strip_json_strings, strip_private
 from local_store.vectors import VectorIndex
 from local_store.writes import Row, Vector, Writer, props_json
 from protocol.hlc import HybridClock
@@ -428,6 +428,7 @@ class Store:
                 request = msgspec.convert(dict(request), QueryRequest)
             except msgspec.ValidationError as exc:
                 raise ValidationError(_msgspec_field(str(exc)), str(exc)) from None
+        request = _redact_request(request)
         if request.as_of is not None:
             parse_timestamp(request.as_of, "as_of")
         engine = Recall(self._fetch, self.index, self._embed_query, self._settings)
@@ -650,6 +651,17 @@ def _int_arg(args: Mapping[str, object], name: str, default: int, low: int, high
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValidationError(name, f"must be an integer, got {type(value).__name__}")
     return min(high, max(low, value))
+
+
+def _redact_request(request: QueryRequest) -> QueryRequest:
+    """Recall input passes the redactor too: it reaches the embedder, SQL and debug logs."""
+    return msgspec.structs.replace(
+        request, query=strip_private(request.query),
+        realms=[strip_private(r) for r in request.realms],
+        tags=[strip_private(t) for t in request.tags],
+        memory_type=None if request.memory_type is None else strip_private(request.memory_type),
+        as_of=None if request.as_of is None else strip_private(request.as_of),
+        space_agent=None if request.space_agent is None else strip_private(request.space_agent))
 
 
 def _msgspec_field(message: str) -> str:

@@ -1,0 +1,160 @@
+"""Recall quality on the synthetic coding-memory corpus (bench/data/recall_corpus.json).
+
+Loads the corpus into a fresh store (memories with their ages, supersessions as invalidations
+with INVALIDATES edges, entities, edges), runs every query in four modes — keyword-only,
+vector-only, the control plane's exact algorithm, and syncd's default — and prints recall@5,
+recall@10, MRR (over queries with relevant memories) and the nonsense-query false-hit rate
+(share of nonsense queries that return any memory not marked as a fallback).
+
+    .venv/bin/python bench/recall_eval.py [--embedder minilm|hashing] [--by-kind]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from local_store import HashingEmbedder, Store  # noqa: E402
+from local_store.embed import Embedder  # noqa: E402
+from local_store.records import entity_content  # noqa: E402
+from protocol.rows import EdgeRow, NodeRow  # noqa: E402
+from protocol.timestamp import format_ns  # noqa: E402
+
+MODES = ("keyword", "vector", "plane", "syncd")
+DAY_NS = 86_400 * 1_000_000_000
+
+
+def load_embedder(name: str) -> Embedder:
+    if name == "hashing":
+        return HashingEmbedder()
+    from local_store.embed_minilm import MiniLMEmbedder
+    return MiniLMEmbedder()
+
+
+async def load_corpus(store: Store, corpus: dict[str, Any], now_ns: int) -> dict[str, str]:
+    """Write the corpus through ``apply`` (so ages are real); returns key → memory id."""
+    ids: dict[str, str] = {}
+    items: list[tuple[str, dict[str, Any], str]] = []
+    for m in corpus["memories"]:
+        items.append((m["key"], m, m["content"]))
+    for e in corpus["entities"]:
+        content = entity_content(e["name"], e.get("kind"), e.get("properties") or {}, None, None)
+        items.append((e["key"], {**e, "memory_type": "entity", "title": e["name"],
+                                 "tags": [f"kind:{e['kind']}"] if e.get("kind") else []},
+                      content))
+    for key, _, _ in items:
+        ids[key] = f"memory:{uuid.uuid5(uuid.NAMESPACE_URL, key)}"
+    superseded = {s["old"]: s["new"] for s in corpus.get("supersessions", [])}
+    vectors = store.embedder.embed([content for _, _, content in items])
+    nodes = []
+    for (key, m, content), vector in zip(items, vectors, strict=True):
+        stamp = format_ns(now_ns - int(float(m.get("age_days", 0)) * DAY_NS))
+        invalid_at = superseded_by = None
+        if key in superseded:
+            newer = next(x for x in corpus["memories"] if x["key"] == superseded[key])
+            invalid_at = format_ns(now_ns - int(float(newer.get("age_days", 0)) * DAY_NS))
+            superseded_by = ids[superseded[key]]
+        nodes.append(NodeRow(
+            id=ids[key], labels="Memory", realm=m.get("realm", "default"),
+            memory_type=m.get("memory_type", "fact"), title=m.get("title"), content=content,
+            tags=",".join(m.get("tags") or []), importance=float(m.get("importance", 0.5)),
+            status="active", embedding=[float(x) for x in vector], created_at=stamp,
+            updated_at=stamp, valid_at=stamp, invalid_at=invalid_at, superseded_by=superseded_by,
+            topic_key=m.get("topic_key")))
+    edges = [EdgeRow(src=ids[e["src"]], dst=ids.get(e["dst"], e["dst"]), type=e["type"],
+                     realm=next((n.realm for n in nodes if n.id == ids[e["src"]]), None),
+                     created_at=format_ns(now_ns)) for e in corpus.get("edges", [])]
+    edges += [EdgeRow(src=ids[new], dst=ids[old], type="INVALIDATES",
+                      created_at=format_ns(now_ns)) for old, new in superseded.items()]
+    result = await store.apply(nodes, edges, model=store.embedder.model_id)
+    if result.problems:
+        raise SystemExit(f"corpus rows rejected: {result.problems[:3]}")
+    return ids
+
+
+async def evaluate(embedder_name: str, by_kind: bool) -> None:
+    corpus = json.loads((ROOT / "bench/data/recall_corpus.json").read_text())
+    embedder = load_embedder(embedder_name)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = await Store.open(Path(tmp), embedder=embedder)
+        try:
+            t0 = time.perf_counter()
+            ids = await load_corpus(store, corpus, time.time_ns())
+            load_s = time.perf_counter() - t0
+            stats: dict[str, dict[str, list[float]]] = {m: {} for m in MODES}
+            latency: dict[str, list[float]] = {m: [] for m in MODES}
+            for q in corpus["queries"]:
+                relevant = {ids[k] for k in q["relevant"]}
+                for mode in MODES:
+                    t = time.perf_counter()
+                    res = await store.recall({"query": q["query"], "realms": q.get("realms", []),
+                                              "limit": 10}, mode=mode)  # type: ignore[arg-type]
+                    latency[mode].append((time.perf_counter() - t) * 1000)
+                    got = [m.id for m in res.memories if not m.fallback]
+                    row = stats[mode].setdefault(q["kind"], [])
+                    row.append(_metrics(got, relevant))  # type: ignore[arg-type]
+        finally:
+            await store.close()
+    print(f"corpus: {len(corpus['memories'])} memories, {len(corpus['entities'])} entities, "
+          f"{len(corpus['edges'])} edges, {len(corpus['queries'])} queries; embedder "
+          f"{embedder.model_id}; load {load_s:.1f} s")
+    _print_table(stats, latency)
+    if by_kind:
+        _print_by_kind(stats)
+
+
+def _metrics(got: list[str], relevant: set[str]) -> tuple[float, float, float, float]:
+    if not relevant:
+        return (float("nan"), float("nan"), float("nan"), 1.0 if got else 0.0)
+    r5 = len(relevant & set(got[:5])) / len(relevant)
+    r10 = len(relevant & set(got[:10])) / len(relevant)
+    rr = next((1.0 / (i + 1) for i, mid in enumerate(got[:10]) if mid in relevant), 0.0)
+    return (r5, r10, rr, float("nan"))
+
+
+def _mean(values: list[float]) -> float:
+    vals = [v for v in values if v == v]
+    return sum(vals) / len(vals) if vals else float("nan")
+
+
+def _print_table(stats: dict[str, dict[str, list[Any]]], latency: dict[str, list[float]]) -> None:
+    print(f"{'mode':<10}{'recall@5':>10}{'recall@10':>11}{'MRR':>8}{'nonsense hit':>14}"
+          f"{'p50 ms':>9}")
+    for mode in MODES:
+        rows = [r for kind, items in stats[mode].items() if kind != "nonsense" for r in items]
+        nonsense = stats[mode].get("nonsense", [])
+        lat = sorted(latency[mode])
+        print(f"{mode:<10}{_mean([r[0] for r in rows]):>10.3f}{_mean([r[1] for r in rows]):>11.3f}"
+              f"{_mean([r[2] for r in rows]):>8.3f}{_mean([r[3] for r in nonsense]):>14.3f}"
+              f"{lat[len(lat) // 2]:>9.2f}")
+
+
+def _print_by_kind(stats: dict[str, dict[str, list[Any]]]) -> None:
+    kinds = sorted({k for mode in MODES for k in stats[mode] if k != "nonsense"})
+    print("\nMRR by query kind")
+    print(f"{'kind':<12}" + "".join(f"{m:>10}" for m in MODES) + f"{'n':>5}")
+    for kind in kinds:
+        cells = "".join(f"{_mean([r[2] for r in stats[m][kind]]):>10.3f}" for m in MODES)
+        print(f"{kind:<12}{cells}{len(stats['syncd'][kind]):>5}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--embedder", choices=("minilm", "hashing"), default="minilm")
+    parser.add_argument("--by-kind", action="store_true")
+    args = parser.parse_args()
+    asyncio.run(evaluate(args.embedder, args.by_kind))
+
+
+if __name__ == "__main__":
+    main()

@@ -22,12 +22,17 @@ pytest: $(STAMP)
 
 test: lint pytest
 
-# Long crash-loop and concurrency runs: the same tests with bigger counts.
+# Long crash-loop, concurrency and property runs: the same tests with bigger counts.
 soak: $(STAMP)
-	SYNCD_CRASH_ITERATIONS=200 SYNCD_CONCURRENT_WRITERS=200 $(PY) -m pytest -q -m slow
+	SYNCD_CRASH_ITERATIONS=200 SYNCD_CONCURRENT_WRITERS=200 SYNCD_PROPERTY_EXAMPLES=500 \
+		$(PY) -m pytest -q tests/local_store/test_crash.py tests/local_store/test_concurrency.py \
+		tests/local_store/test_apply.py
 
 bench: $(STAMP)
 	$(PY) bench/store.py
+	$(PY) bench/recall_eval.py --by-kind
+	$(PY) bench/recall_speed.py
+	$(PY) bench/embed.py
 
 demo: $(STAMP)
 	$(PY) -m syncd demo

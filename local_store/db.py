@@ -59,6 +59,15 @@ def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
     """A connection in autocommit mode; transactions are explicit (``BEGIN IMMEDIATE``)."""
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
                            cached_statements=256)
+    try:
+        _configure(conn, readonly=readonly)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _configure(conn: sqlite3.Connection, *, readonly: bool) -> None:
     conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     conn.execute("PRAGMA foreign_keys = ON")
     if readonly:
@@ -69,7 +78,6 @@ def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
         conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
         conn.execute("PRAGMA wal_autocheckpoint = 1000")
         conn.execute(f"PRAGMA cache_size = {-CACHE_KIB}")
-    return conn
 
 
 def migration_files() -> list[tuple[int, str, str]]:

@@ -48,9 +48,12 @@ def tokenize(text: str) -> list[str]:
 def fts_match(tokens: Sequence[str], *, relaxed: bool) -> str | None:
     """An FTS5 MATCH expression with every token quoted, so no input is FTS syntax.
 
-    Strict: all tokens (AND). Relaxed: any non-stopword token (OR). None when nothing is left.
+    Strict: all non-stopword tokens (all tokens if every one is a stopword), AND-ed.
+    Relaxed: any non-stopword token (OR). None when nothing is left.
     """
-    words = [t for t in tokens if not relaxed or t not in STOPWORDS]
+    words = [t for t in tokens if t not in STOPWORDS]
+    if not words and not relaxed:
+        words = list(tokens)
     if not words:
         return None
     quoted = ['"' + t.replace('"', '""') + '"' for t in words[:32]]
@@ -96,6 +99,7 @@ class Candidate:
     kw_raw: float | None = None  # plane: matched-token count; syncd: normalised BM25 × coverage
     graph_proximity: float = 0.0
     via: tuple[str, str, int] | None = None
+    seed_relevance: float = 1.0  # syncd: graph-pulled memories inherit their seed's relevance
     row: dict[str, Any] | None = None
     score: float = 0.0
     parts: dict[str, float] = field(default_factory=dict)
@@ -147,7 +151,8 @@ def score_syncd(c: Candidate, w: Weights, recency_value: float, importance: floa
     c.parts = {"rrf": fused, "semantic": semantic, "keyword": keyword,
                "graph": c.graph_proximity, "importance": importance, "recency": recency_value,
                "penalty": penalty}
-    return (relevance + w.w_rrf * fused + SYNCD_GRAPH_SCALE * w.w_graph * c.graph_proximity
+    graph = c.graph_proximity * c.seed_relevance
+    return (relevance + w.w_rrf * fused + SYNCD_GRAPH_SCALE * w.w_graph * graph
             + SYNCD_IMPORTANCE_SCALE * w.w_importance * importance
             + SYNCD_RECENCY_SCALE * w.w_recency * recency_value - penalty)
 

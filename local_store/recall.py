@@ -63,10 +63,14 @@ SEED_N = 10
 EXPAND_CAP = 200
 MAX_HOPS = 2
 OVERSAMPLE = 8
-# syncd: a candidate is a match only when its relevance clears this floor (raw cosine for the
-# semantic leg, normalised BM25 × token coverage for the keyword leg); calibrated on
-# bench/recall_eval.py, where nonsense queries top out below it.
-MATCH_FLOOR = 0.35
+# syncd's match rule, in two levels (calibrated on bench/recall_eval.py with MiniLM, where the
+# best cosine of a nonsense query ranged 0.15–0.34 and of a real paraphrase 0.25–0.6, so no
+# single cosine floor separates them; PRIOR-ART: absolute floors are fragile):
+#   * the query matches at all when every query token occurs in some memory (strict FTS hit)
+#     or its best cosine reaches QUERY_COSINE_GATE — otherwise the answer is the fallback;
+#   * then a candidate stays when its relevance reaches CANDIDATE_FLOOR.
+QUERY_COSINE_GATE = 0.30
+CANDIDATE_FLOOR = 0.15
 
 _ROW = ("id", "memory_type", "title", "content", "content_preview", "tags", "importance",
         "realm", "created_at", "valid_at", "invalid_at", "superseded_by", "dedupe_key")
@@ -154,13 +158,17 @@ class Recall:
         filters = filters_from(request)
         tokens = tokenize(request.query)
         cands: dict[str, Candidate] = {}
+        best_cosine, strict_hit = -1.0, False
         if mode != "keyword":
-            await self._semantic_leg(request.query, filters, mode, cands)
+            best_cosine = await self._semantic_leg(request.query, filters, mode, cands)
         if mode != "vector" and tokens:
-            await self._keyword_leg(tokens, filters, mode, cands)
+            strict_hit = await self._keyword_leg(tokens, filters, mode, cands)
         await self._hydrate(cands, filters, mode)
         if mode == "syncd":
-            cands = {k: c for k, c in cands.items() if _relevance(c) >= MATCH_FLOOR}
+            if strict_hit or best_cosine >= QUERY_COSINE_GATE:
+                cands = {k: c for k, c in cands.items() if _relevance(c) >= CANDIDATE_FLOOR}
+            else:
+                cands = {}
         linked: list[Linked] = []
         if hops >= 1 and cands:
             linked = await self._expand(cands, filters, hops, limit, mode)
@@ -179,13 +187,14 @@ class Recall:
     # ------------------------------------------------------------------ legs
 
     async def _semantic_leg(self, query: str, filters: Filters, mode: Mode,
-                            cands: dict[str, Candidate]) -> None:
+                            cands: dict[str, Candidate]) -> float:
+        """Adds up to 50 candidates; returns the best cosine over the whole index (−1: none)."""
         index = self._index
         if index is None or len(index) == 0:
-            return
+            return -1.0
         vector = await self._embed(query)
         if vector is None or not np.any(vector):
-            return
+            return -1.0
         sims = index.similarities(vector)
         where, params = filters.sql()
         want = min(len(index), CAND_K * OVERSAMPLE)
@@ -206,6 +215,9 @@ class Recall:
         for rank, mid in enumerate(ranked):
             cand = cands.setdefault(mid, Candidate(mid))
             cand.vec_rank, cand.cosine = rank, cos[mid]
+        # The gate looks at the whole store: a realm filter must not make a real query look
+        # like nonsense because its realm's best match is weaker.
+        return float(sims.max())
 
     async def _allowed(self, ids: list[str], where: str, params: list[object]) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -218,15 +230,18 @@ class Recall:
         return out
 
     async def _keyword_leg(self, tokens: list[str], filters: Filters, mode: Mode,
-                           cands: dict[str, Candidate]) -> None:
+                           cands: dict[str, Candidate]) -> bool:
+        """Adds up to 50 candidates; returns whether every token matched somewhere (strict)."""
         where, params = filters.sql()
         if mode == "plane":
             hits = await self._plane_keyword(tokens, where, params)
+            strict = bool(hits) and max(raw for _, raw in hits) >= len(tokens)
         else:
-            hits = await self._fts_keyword(tokens, where, params)
+            hits, strict = await self._fts_keyword(tokens, where, params)
         for rank, (mid, raw) in enumerate(hits):
             cand = cands.setdefault(mid, Candidate(mid))
             cand.kw_rank, cand.kw_raw = rank, raw
+        return strict
 
     async def _plane_keyword(self, tokens: list[str], where: str,
                              params: list[object]) -> list[tuple[str, float]]:
@@ -243,7 +258,7 @@ class Recall:
         return [(r[0], float(r[1])) for r in rows]
 
     async def _fts_keyword(self, tokens: list[str], where: str,
-                           params: list[object]) -> list[tuple[str, float]]:
+                           params: list[object]) -> tuple[list[tuple[str, float]], bool]:
         for relaxed in (False, True):
             match = fts_match(tokens, relaxed=relaxed)
             if match is None:
@@ -255,10 +270,12 @@ class Recall:
                 f"WHERE memories_fts MATCH ? AND {where} ORDER BY s DESC, m.id LIMIT {CAND_K}",
                 [match, *params])
             if rows:
+                # Relaxed (OR) hits matched only part of the question: coverage counts twice.
+                power = 2 if relaxed else 1
                 best = max(float(r[1]) for r in rows) or 1.0
-                return [(r[0], max(0.0, float(r[1])) / best * coverage(tokens, r[2]))
-                        for r in rows]
-        return []
+                return [(r[0], max(0.0, float(r[1])) / best * coverage(tokens, r[2]) ** power)
+                        for r in rows], not relaxed
+        return [], False
 
     # ------------------------------------------------------------------ rows, graph, scores
 
@@ -310,10 +327,13 @@ class Recall:
                     if near not in frontier:
                         continue
                     if far.startswith("memory:"):
+                        seed_rel = _relevance(cands[frontier[near]])
                         if far in cands or far in added:
                             continue
-                        cand = Candidate(far, graph_proximity=1.0 / (1 + depth),
+                        proximity = 1.0 / (1 + depth)
+                        cand = Candidate(far, graph_proximity=proximity,
                                          via=(frontier[near], etype, depth))
+                        cand.seed_relevance = seed_rel
                         added[far] = cand
                         next_frontier[far] = frontier[near]
                     else:

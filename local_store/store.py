@@ -100,7 +100,8 @@ class Store:
         except BaseException:
             pool.shutdown(wait=False)
             raise
-        reader = None
+        reader: aiosqlite.Connection | None = None
+        writer: Writer | None = None
         try:
             writer, store_id = await loop.run_in_executor(
                 pool, _open_writer, data_dir / db.DB_FILENAME, wall)
@@ -110,6 +111,8 @@ class Store:
         except BaseException:
             if reader is not None:
                 await reader.close()
+            if writer is not None:
+                await loop.run_in_executor(pool, writer.conn.close)
             await loop.run_in_executor(pool, lock.release)
             pool.shutdown(wait=False)
             raise
@@ -557,7 +560,11 @@ def _claim_data_dir(data_dir: Path, lock: db.DataDirLock) -> None:
 
 def _open_writer(path: Path, wall: Callable[[], int]) -> tuple[Writer, str]:
     conn = db.connect(path)
-    db.migrate(conn)
+    try:
+        db.migrate(conn)
+    except BaseException:
+        conn.close()
+        raise
     conn.execute("BEGIN IMMEDIATE")
     try:
         values = dict(conn.execute("SELECT key, value FROM meta").fetchall())

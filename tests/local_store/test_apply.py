@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -164,7 +165,7 @@ versions = st.lists(
     min_size=1, max_size=25)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=int(os.environ.get("SYNCD_PROPERTY_EXAMPLES", "25")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(versions, st.randoms(use_true_random=False), st.integers(1, 5))
 def test_any_permutation_and_split_converges(spec: list[tuple[int, int, str, str, bool]],
                                              rng: Any, repeats: int) -> None:

@@ -37,6 +37,8 @@ def test_tokenize_like_the_plane(text: str, tokens: list[str]) -> None:
 @pytest.mark.parametrize(("tokens", "relaxed", "expected"), [
     (["deploy", "billing"], False, '"deploy" AND "billing"'),
     (["how", "do", "deploy"], True, '"deploy"'),
+    (["how", "do", "deploy"], False, '"deploy"'),
+    (["how", "do"], False, '"how" AND "do"'),
     (["how", "do"], True, None),
     ([], False, None),
     (['we"ird'], False, '"we""ird"'),

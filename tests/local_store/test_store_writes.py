@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -270,3 +271,15 @@ async def test_private_is_redacted_in_every_text_field(store: Store) -> None:
     for secret in ("sk-1", "'r'", ">w<", "tag</", "\"p\""):
         assert secret not in blob
     assert got["content"] == f"key {REDACTED} ok\nWhy: {REDACTED} why"
+
+
+async def test_a_corrupt_database_fails_open_cleanly(tmp_path: Path) -> None:
+    (tmp_path / "memory.db").write_bytes(b"this is not a database" * 100)
+    for _ in range(3):
+        with pytest.raises(sqlite3.DatabaseError):
+            await Store.open(tmp_path)
+    # nothing is left holding the lock or the file: a fresh dir next to it opens fine,
+    # and the lock on this one was released
+    (tmp_path / "memory.db").unlink()
+    reopened = await Store.open(tmp_path)
+    await reopened.close()

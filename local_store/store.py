@@ -116,6 +116,7 @@ class Store:
             await loop.run_in_executor(pool, lock.release)
             pool.shutdown(wait=False)
             raise
+        assert writer is not None and reader is not None
         store = cls(data_dir, embedder or HashingEmbedder(), writer, reader, lock, pool, store_id)
         try:
             await store._load()

@@ -1,0 +1,172 @@
+"""Recall speed: p50/p95 at 1k, 10k and 100k memories, index load time, query-embedding time.
+
+Vectors are 384-d (random unit vectors for stored memories; the query's vector comes from a
+precomputed table, so query embedding is excluded from the recall numbers and reported on its
+own for the default model). Baselines measured in the same run: a bare numpy exact top-50 over
+the same matrix (the floor for the semantic leg) and the control plane's exact algorithm.
+
+    .venv/bin/python bench/recall_speed.py [--quick] [--sizes 1000,10000,100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from local_store import HashingEmbedder, Store  # noqa: E402
+from local_store.embed import Vectors  # noqa: E402
+from protocol.rows import NodeRow  # noqa: E402
+from protocol.timestamp import format_ns  # noqa: E402
+
+WORDS = ("deploy release billing invoice postgres redis queue worker retry timeout cache "
+         "frontend react bundle route api token auth session migration schema index test "
+         "pipeline model feature training drift metric alert incident rollback config env "
+         "docker kubernetes helm terraform lint format commit branch review latency budget "
+         "stripe webhook payout ledger tax currency rounding export import sync backup").split()
+DIM = 384
+
+
+class TableEmbedder:
+    """Answers from a precomputed table, so timing excludes query embedding."""
+
+    model_id = "bench-random-384"
+    dim = DIM
+
+    def __init__(self) -> None:
+        self.table: dict[str, np.ndarray] = {}
+        self.rng = np.random.default_rng(1)
+
+    def vector(self, text: str) -> np.ndarray:
+        if text not in self.table:
+            v = self.rng.standard_normal(DIM).astype(np.float32)
+            self.table[text] = v / np.linalg.norm(v)
+        return self.table[text]
+
+    def embed(self, texts: list[str]) -> Vectors:
+        return np.stack([self.vector(t) for t in texts]).astype(np.float32)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def fill(store: Store, n: int, rng: random.Random, start: int) -> None:
+    now = time.time_ns()
+    vecs = np.random.default_rng(start).standard_normal((n, DIM)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    for offset in range(0, n, 5000):
+        rows = []
+        for i in range(offset, min(n, offset + 5000)):
+            text = " ".join(rng.choices(WORDS, k=rng.randint(12, 30)))
+            stamp = format_ns(now - rng.randint(0, 90) * 86_400 * 10**9 - i)
+            rows.append(NodeRow(id=f"memory:{uuid.UUID(int=rng.getrandbits(128), version=4)}",
+                                realm=rng.choice(["billing", "web", "ml"]), memory_type="fact",
+                                content=text, tags=",".join(rng.sample(WORDS, 2)),
+                                importance=rng.random(), status="active",
+                                embedding=vecs[i].tolist(), created_at=stamp, updated_at=stamp))
+        await store.apply(rows, [], model=TableEmbedder.model_id)
+
+
+async def measure(sizes: list[int], queries: int) -> list[tuple[str, ...]]:
+    rng = random.Random(7)
+    embedder = TableEmbedder()
+    qtexts = [" ".join(rng.choices(WORDS, k=rng.randint(2, 4))) for _ in range(queries)]
+    rows: list[tuple[str, ...]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        store = await Store.open(Path(tmp), embedder=embedder)  # type: ignore[arg-type]
+        have = 0
+        try:
+            for size in sizes:
+                await fill(store, size - have, rng, have)
+                have = size
+                for text in qtexts:
+                    embedder.vector(text)
+                for mode in ("syncd", "plane"):
+                    if mode == "plane" and size > 10_000:
+                        continue  # its substring keyword leg scans every row
+                    lat = []
+                    for text in qtexts:
+                        t = time.perf_counter()
+                        await store.recall({"query": text}, mode=mode)
+                        lat.append((time.perf_counter() - t) * 1000)
+                    rows.append((f"recall {mode}", f"{size:,}", f"{statistics.median(lat):.2f}",
+                                 f"{pct(lat, 0.95):.2f}", _target(mode, size)))
+                matrix = store.index.matrix
+                floor = []
+                for text in qtexts:
+                    q = embedder.vector(text)
+                    t = time.perf_counter()
+                    sims = matrix @ q
+                    np.argpartition(-sims, 49)[:50]
+                    floor.append((time.perf_counter() - t) * 1000)
+                rows.append(("baseline numpy top-50", f"{size:,}",
+                             f"{statistics.median(floor):.2f}", f"{pct(floor, 0.95):.2f}", ""))
+        finally:
+            await store.close()
+        t = time.perf_counter()
+        reopened = await Store.open(Path(tmp), embedder=embedder)  # type: ignore[arg-type]
+        load = time.perf_counter() - t
+        rows.append(("open + index load", f"{len(reopened.index):,}", f"{load * 1000:.0f}", "",
+                     "<= 2000 ms at 100k"))
+        await reopened.close()
+    return rows
+
+
+def _target(mode: str, size: int) -> str:
+    if mode != "syncd":
+        return "(plane, same code)"
+    return {10_000: "p50 <= 2 ms", 100_000: "p50 <= 10 ms"}.get(size, "")
+
+
+def embed_rows() -> list[tuple[str, ...]]:
+    try:
+        from local_store.embed_minilm import MiniLMEmbedder
+    except ImportError as exc:  # pragma: no cover - the model package is a dependency
+        return [("default model query embed", "", "n/a", "", str(exc))]
+    model = MiniLMEmbedder()
+    t = time.perf_counter()
+    model.embed(["warm up"])
+    load = (time.perf_counter() - t) * 1000
+    lat = []
+    for i in range(200):
+        t = time.perf_counter()
+        model.embed([f"how do I deploy the billing service {i}"])
+        lat.append((time.perf_counter() - t) * 1000)
+    return [("default model load + first", "1", f"{load:.0f}", "", ""),
+            ("default model query embed", "200", f"{statistics.median(lat):.2f}",
+             f"{pct(lat, 0.95):.2f}", "p50 <= 5 ms")]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="recall speed")
+    parser.add_argument("--quick", action="store_true", help="1k and 10k only, 50 queries")
+    parser.add_argument("--sizes", default="")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",") if s] or (
+        [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000])
+    started = time.perf_counter()
+    rows = asyncio.run(measure(sizes, 50 if args.quick else 200))
+    rows += embed_rows()
+    head = ("metric", "memories", "p50 ms", "p95 ms", "target")
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    for r in [head, tuple("-" * w for w in widths), *rows]:
+        print(" | ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)))
+    print(f"hashing embedder for reference: {HashingEmbedder().model_id}; "
+          f"run time {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

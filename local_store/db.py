@@ -70,6 +70,7 @@ def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
 def _configure(conn: sqlite3.Connection, *, readonly: bool) -> None:
     conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     conn.execute("PRAGMA foreign_keys = ON")
+    conn.execute(f"PRAGMA cache_size = {-CACHE_KIB}")
     if readonly:
         conn.execute("PRAGMA query_only = ON")
     else:
@@ -77,7 +78,6 @@ def _configure(conn: sqlite3.Connection, *, readonly: bool) -> None:
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
         conn.execute("PRAGMA wal_autocheckpoint = 1000")
-        conn.execute(f"PRAGMA cache_size = {-CACHE_KIB}")
 
 
 def migration_files() -> list[tuple[int, str, str]]:

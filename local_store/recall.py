@@ -19,7 +19,7 @@ Where ``syncd`` mode departs from ``plane`` mode (each is listed in the README):
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -40,7 +40,6 @@ from local_store.ranking import (
     tokenize,
 )
 from local_store.records import MEMORY_TYPES, parse_timestamp
-from local_store.vectors import VectorIndex
 from protocol.query import (
     Linked,
     QueryRequest,
@@ -55,13 +54,23 @@ from protocol.timestamp import TimestampError, parse_ns
 # "keyword" and "vector" are single-leg baselines for the eval (no graph, ranked by the leg's own
 # relevance: normalised BM25 × coverage, or cosine).
 Mode = Literal["syncd", "plane", "keyword", "vector"]
-Fetch = Callable[[str, Sequence[object]], Awaitable[list[Any]]]
-Embed = Callable[[str], Awaitable[npt.NDArray[np.float32] | None]]
+Fetch = Callable[[str, Sequence[object]], list[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Semantic:
+    """The query's cosine against every indexed vector, with the ids in the same order — a
+    snapshot taken on the event loop (where the index is updated), so the reader thread never
+    sees the index mid-update. Copying the id list is a pointer copy: ~0.3 ms at 100k."""
+
+    ids: list[str]
+    sims: npt.NDArray[np.float32]
 
 CAND_K = 50
 SEED_N = 10
 EXPAND_CAP = 200
 MAX_HOPS = 2
+FIRST_SAMPLE = 2  # semantic leg: look at 2×50 nearest first, then 8× more while filters drop
 OVERSAMPLE = 8
 # syncd's match rule, in two levels (calibrated on bench/recall_eval.py with MiniLM, where the
 # best cosine of a nonsense query ranged 0.15–0.34 and of a real paraphrase 0.25–0.6, so no
@@ -136,19 +145,19 @@ def weights_from(s: MemorySettings) -> Weights:
 
 
 class Recall:
-    """One recall request against a store's reader, index and embedder."""
+    """One recall request: synchronous, run on the store's reader thread in one hop (all its
+    SQL and scoring), after the query was embedded and compared with the index."""
 
-    def __init__(self, fetch: Fetch, index: VectorIndex | None, embed: Embed,
-                 settings: MemorySettings, now_ns: Callable[[], int] = time.time_ns) -> None:
+    def __init__(self, fetch: Fetch, semantic: Semantic | None, settings: MemorySettings,
+                 now_ns: Callable[[], int] = time.time_ns) -> None:
         self._fetch = fetch
-        self._index = index
-        self._embed = embed
+        self._semantic = semantic
         self._settings = settings
         self._now_ns = now_ns
 
-    async def run(self, request: QueryRequest, mode: Mode = "syncd",
-                  graph_allowed: bool = True) -> QueryResponse:
-        started = time.perf_counter()
+    def run(self, request: QueryRequest, mode: Mode = "syncd", graph_allowed: bool = True,
+            started: float | None = None) -> QueryResponse:
+        started = time.perf_counter() if started is None else started
         s = self._settings
         limit = min(100, max(1, request.limit if request.limit is not None else s.default_limit))
         hops = min(MAX_HOPS, request.expand_hops if request.expand_hops is not None
@@ -160,10 +169,10 @@ class Recall:
         cands: dict[str, Candidate] = {}
         best_cosine, strict_hit = -1.0, False
         if mode != "keyword":
-            best_cosine = await self._semantic_leg(request.query, filters, mode, cands)
+            best_cosine = self._semantic_leg(filters, mode, cands)
         if mode != "vector" and tokens:
-            strict_hit = await self._keyword_leg(tokens, filters, mode, cands)
-        await self._hydrate(cands, filters, mode)
+            strict_hit = self._keyword_leg(tokens, filters, mode, cands)
+        self._hydrate(cands, filters, mode)
         if mode == "syncd":
             if strict_hit or best_cosine >= QUERY_COSINE_GATE:
                 cands = {k: c for k, c in cands.items() if _relevance(c) >= CANDIDATE_FLOOR}
@@ -171,11 +180,11 @@ class Recall:
                 cands = {}
         linked: list[Linked] = []
         if hops >= 1 and cands:
-            linked = await self._expand(cands, filters, hops, limit, mode)
+            linked = self._expand(cands, filters, hops, limit, mode)
         ranked = self._score(cands.values(), tokens, mode)
         fallback = False
         if not ranked and mode == "syncd":
-            ranked = await self._fallback(filters, limit)
+            ranked = self._fallback(filters, limit)
             fallback = bool(ranked)
         memories = [_retrieved(c, mode, fallback) for c in ranked[:limit]]
         linked = dedupe_linked(linked)
@@ -186,100 +195,119 @@ class Recall:
 
     # ------------------------------------------------------------------ legs
 
-    async def _semantic_leg(self, query: str, filters: Filters, mode: Mode,
-                            cands: dict[str, Candidate]) -> float:
+    def _semantic_leg(self, filters: Filters, mode: Mode, cands: dict[str, Candidate]) -> float:
         """Adds up to 50 candidates; returns the best cosine over the whole index (−1: none)."""
-        index = self._index
-        if index is None or len(index) == 0:
+        semantic = self._semantic
+        if semantic is None or not semantic.ids:
             return -1.0
-        vector = await self._embed(query)
-        if vector is None or not np.any(vector):
-            return -1.0
-        sims = index.similarities(vector)
         where, params = filters.sql()
-        want = min(len(index), CAND_K * OVERSAMPLE)
+        sims, every = semantic.sims, semantic.ids
+        want = min(len(every), CAND_K * FIRST_SAMPLE)
         while True:
-            top = np.argpartition(-sims, want - 1)[:want] if want < len(index) else np.arange(
-                len(index))
-            ids = [index.ids[i] for i in top]
-            cos = {index.ids[i]: float(sims[i]) for i in top}
-            allowed = await self._allowed(ids, where, params)
-            if len(allowed) >= CAND_K or want >= len(index):
+            top = np.argpartition(-sims, want - 1)[:want] if want < len(every) else np.arange(
+                len(every))
+            cos = {every[i]: float(sims[i]) for i in top}
+            allowed = self._rows_for(list(cos), where, params)
+            if len(allowed) >= CAND_K or want >= len(every):
                 break
-            want = min(len(index), want * OVERSAMPLE)
+            want = min(len(every), want * OVERSAMPLE)
         if mode == "plane":
-            key = {mid: 0.7 * cos[mid] + 0.3 * imp for mid, imp in allowed.items()}
+            key = {mid: 0.7 * cos[mid] + 0.3 * row["importance"] for mid, row in allowed.items()}
         else:
             key = {mid: cos[mid] for mid in allowed}
         ranked = sorted(key, key=lambda mid: (-key[mid], mid))[:CAND_K]
         for rank, mid in enumerate(ranked):
             cand = cands.setdefault(mid, Candidate(mid))
-            cand.vec_rank, cand.cosine = rank, cos[mid]
+            cand.vec_rank, cand.cosine, cand.row = rank, cos[mid], allowed[mid]
         # The gate looks at the whole store: a realm filter must not make a real query look
         # like nonsense because its realm's best match is weaker.
         return float(sims.max())
 
-    async def _allowed(self, ids: list[str], where: str, params: list[object]) -> dict[str, float]:
-        out: dict[str, float] = {}
+    def _rows_for(self, ids: list[str], where: str,
+                  params: list[object]) -> dict[str, dict[str, Any]]:
+        """The rows of these ids that pass the filters (filtering and hydrating in one query)."""
+        out: dict[str, dict[str, Any]] = {}
         for start in range(0, len(ids), 500):
             chunk = ids[start:start + 500]
-            rows = await self._fetch(
-                f"SELECT m.id, m.importance FROM memories m WHERE {where} "
-                f"AND m.id IN ({','.join('?' * len(chunk))})", [*params, *chunk])
-            out.update((r[0], float(r[1])) for r in rows)
+            for r in self._fetch(f"SELECT {_ROW_SQL} FROM memories m WHERE {where} "
+                                 f"AND m.id IN ({','.join('?' * len(chunk))})",
+                                 [*params, *chunk]):
+                out[r[0]] = dict(zip(_ROW, r, strict=True))
         return out
 
-    async def _keyword_leg(self, tokens: list[str], filters: Filters, mode: Mode,
+    def _keyword_leg(self, tokens: list[str], filters: Filters, mode: Mode,
                            cands: dict[str, Candidate]) -> bool:
         """Adds up to 50 candidates; returns whether every token matched somewhere (strict)."""
         where, params = filters.sql()
         if mode == "plane":
-            hits = await self._plane_keyword(tokens, where, params)
-            strict = bool(hits) and max(raw for _, raw in hits) >= len(tokens)
+            hits = self._plane_keyword(tokens, where, params)
+            strict = bool(hits) and max(hit[1] for hit in hits) >= len(tokens)
         else:
-            hits, strict = await self._fts_keyword(tokens, where, params)
-        for rank, (mid, raw) in enumerate(hits):
+            hits, strict = self._fts_keyword(tokens, where, params)
+        for rank, (mid, raw, row) in enumerate(hits):
             cand = cands.setdefault(mid, Candidate(mid))
             cand.kw_rank, cand.kw_raw = rank, raw
+            cand.row = cand.row or row
         return strict
 
-    async def _plane_keyword(self, tokens: list[str], where: str,
-                             params: list[object]) -> list[tuple[str, float]]:
+    def _plane_keyword(self, tokens: list[str], where: str,
+                       params: list[object]) -> list[tuple[str, float, dict[str, Any] | None]]:
         terms = " + ".join(
             "(CASE WHEN lower(m.content) LIKE ? OR lower(coalesce(m.title, '')) LIKE ? "
             "OR lower(m.tags) LIKE ? THEN 1 ELSE 0 END)" for _ in tokens)
         likes: list[object] = []
         for t in tokens:
             likes.extend([f"%{t}%"] * 3)
-        rows = await self._fetch(
+        rows = self._fetch(
             f"SELECT id, kw FROM (SELECT m.id AS id, m.importance AS imp, ({terms}) AS kw "
             f"FROM memories m WHERE {where}) WHERE kw > 0 ORDER BY kw DESC, imp DESC, id "
             f"LIMIT {CAND_K}", [*likes, *params])
-        return [(r[0], float(r[1])) for r in rows]
+        return [(r[0], float(r[1]), None) for r in rows]
 
-    async def _fts_keyword(self, tokens: list[str], where: str,
-                           params: list[object]) -> tuple[list[tuple[str, float]], bool]:
+    def _fts_keyword(self, tokens: list[str], where: str, params: list[object],
+                     ) -> tuple[list[tuple[str, float, dict[str, Any] | None]], bool]:
         for relaxed in (False, True):
             match = fts_match(tokens, relaxed=relaxed)
             if match is None:
                 continue
-            rows = await self._fetch(
-                "SELECT m.id, -bm25(memories_fts, 2.0, 1.0, 1.0) AS s, "
-                "coalesce(m.title, '') || ' ' || m.content || ' ' || m.tags "
-                "FROM memories_fts JOIN memories m ON m.rowid = memories_fts.rowid "
-                f"WHERE memories_fts MATCH ? AND {where} ORDER BY s DESC, m.id LIMIT {CAND_K}",
-                [match, *params])
+            rows = self._fts_rows(match, where, params)
             if rows:
                 # Relaxed (OR) hits matched only part of the question: coverage counts twice.
                 power = 2 if relaxed else 1
-                best = max(float(r[1]) for r in rows) or 1.0
-                return [(r[0], max(0.0, float(r[1])) / best * coverage(tokens, r[2]) ** power)
-                        for r in rows], not relaxed
+                best = max(score for score, _ in rows) or 1.0
+                out: list[tuple[str, float, dict[str, Any] | None]] = []
+                for score, row in rows:
+                    text = f"{row['title'] or ''} {row['content']} {row['tags']}"
+                    raw = max(0.0, score) / best * coverage(tokens, text) ** power
+                    out.append((row["id"], raw, row))
+                return out, not relaxed
         return [], False
+
+    def _fts_rows(self, match: str, where: str,
+                  params: list[object]) -> list[tuple[float, dict[str, Any]]]:
+        """Best BM25 hits that pass the filters. FTS5 ranks inside the index first (``ORDER BY
+        bm25 LIMIT``, its fast path); the filter join then sees only those rows. When the
+        filters drop too many, the inner limit grows until the index is exhausted."""
+        inner = CAND_K * 4
+        while True:
+            found = self._fetch(
+                f"SELECT f.s, {_ROW_SQL} "
+                "FROM (SELECT rowid, -rank AS s FROM memories_fts "
+                "WHERE memories_fts MATCH ? ORDER BY rank LIMIT ?) f "
+                f"JOIN memories m ON m.rowid = f.rowid WHERE {where} "
+                f"ORDER BY f.s DESC, m.id LIMIT {CAND_K}", [match, inner, *params])
+            rows = [(float(r[0]), dict(zip(_ROW, r[1:], strict=True))) for r in found]
+            if len(rows) >= CAND_K or inner >= 1 << 20:
+                return rows
+            hits = self._fetch("SELECT count(*) FROM memories_fts WHERE memories_fts MATCH ?",
+                               [match])[0][0]
+            if hits <= inner:
+                return rows
+            inner *= 8
 
     # ------------------------------------------------------------------ rows, graph, scores
 
-    async def _hydrate(self, cands: dict[str, Candidate], filters: Filters, mode: Mode,
+    def _hydrate(self, cands: dict[str, Candidate], filters: Filters, mode: Mode,
                        *, graph: bool = False) -> None:
         missing = [mid for mid, c in cands.items() if c.row is None]
         if graph and mode == "plane":
@@ -290,13 +318,13 @@ class Recall:
             where, params = "1 = 1", []
         for start in range(0, len(missing), 500):
             chunk = missing[start:start + 500]
-            rows = await self._fetch(
+            rows = self._fetch(
                 f"SELECT {_ROW_SQL} FROM memories m WHERE {where} "
                 f"AND m.id IN ({','.join('?' * len(chunk))})", [*params, *chunk])
             for r in rows:
                 cands[r[0]].row = dict(zip(_ROW, r, strict=True))
 
-    async def _expand(self, cands: dict[str, Candidate], filters: Filters, hops: int,
+    def _expand(self, cands: dict[str, Candidate], filters: Filters, hops: int,
                       limit: int, mode: Mode) -> list[Linked]:
         seeds = sorted(cands.values(), key=lambda c: (c.best_rank, c.id))[:SEED_N]
         frontier = {c.id: c.id for c in seeds}  # node → the seed it came from
@@ -318,7 +346,7 @@ class Recall:
                 params.extend(filters.realms)
             sql += f" ORDER BY id LIMIT {EXPAND_CAP}" if mode != "plane" else f" LIMIT {EXPAND_CAP}"
             next_frontier: dict[str, str] = {}
-            for eid, src, dst, etype, _realm, namespace in await self._fetch(sql, params):
+            for eid, src, dst, etype, _realm, namespace in self._fetch(sql, params):
                 if mode != "plane":
                     if eid in seen_edges:
                         continue
@@ -342,7 +370,7 @@ class Recall:
                 if len(cands) + len(added) > 200 or len(linked) > limit * 20:
                     break
             frontier = next_frontier
-        await self._hydrate(added, filters, mode, graph=True)
+        self._hydrate(added, filters, mode, graph=True)
         for mid, cand in added.items():
             if cand.row is not None or mode == "plane":
                 cands[mid] = cand
@@ -378,9 +406,9 @@ class Recall:
             kept.append(c)
         return kept
 
-    async def _fallback(self, filters: Filters, limit: int) -> list[Candidate]:
+    def _fallback(self, filters: Filters, limit: int) -> list[Candidate]:
         where, params = filters.sql()
-        rows = await self._fetch(
+        rows = self._fetch(
             f"SELECT {_ROW_SQL} FROM memories m WHERE {where} "
             f"ORDER BY m.importance DESC, m.created_at DESC, m.id LIMIT ?", [*params, limit])
         out = []

@@ -33,7 +33,7 @@ from local_store.apply import ApplyResult, apply_batch
 from local_store.columns import EDGE_ALL, EDGE_SELECT, NODE_COLUMNS, NODE_SELECT
 from local_store.embed import Embedder, HashingEmbedder, from_blob
 from local_store.errors import NotFoundError, StoreClosedError, ValidationError
-from local_store.recall import Mode, Recall
+from local_store.recall import Mode, Recall, Semantic
 from local_store.records import (
     Draft,
     build_save,
@@ -80,6 +80,7 @@ class Store:
         self._pool = pool
         self._closed = False
         self.index = VectorIndex(embedder.model_id, embedder.dim)
+        self._recall_reader = SyncReader(data_dir / db.DB_FILENAME)
         self._settings = DEFAULT_SETTINGS
         self.writer_info: dict[str, object] = {
             "host": socket.gethostname(), "source": "syncd", "client": None,
@@ -143,6 +144,7 @@ class Store:
         await self._reader.close()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._pool, self._writer.conn.close)
+        await self._recall_reader.close()
         await loop.run_in_executor(self._pool, self._lock.release)
         self._pool.shutdown(wait=False)
 
@@ -435,8 +437,17 @@ class Store:
         request = _redact_request(request)
         if request.as_of is not None:
             parse_timestamp(request.as_of, "as_of")
-        engine = Recall(self._fetch, self.index, self._embed_query, self._settings)
-        return await engine.run(request, mode, graph_allowed=graph)
+        started = time.perf_counter()
+        semantic = None
+        if mode != "keyword" and len(self.index):
+            vector = await self._embed_query(request.query)
+            if vector is not None and vector.any():
+                # On the loop thread, where the index is updated: a consistent snapshot.
+                semantic = Semantic(list(self.index.ids), self.index.similarities(vector))
+        engine = Recall(self._recall_reader.fetch, semantic, self._settings)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._recall_reader.pool, functools.partial(
+            engine.run, request, mode, graph, started))
 
     async def _embed_query(self, text: str) -> npt.NDArray[np.float32] | None:
         if not text.strip():
@@ -541,6 +552,32 @@ class Store:
     async def integrity_check(self) -> str:
         rows = await self._fetch("PRAGMA integrity_check")
         return "; ".join(str(r[0]) for r in rows)
+
+
+class SyncReader:
+    """A read-only connection on its own thread, for reads that run many queries in one hop
+    (recall): one thread switch per request instead of one per statement."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="syncd-recall")
+        self._conn: sqlite3.Connection | None = None
+
+    def fetch(self, sql: str, params: Sequence[object] = ()) -> list[Any]:
+        """Run on ``pool`` only."""
+        if self._conn is None:
+            self._conn = db.connect(self.path, readonly=True)
+        return self._conn.execute(sql, params).fetchall()
+
+    async def close(self) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self.pool, self._close)
+        self.pool.shutdown(wait=False)
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
 
 # ---------------------------------------------------------------------- writer-thread helpers

@@ -27,7 +27,11 @@ EDGE_HASHED = ("src", "dst", "type", "realm", "target_namespace", "props", "dele
 
 def content_hash(row: Mapping[str, object], fields: Sequence[str]) -> str:
     """A digest of the replicated fields: None, str, int and float values, unit-separated."""
-    parts = ["\x00" if (value := row.get(name)) is None else str(value) for name in fields]
+    return hash_values([row.get(name) for name in fields])
+
+
+def hash_values(values: Sequence[object]) -> str:
+    parts = ["\x00" if value is None else str(value) for value in values]
     return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=16).hexdigest()
 
 

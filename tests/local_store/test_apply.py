@@ -199,3 +199,23 @@ def test_any_permutation_and_split_converges(spec: list[tuple[int, int, str, str
     assert set(got) == set(model)
     for mid, (stamp, origin, _) in model.items():
         assert (got[mid][1], got[mid][2] or "") == (stamp, origin)
+
+
+async def test_reapply_fast_path_only_skips_the_exact_held_version(store: Store) -> None:
+    """Same (updated_at, origin) but other content is not "already held": LWW decides."""
+    first = node(1, T0, origin="r1", content="aaa")
+    await store.apply([first], [], model=MODEL)
+    same = await store.apply([node(1, T0, origin="r1", content="aaa")], [], model=MODEL)
+    assert (same.applied_nodes, same.skipped_nodes) == (0, 1)
+    other = node(1, T0, origin="r1", content="zzz")
+    res = await store.apply([other], [], model=MODEL)
+    kept = (await store.export())[0][0].content
+    assert res.applied_nodes + res.skipped_nodes == 1
+    # the same two versions in the other order pick the same winner
+    async with await Store.open(store.data_dir.parent / "other") as s2:
+        await s2.apply([other], [], model=MODEL)
+        await s2.apply([first], [], model=MODEL)
+        assert (await s2.export())[0][0].content == kept
+    # a plane-form timestamp of the held version is normalised first, then skipped
+    autosi = node(1, T0, origin="r1", content=kept or "", autosi=True)
+    assert (await store.apply([autosi], [], model=MODEL)).skipped_nodes == 1

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import operator
+import struct
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -156,13 +157,25 @@ _DELETED, _CREATED, _TAGS, _IMPORTANCE = (
 
 
 def vector_from_wire(wire: NodeRow) -> npt.NDArray[np.float32] | None:
-    """The row's embedding, or None when absent or all zeros (the plane's "no vector")."""
+    """The row's embedding, or None when absent or all zeros (the plane's "no vector").
+
+    ``struct`` packs a list of floats into little-endian float32 about twice as fast as
+    ``np.asarray``; the array is then a zero-copy view of those bytes.
+    """
     if wire.embedding is None or wire.deleted:
         return None
-    values = np.asarray(wire.embedding, dtype=np.float32)
-    if values.ndim != 1 or not np.isfinite(values).all():
+    dim = len(wire.embedding)
+    packer = _PACKERS.get(dim) or _PACKERS.setdefault(dim, struct.Struct(f"<{dim}f"))
+    try:
+        values = np.frombuffer(packer.pack(*wire.embedding), dtype="<f4")
+    except (struct.error, TypeError, OverflowError):
+        raise ValidationError("embedding", "must be an array of finite numbers") from None
+    if not np.isfinite(values).all():
         raise ValidationError("embedding", "must be an array of finite numbers")
     return values if values.any() else None
+
+
+_PACKERS: dict[int, struct.Struct] = {}
 
 
 def edge_from_wire(wire: EdgeRow) -> Row:

@@ -408,6 +408,22 @@ class Store:
         edges = [wire_edge(dict(zip(EDGE_ALL, r, strict=True))) for _, k, r in merged if k == "e"]
         return nodes, edges, int(cursor)
 
+    async def changes_since(self, since: str | None, realm: str | None = None, *,
+                            model: str | None = None) -> tuple[list[NodeRow], list[EdgeRow]]:
+        """The plane's ``changes?since=``: versions strictly after ``since`` (any RFC 3339
+        form; empty = everything), nodes filtered by realm, edges never (as the plane)."""
+        stamp = parse_timestamp(since, "since") if since and since.strip() else None
+        where, params = ["updated_at > ?"], [stamp or ""]
+        if realm is not None:
+            where.append("realm = ?")
+            params.append(realm)
+        rows = await self._fetch(NODE_SELECT + " WHERE " + " AND ".join(where)
+                                 + " ORDER BY updated_at, id", params)
+        nodes = await self._wire_nodes(rows, model or self.embedder.model_id)
+        edges = [wire_edge(dict(zip(EDGE_ALL, r, strict=True))) for r in await self._fetch(
+            EDGE_SELECT + " WHERE updated_at > ? ORDER BY updated_at, id", (stamp or "",))]
+        return nodes, edges
+
     async def _wire_nodes(self, rows: list[sqlite3.Row], model: str) -> list[NodeRow]:
         dicts = [dict(zip(NODE_COLUMNS, r, strict=True)) for r in rows]
         vectors = await self._vectors([d["id"] for d in dicts], model)
@@ -534,6 +550,13 @@ class Store:
             "(SELECT count(*) FROM edges WHERE deleted = 0), (SELECT count(*) FROM outbox)")
         return {"memories": counts[0], "tombstones": counts[1], "edges": counts[2],
                 "outbox": counts[3]}
+
+    async def disk_bytes(self) -> int:
+        """Bytes on disk of the database and its WAL/shared-memory files."""
+        def size() -> int:
+            return sum(p.stat().st_size for p in self.data_dir.glob(db.DB_FILENAME + "*")
+                       if p.is_file())
+        return await asyncio.get_running_loop().run_in_executor(None, size)
 
     async def outbox(self, limit: int = 1000) -> list[tuple[str, str, int]]:
         rows = await self._fetch(

@@ -1,0 +1,209 @@
+"""``create_app``: the local API — the plane's memory routes, every tool as a route, items,
+health and metrics, behind the guards in ``security.py``. Handlers hold no SQL and no business
+branching: they decode, make one store (or tool) call, and encode.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from local_store import Store, StoreError, ValidationError
+from protocol.query import QueryRequest
+from protocol.rows import ChangesResponse, ExportBody, ImportRequest, ImportResult, RowError
+from protocol.timestamp import format_ns
+from syncd.http.errors import STORE_STATUS, HttpError, error_response
+from syncd.http.metrics import Metrics
+from syncd.http.security import guards
+from syncd.tools import Surfacer
+
+STORE = web.AppKey("store", Store)
+SURFACER = web.AppKey("surfacer", Surfacer)
+METRICS = web.AppKey("metrics", Metrics)
+PLANE_MODEL = web.AppKey("plane_model", str)
+MCP = web.AppKey("mcp", object)
+
+DEFAULT_MAX_BODY = 4 * 1024 * 1024
+EXPORT_HINT = ("Re-import on another instance via POST /v1/agent/memory/import with this same "
+               "{memory_nodes, memory_edges} body.")
+_encoder = msgspec.json.Encoder()
+
+
+def create_app(store: Store, *, token: str, extra_hosts: tuple[str, ...] = (),
+               max_body: int = DEFAULT_MAX_BODY, plane_model: str = "bge-small-en-v1.5",
+               mcp: Any = None) -> web.Application:
+    metrics = Metrics()
+    app = web.Application(client_max_size=max_body, middlewares=[
+        metrics.middleware(), _errors, guards(token, extra_hosts)])
+    app[STORE], app[SURFACER], app[METRICS], app[PLANE_MODEL] = store, Surfacer(), metrics, \
+        plane_model
+    if mcp is not None:
+        app[MCP] = mcp
+    for method, path, handler in ROUTES:
+        if path == "/mcp/v1" and mcp is None:
+            continue
+        app.router.add_route(method, path, handler)
+    return app
+
+
+# ---------------------------------------------------------------------- plumbing
+
+@web.middleware
+async def _errors(request: web.Request,
+                  handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+                  ) -> web.StreamResponse:
+    """Render every failure in the one error shape."""
+    try:
+        return await handler(request)
+    except HttpError as exc:
+        return error_response(exc.status, exc.code, exc.message, exc.field)
+    except ValidationError as exc:
+        return error_response(422, exc.code, exc.message, exc.field)
+    except StoreError as exc:
+        return error_response(STORE_STATUS.get(exc.code, 500), exc.code, exc.message)
+    except web.HTTPRequestEntityTooLarge:
+        return error_response(413, "too_large", f"request body over {request.app._client_max_size}"
+                              " bytes")
+    except web.HTTPException as exc:
+        if exc.status == 405:
+            return error_response(405, "method_not_allowed", f"{request.method} not allowed here")
+        if exc.status == 404:
+            return error_response(404, "not_found", f"no route {request.path}")
+        return error_response(exc.status, "http_error", exc.reason)
+
+
+async def _json(request: web.Request) -> Any:
+    raw = await request.read()
+    if not raw:
+        raise HttpError(400, "bad_json", "request body is empty; send a JSON object")
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise HttpError(400, "bad_json", f"malformed JSON: {exc}") from None
+
+
+async def _typed(request: web.Request, kind: type[Any]) -> Any:
+    body = await _json(request)
+    try:
+        return msgspec.convert(body, kind)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        field = text.split("at `$.", 1)[1].split("`", 1)[0] if "at `$." in text else "body"
+        raise ValidationError(field, text) from None
+
+
+def _object(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise ValidationError("body", "must be a JSON object")
+    return body
+
+
+def _reply(value: Any, status: int = 200) -> web.Response:
+    return web.Response(body=_encoder.encode(value), status=status,
+                        content_type="application/json")
+
+
+# ---------------------------------------------------------------------- handlers
+
+async def query(request: web.Request) -> web.Response:
+    req = await _typed(request, QueryRequest)
+    return _reply(await request.app[STORE].recall(req))
+
+
+async def export(request: web.Request) -> web.Response:
+    store = request.app[STORE]
+    nodes, edges = await store.export(request.query.get("realm"))
+    return _reply(ExportBody(memory_nodes=nodes, memory_edges=edges, hint=EXPORT_HINT,
+                             store_id=store.store_id))
+
+
+async def changes(request: web.Request) -> web.Response:
+    store = request.app[STORE]
+    since = request.query.get("since", "")
+    until = format_ns(store.clock.physical_ns())
+    nodes, edges = await store.changes_since(since, request.query.get("realm"))
+    return _reply(ChangesResponse(since=since.strip() or "1970-01-01T00:00:00Z", until=until,
+                                  memory_nodes=nodes, memory_edges=edges,
+                                  store_id=store.store_id))
+
+
+async def import_rows(request: web.Request) -> web.Response:
+    body = await _typed(request, ImportRequest)
+    result = await request.app[STORE].apply(body.memory_nodes, body.memory_edges,
+                                            model=request.app[PLANE_MODEL])
+    problems = [RowError(kind=p.kind, index=p.index, id=p.id, field=p.field, message=p.message)
+                for p in result.problems]
+    return _reply(ImportResult(
+        applied_nodes=result.applied_nodes, applied_edges=result.applied_edges,
+        errors=[f"{p.kind}s[{p.index}].{p.field}: {p.message}" for p in problems],
+        row_errors=problems or None))
+
+
+async def get_settings(request: web.Request) -> web.Response:
+    return _reply(request.app[STORE].settings)
+
+
+async def put_settings(request: web.Request) -> web.Response:
+    patch = _object(await _json(request))
+    return _reply(await request.app[STORE].put_settings(patch))
+
+
+async def tool(request: web.Request) -> web.Response:
+    args = _object(await _json(request))
+    name = request.match_info["name"]
+    return _reply(await request.app[SURFACER].call(request.app[STORE], name, args))
+
+
+async def get_item(request: web.Request) -> web.Response:
+    return _reply(await request.app[STORE].get(request.match_info["id"]))
+
+
+async def delete_item(request: web.Request) -> web.Response:
+    hard = request.query.get("hard", "false").lower()
+    if hard not in ("true", "false", "1", "0"):
+        raise ValidationError("hard", "must be true or false")
+    return _reply(await request.app[STORE].delete(request.match_info["id"],
+                                                  hard=hard in ("true", "1")))
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return _reply({"ok": True})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    store = request.app[STORE]
+    stats = await store.stats()
+    size = await store.disk_bytes()
+    text = request.app[METRICS].render({
+        "syncd_store_memories": stats["memories"], "syncd_store_edges": stats["edges"],
+        "syncd_store_bytes": size, "syncd_outbox_depth": stats["outbox"]})
+    return web.Response(text=text, content_type="text/plain")
+
+
+async def mcp(request: web.Request) -> web.Response:
+    server = request.app[MCP]
+    answer = await server.handle(await _json(request))  # type: ignore[attr-defined]
+    if answer is None:
+        return web.Response(status=202)
+    return _reply(answer)
+
+
+ROUTES: list[tuple[str, str, Callable[[web.Request], Awaitable[web.Response]]]] = [
+    ("POST", "/v1/agent/memory/query", query),
+    ("GET", "/v1/agent/memory/export", export),
+    ("GET", "/v1/agent/memory/changes", changes),
+    ("POST", "/v1/agent/memory/import", import_rows),
+    ("GET", "/v1/agent/memory/settings", get_settings),
+    ("PUT", "/v1/agent/memory/settings", put_settings),
+    ("POST", "/v1/agent/memory/tools/{name}", tool),
+    ("GET", "/v1/agent/memory/items/{id}", get_item),
+    ("DELETE", "/v1/agent/memory/items/{id}", delete_item),
+    ("GET", "/healthz", healthz),
+    ("GET", "/metrics", metrics),
+    ("POST", "/mcp/v1", mcp),
+]
+

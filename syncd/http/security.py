@@ -1,0 +1,80 @@
+"""The local API's guards, in the order they run (RELIABILITY L1–L7). Each answers before any
+handler runs, so a refused request can never change the store.
+
+1. Host allow-list (DNS rebinding): ``localhost``, ``127.0.0.1``, ``[::1]`` (any port) plus
+   configured names; anything else → 421.
+2. Browser requests from other sites: a foreign or ``null`` ``Origin``, or
+   ``Sec-Fetch-Site: cross-site`` → 403. No response ever carries ``Access-Control-Allow-*``.
+3. Bearer token on every route but ``/healthz``, compared in constant time; a token in the
+   query string is refused outright (it leaks into logs and history) → 401.
+4. Writes must be ``application/json`` → 415; bodies over the limit → 413 (aiohttp enforces
+   ``client_max_size`` while reading, so memory stays bounded).
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable, Iterable
+
+from aiohttp import web
+
+from syncd.http.errors import error_response
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
+PUBLIC_PATHS = frozenset({"/healthz"})
+TOKEN_QUERY_KEYS = frozenset({"token", "access_token", "api_key", "apikey", "auth"})
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+def host_name(header: str) -> str:
+    """``Host`` without its port: ``[::1]:7777`` → ``[::1]``, ``localhost:1`` → ``localhost``."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        end = header.find("]")
+        return header[: end + 1] if end > 0 else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def guards(token: str, extra_hosts: Iterable[str] = ()) -> web.middleware:  # type: ignore[valid-type]
+    allowed = LOOPBACK_HOSTS | {h.lower() for h in extra_hosts}
+    expected = token.encode()
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        host = request.headers.get("Host", "")
+        if not host or host_name(host) not in allowed:
+            return error_response(421, "misdirected_host",
+                                  "Host header is not an allowed local name")
+        origin = request.headers.get("Origin")
+        if origin is not None and not _same_host_origin(origin, allowed):
+            return error_response(403, "forbidden_origin", "cross-origin requests are refused")
+        if request.headers.get("Sec-Fetch-Site", "").lower() == "cross-site":
+            return error_response(403, "forbidden_origin", "cross-site requests are refused")
+        if request.path not in PUBLIC_PATHS:
+            if TOKEN_QUERY_KEYS & {k.lower() for k in request.query}:
+                return _unauthorized("tokens are accepted only in the Authorization header")
+            given = request.headers.get("Authorization", "")
+            if not given.startswith("Bearer ") or not hmac.compare_digest(
+                    given[7:].strip().encode(), expected):
+                return _unauthorized("missing or wrong Authorization: Bearer <token>")
+        if request.method in BODY_METHODS and request.can_read_body and (
+                request.content_type != "application/json"):
+            return error_response(415, "unsupported_media_type",
+                                  "request bodies must be application/json")
+        return await handler(request)
+
+    return middleware
+
+
+def _same_host_origin(origin: str, allowed: frozenset[str] | set[str]) -> bool:
+    if origin == "null" or "://" not in origin:
+        return False
+    scheme, rest = origin.split("://", 1)
+    return scheme in ("http", "https") and host_name(rest.split("/", 1)[0]) in allowed
+
+
+def _unauthorized(message: str) -> web.Response:
+    return error_response(401, "unauthorized", message,
+                          headers={"WWW-Authenticate": 'Bearer realm="syncd"'})

@@ -1,0 +1,314 @@
+"""The memory tools: one table of name → (description, JSON schema, handler), shared by the MCP
+server and the ``POST /v1/agent/memory/tools/{name}`` routes.
+
+Rules:
+  * Argument names and result shapes are the control plane's (contract §5); syncd's extra tools
+    are ``get_memory``, ``delete_memory``, ``verify_memory``, ``memory_note``, ``record_learning``.
+  * Handlers validate through the store (errors name the field) and never touch SQL.
+  * Every tool accepts ``conversationId`` and ``memoryContext``. The result always carries the
+    ``conversationId`` (generated when missing) and, when there is a context (or a search
+    query), ``relevant_memories``: the top one or two active memories, collapsed by
+    ``dedupe_key``, repeated on later calls of the same conversation.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from local_store import Store, ValidationError
+from local_store.records import normalise_memory_id, optional_str, required_str, slug
+
+Handler = Callable[[Store, dict[str, Any]], Awaitable[Any]]
+
+SURFACE_TOP = 2
+MAX_CONVERSATIONS = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    name: str
+    description: str
+    schema: dict[str, Any]
+    handler: Handler
+
+
+def _obj(props: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
+    props = {**props, "conversationId": {"type": "string"},
+             "memoryContext": {"type": "string", "description": "Short task hint: current task, "
+                               "entities, constraints. Surfaces relevant memories."}}
+    return {"type": "object", "properties": props, "required": list(required)}
+
+
+S = {"type": "string"}
+N = {"type": "number"}
+I = {"type": "integer"}  # noqa: E741
+SL = {"type": "array", "items": {"type": "string"}}
+RECALL_PROPS = {"query": S, "limit": I, "realms": SL, "memory_type": S, "importance_min": N,
+                "tags": SL, "space_agent": S}
+SAVE_PROPS = {"content": S, "title": S, "memory_type": S, "tags": SL, "realm": S,
+              "importance": N, "references": SL, "topic_key": S, "why": S, "where": S,
+              "learned": S, "valid_at": S}
+
+
+# ---------------------------------------------------------------------- handlers
+
+async def _search(store: Store, args: dict[str, Any]) -> Any:
+    request = {k: v for k, v in args.items() if k in RECALL_PROPS or k in (
+        "expand_hops", "as_of", "include_invalidated")}
+    return msgspec.to_builtins(await store.recall(request))
+
+
+async def _recall(store: Store, args: dict[str, Any]) -> Any:
+    request = {k: v for k, v in args.items() if k in RECALL_PROPS}
+    request.update(expand_hops=1, as_of=None, include_invalidated=False)
+    return msgspec.to_builtins(await store.recall(request))
+
+
+async def _save(store: Store, args: dict[str, Any]) -> Any:
+    return await store.save(args)
+
+
+async def _save_many(store: Store, args: dict[str, Any]) -> Any:
+    return await store.save_many(args.get("memories"))  # type: ignore[arg-type]
+
+
+async def _list(store: Store, args: dict[str, Any]) -> Any:
+    result = await store.list_memories(args)
+    columns = ["id", "memory_type", "title", "content_preview", "tags", "importance", "status",
+               "realm", "created_at"]
+    types = {"importance": "Float64"}
+    return {"columns": [{"name": c, "type": types.get(c, "Utf8")} for c in columns], **result}
+
+
+async def _link(store: Store, args: dict[str, Any]) -> Any:
+    return await store.link(args)
+
+
+async def _entity(store: Store, args: dict[str, Any]) -> Any:
+    return await store.ingest_entity(args)
+
+
+async def _status(store: Store, args: dict[str, Any]) -> Any:
+    return await store.update_status(args.get("memory_id"), args.get("status"))
+
+
+async def _importance(store: Store, args: dict[str, Any]) -> Any:
+    return await store.update_importance(args.get("memory_id"), args.get("importance"))
+
+
+async def _compare(store: Store, args: dict[str, Any]) -> Any:
+    a = await _maybe_get(store, args.get("memory_id"), "memory_id")
+    b = await _maybe_get(store, args.get("other_id"), "other_id")
+    return {"a": a, "b": b, "hint": "Decide whether the first memory supersedes, conflicts "
+            "with, relates to or is compatible with the second, or whether they should be "
+            "merged; then call memory_judge with verdict supersedes | conflicts | related | "
+            "compatible | merged."}
+
+
+async def _judge(store: Store, args: dict[str, Any]) -> Any:
+    return await store.judge(args.get("memory_id"), args.get("target_id"), args.get("verdict"),
+                             args.get("reason"))
+
+
+async def _summary(store: Store, args: dict[str, Any]) -> Any:
+    return await store.session_summary(args)
+
+
+async def _get(store: Store, args: dict[str, Any]) -> Any:
+    return await store.get(args.get("memory_id"))
+
+
+async def _delete(store: Store, args: dict[str, Any]) -> Any:
+    hard = args.get("hard", False)
+    if not isinstance(hard, bool):
+        raise ValidationError("hard", "must be a boolean")
+    return await store.delete(args.get("memory_id"), hard=hard)
+
+
+async def _verify(store: Store, args: dict[str, Any]) -> Any:
+    """Related existing memories for a candidate, and what to do with it."""
+    content = required_str(args, "content", limit=256 * 1024)
+    realm = optional_str(args, "realm")
+    request: dict[str, Any] = {"query": content, "limit": 5, "expand_hops": 0}
+    if realm:
+        request["realms"] = [realm]
+    found = await store.recall(request)
+    related: list[dict[str, Any]] = [
+        {"id": m.id, "memory_type": m.memory_type, "content_preview": m.content_preview,
+                "similarity": None if m.distance is None else round(1.0 - m.distance, 4),
+                "score": round(m.score, 4)} for m in found.memories if not m.fallback]
+    best = max((r["similarity"] or 0.0 for r in related), default=0.0)
+    if best >= 0.92:
+        advice = "noop: an equivalent memory exists; update it instead of adding a copy"
+    elif best >= 0.6:
+        advice = ("update or supersede: a closely related memory exists; if the candidate "
+                  "replaces it, save the new one and call memory_judge with verdict supersedes")
+    else:
+        advice = "add: nothing closely related is stored"
+    return {"related": related, "recommendation": advice.split(":", 1)[0], "advice": advice}
+
+
+async def _note(store: Store, args: dict[str, Any]) -> Any:
+    """A typed node by stable name, merged on (type, normalised name)."""
+    kind = required_str(args, "type")
+    name = required_str(args, "name", limit=1000)
+    summary = required_str(args, "summary", limit=4000)
+    realm = optional_str(args, "realm")
+    saved = await store.save({
+        "content": f"{name}: {summary}", "title": name, "memory_type": "entity",
+        "tags": [f"kind:{kind}", *(args.get("tags") or [])], "realm": realm,
+        "topic_key": f"note/{slug(kind)}/{slug(name)}"})
+    links = []
+    edges = args.get("edges") or []
+    if not isinstance(edges, list):
+        raise ValidationError("edges", "must be a list of {to, type}")
+    for index, edge in enumerate(edges):
+        if not isinstance(edge, Mapping):
+            raise ValidationError(f"edges[{index}]", "must be an object {to, type, to_type?}")
+        target = required_str(edge, "to", label=f"edges[{index}].to")
+        target_kind = optional_str(edge, "to_type") or "concept"
+        stub = await store.save({
+            "content": f"{target}: (mentioned by {name})", "title": target,
+            "memory_type": "entity", "tags": [f"kind:{target_kind}"], "realm": realm,
+            "topic_key": f"note/{slug(target_kind)}/{slug(target)}"}) if not await _find_note(
+                store, target, realm) else {"node_id": await _find_note(store, target, realm)}
+        relation = optional_str(edge, "type", label=f"edges[{index}].type") or "RELATES_TO"
+        await store.link({"memory_id": saved["node_id"], "target_node_id": stub["node_id"],
+                          "relationship_type": relation.upper()})
+        links.append({"to": target, "type": relation.upper(), "node_id": stub["node_id"]})
+    return {**saved, "name": name, "type": kind, "edges": links}
+
+
+async def _find_note(store: Store, name: str, realm: str | None) -> str | None:
+    listed = await store.list_memories({"memory_type": "entity", "realm": realm, "limit": 500})
+    wanted = slug(name)
+    for row in listed["rows"]:
+        if slug(str(row.get("title") or "")) == wanted:
+            return str(row["id"])
+    return None
+
+
+async def _learning(store: Store, args: dict[str, Any]) -> Any:
+    content = required_str(args, "content", limit=4000)
+    return await store.save({"content": content, "memory_type": "learning", "importance": 0.6,
+                             "realm": args.get("realm"), "tags": args.get("tags")})
+
+
+async def _maybe_get(store: Store, memory_id: object, field: str) -> Any:
+    mid = normalise_memory_id(memory_id, field)
+    try:
+        return await store.get(mid)
+    except Exception as exc:  # a missing side is a null, as in the plane
+        if getattr(exc, "code", "") == "not_found":
+            return None
+        raise
+
+
+# ---------------------------------------------------------------------- the table
+
+TOOLS: dict[str, Tool] = {t.name: t for t in (
+    Tool("memory_search", "Search long-term memory with hybrid recall (keywords + meaning + "
+         "graph). Use before starting a task. Supports expand_hops (0-2), as_of (RFC 3339, "
+         "point-in-time) and include_invalidated.",
+         _obj({**RECALL_PROPS, "expand_hops": I, "as_of": S, "include_invalidated":
+               {"type": "boolean"}}, ("query",)), _search),
+    Tool("recall_memory", "Recall memories relevant to a query (1 graph hop, current facts only).",
+         _obj(RECALL_PROPS, ("query",)), _recall),
+    Tool("save_memory", "Save one durable memory: a fact, decision, preference, learning, "
+         "procedure, summary or entity. Text inside <private>…</private> is never stored. "
+         "Same realm + topic_key updates in place.", _obj(SAVE_PROPS, ("content",)), _save),
+    Tool("save_memories", "Save several memories at once; bad items are reported by index.",
+         _obj({"memories": {"type": "array", "items": {"type": "object"}}}, ("memories",)),
+         _save_many),
+    Tool("list_memories", "List memories newest first, with filters.",
+         _obj({"limit": I, "offset": I, "memory_type": S, "status": S, "realm": S,
+               "tags": SL}), _list),
+    Tool("link_memory_to_entity", "Link a memory to any node id (an entity, a repo, a file).",
+         _obj({"memory_id": S, "target_node_id": S, "relationship_type": S,
+               "target_namespace": S, "realm": S}, ("memory_id", "target_node_id")), _link),
+    Tool("ingest_entity", "Create or update an entity (service, repo, person, table…) by realm, "
+         "kind and name, with properties and links.",
+         _obj({"name": S, "kind": S, "properties": {"type": "object"}, "realm": S,
+               "links": {"type": "array", "items": {"type": "object"}}, "icon": S, "type": S},
+              ("name",)), _entity),
+    Tool("update_memory_status", "Set a memory's status: active, background or archived.",
+         _obj({"memory_id": S, "status": S}, ("memory_id", "status")), _status),
+    Tool("update_memory_importance", "Set a memory's importance (0-1).",
+         _obj({"memory_id": S, "importance": N}, ("memory_id", "importance")), _importance),
+    Tool("memory_compare", "Fetch two memories side by side to decide how they relate.",
+         _obj({"memory_id": S, "other_id": S}, ("memory_id", "other_id")), _compare),
+    Tool("memory_judge", "Record a verdict between two memories: supersedes (invalidates the "
+         "target), merged (archives it), or any relation such as conflicts/related.",
+         _obj({"memory_id": S, "target_id": S, "verdict": S, "reason": S},
+              ("memory_id", "target_id", "verdict")), _judge),
+    Tool("memory_session_summary", "Save a summary of this session for the next one.",
+         _obj({"goal": S, "instructions": S, "discoveries": S, "accomplished": S,
+               "next_steps": S, "files": SL, "realm": S}), _summary),
+    Tool("get_memory", "Get one memory with its edges.", _obj({"memory_id": S}, ("memory_id",)),
+         _get),
+    Tool("delete_memory", "Delete a memory (hard=true also purges its text; a tombstone stays "
+         "so other machines delete it too).", _obj({"memory_id": S, "hard": {"type": "boolean"}},
+                                                  ("memory_id",)), _delete),
+    Tool("verify_memory", "Before saving, find related existing memories and get advice: add, "
+         "update/supersede, or noop.", _obj({"content": S, "realm": S, "memory_type": S},
+                                           ("content",)), _verify),
+    Tool("memory_note", "Assert a typed node by a stable name with a one- or two-sentence "
+         "summary, tags and edges to other nodes by name; merged on type + name, never "
+         "duplicated.", _obj({"type": S, "name": S, "summary": S, "tags": SL, "realm": S,
+                              "edges": {"type": "array", "items": {"type": "object"}}},
+                             ("type", "name", "summary")), _note),
+    Tool("record_learning", "Record a one-line lesson for future sessions.",
+         _obj({"content": S, "realm": S, "tags": SL}, ("content",)), _learning),
+)}
+
+
+class Surfacer:
+    """Remembers, per conversation, what was surfaced, so it is repeated on later calls."""
+
+    def __init__(self) -> None:
+        self._seen: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+
+    async def call(self, store: Store, name: str, args: Mapping[str, Any]) -> Any:
+        tool = TOOLS.get(name)
+        if tool is None:
+            raise ValidationError("name", f"unknown tool {name[:80]!r}")
+        if not isinstance(args, Mapping):
+            raise ValidationError("arguments", "must be a JSON object")
+        params = dict(args)
+        conversation = params.pop("conversationId", None)
+        context = params.pop("memoryContext", None)
+        if conversation is not None and not isinstance(conversation, str):
+            raise ValidationError("conversationId", "must be a string")
+        if context is not None and not isinstance(context, str):
+            raise ValidationError("memoryContext", "must be a string")
+        conversation = conversation or f"conv-{uuid.uuid4()}"
+        result = await tool.handler(store, params)
+        hint = context or (params.get("query") if name in ("memory_search", "recall_memory")
+                           else None)
+        surfaced = await self._surface(store, conversation, hint)
+        if isinstance(result, dict):
+            result = {**result, "conversationId": conversation}
+            if surfaced:
+                result["relevant_memories"] = surfaced
+        return result
+
+    async def _surface(self, store: Store, conversation: str,
+                       hint: object) -> list[dict[str, Any]]:
+        known = self._seen.pop(conversation, [])
+        if isinstance(hint, str) and hint.strip():
+            found = await store.recall({"query": hint, "limit": 8, "expand_hops": 0})
+            fresh = [{"id": m.id, "subject": m.title or m.memory_type,
+                      "summary": m.content_preview.splitlines()[0][:160]}
+                     for m in found.memories if not m.fallback][:SURFACE_TOP]
+            ids = {m["id"] for m in known}
+            known = ([m for m in fresh if m["id"] not in ids] + known)[:SURFACE_TOP * 2]
+        self._seen[conversation] = known
+        while len(self._seen) > MAX_CONVERSATIONS:
+            self._seen.popitem(last=False)
+        return known

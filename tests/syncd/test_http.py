@@ -1,0 +1,233 @@
+"""The local API over a real socket: every route, the one error shape, and RELIABILITY L2–L7."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from syncd.tools import TOOLS
+from tests.syncd.conftest import TOKEN, Daemon
+
+
+async def test_health_needs_no_token_and_says_nothing(daemon: Daemon) -> None:
+    status, body, _ = await daemon.call("GET", "/healthz", headers={"X": "y"})
+    assert (status, body) == (200, {"ok": True})
+
+
+async def test_save_query_get_delete_round_trip(daemon: Daemon) -> None:
+    status, saved, _ = await daemon.call("POST", "/v1/agent/memory/tools/save_memory",
+                                         json={"content": "deploy with make release",
+                                               "realm": "p"})
+    assert status == 200 and isinstance(saved, dict) and saved["saved"] is True
+    assert saved["conversationId"].startswith("conv-")
+    status, found, _ = await daemon.call("POST", "/v1/agent/memory/query",
+                                         json={"query": "deploy release", "realms": ["p"]})
+    assert status == 200 and isinstance(found, dict)
+    assert set(found) >= {"memories", "linked", "context", "took_ms"}
+    assert found["memories"][0]["id"] == saved["node_id"]
+    assert found["context"].startswith("Relevant memories:\n- [fact] deploy with make release")
+    status, item, _ = await daemon.call("GET", f"/v1/agent/memory/items/{saved['id']}")
+    assert status == 200 and isinstance(item, dict) and item["content"].startswith("deploy")
+    status, gone, _ = await daemon.call("DELETE",
+                                        f"/v1/agent/memory/items/{saved['id']}?hard=true")
+    assert status == 200 and isinstance(gone, dict) and gone["hard"] is True
+    status, err, _ = await daemon.call("GET", f"/v1/agent/memory/items/{saved['id']}")
+    assert status == 404 and isinstance(err, dict) and err["error"]["code"] == "not_found"
+
+
+async def test_export_changes_import(daemon: Daemon) -> None:
+    await daemon.call("POST", "/v1/agent/memory/tools/save_memory",
+                      json={"content": "one", "realm": "a"})
+    status, body, _ = await daemon.call("GET", "/v1/agent/memory/export?realm=a")
+    assert status == 200 and isinstance(body, dict)
+    assert [n["content"] for n in body["memory_nodes"]] == ["one"]
+    assert "title" not in body["memory_nodes"][0]  # null keys omitted, as the plane does
+    status, empty, _ = await daemon.call("GET", "/v1/agent/memory/export?realm=")
+    assert isinstance(empty, dict) and empty["memory_nodes"] == []
+    status, ch, _ = await daemon.call("GET", "/v1/agent/memory/changes?since=")
+    assert status == 200 and isinstance(ch, dict) and len(ch["memory_nodes"]) == 1
+    status, later, _ = await daemon.call("GET", "/v1/agent/memory/changes",
+                                         params={"since": ch["until"]})
+    assert isinstance(later, dict) and later["memory_nodes"] == []
+    row = {"id": "memory:imported", "content": "from a file", "updated_at":
+           "2026-01-01T00:00:00Z", "embedding": [0.1] * 384}
+    status, res, _ = await daemon.call("POST", "/v1/agent/memory/import", json={
+        "memory_nodes": [row, {"id": "memory:bad"}], "memory_edges": []})
+    assert status == 200 and isinstance(res, dict)
+    assert res["applied_nodes"] == 1 and res["errors"] == ["nodes[1].updated_at: is required"]
+
+
+async def test_settings_get_and_patch(daemon: Daemon) -> None:
+    status, settings, _ = await daemon.call("GET", "/v1/agent/memory/settings")
+    assert status == 200 and isinstance(settings, dict) and settings["w_graph"] == 0.5
+    status, patched, _ = await daemon.call("PUT", "/v1/agent/memory/settings",
+                                           json={"w_graph": 0.7})
+    assert isinstance(patched, dict) and patched["w_graph"] == 0.7
+    assert patched["w_recency"] == 0.3  # a patch, not the plane's replace
+
+
+async def test_every_tool_is_a_route(daemon: Daemon) -> None:
+    status, listed, _ = await daemon.call("POST", "/v1/agent/memory/tools/list_memories",
+                                          json={})
+    assert status == 200 and isinstance(listed, dict) and "columns" in listed
+    for name in TOOLS:
+        status, body, _ = await daemon.call("POST", f"/v1/agent/memory/tools/{name}", json={
+            "memory_id": 5})
+        assert status in (200, 404, 422), (name, status, body)
+        if status != 200:
+            assert isinstance(body, dict) and set(body["error"]) <= {"code", "message", "field"}
+    status, body, _ = await daemon.call("POST", "/v1/agent/memory/tools/nope", json={})
+    assert status == 422 and isinstance(body, dict) and body["error"]["field"] == "name"
+
+
+async def test_metrics(daemon: Daemon) -> None:
+    await daemon.call("GET", "/v1/agent/memory/settings")
+    status, text, _ = await daemon.call("GET", "/metrics")
+    assert status == 200 and isinstance(text, str)
+    assert 'syncd_http_requests_total{route="/v1/agent/memory/settings",method="GET",' \
+           'status="200"} 1' in text
+    assert "syncd_outbox_depth 0" in text and "syncd_store_bytes" in text
+
+
+# ---------------------------------------------------------------------- L2–L7
+
+BAD_HOSTS = ["evil.test:{port}", "localhost.evil.com:{port}", "", "127.0.0.2:{port}"]
+GOOD_HOSTS = ["localhost:{port}", "127.0.0.1:{port}", "[::1]:{port}", "LOCALHOST"]
+
+
+@pytest.mark.parametrize("host", BAD_HOSTS)
+async def test_foreign_host_is_refused_before_any_handler(daemon: Daemon, host: str) -> None:
+    before = await daemon.store.dump()
+    status, body, _ = await daemon.call(
+        "POST", "/v1/agent/memory/tools/save_memory", json={"content": "x"},
+        headers=daemon.auth(Host=host.format(port=daemon.port)))
+    assert status == 421 and isinstance(body, dict)
+    assert body["error"]["code"] == "misdirected_host"
+    assert await daemon.store.dump() == before
+
+
+@pytest.mark.parametrize("host", GOOD_HOSTS)
+async def test_loopback_hosts_are_served(daemon: Daemon, host: str) -> None:
+    status, _, _ = await daemon.call("GET", "/v1/agent/memory/settings",
+                                     headers=daemon.auth(Host=host.format(port=daemon.port)))
+    assert status == 200
+
+
+@pytest.mark.parametrize("headers", [
+    {"Origin": "https://evil.test"}, {"Origin": "null"}, {"Origin": "http://localhost.evil.com"},
+    {"Sec-Fetch-Site": "cross-site"},
+])
+async def test_cross_site_requests_are_refused(daemon: Daemon, headers: dict[str, str]) -> None:
+    before = await daemon.store.dump()
+    status, body, _ = await daemon.call("POST", "/v1/agent/memory/tools/save_memory",
+                                        json={"content": "x"}, headers=daemon.auth(**headers))
+    assert status == 403 and isinstance(body, dict)
+    assert await daemon.store.dump() == before
+
+
+async def test_same_origin_is_served(daemon: Daemon) -> None:
+    status, _, _ = await daemon.call("GET", "/v1/agent/memory/settings", headers=daemon.auth(
+        Origin=f"http://127.0.0.1:{daemon.port}", **{"Sec-Fetch-Site": "same-origin"}))
+    assert status == 200
+
+
+async def test_writes_must_be_json(daemon: Daemon) -> None:
+    before = await daemon.store.dump()
+    status, body, _ = await daemon.call(
+        "POST", "/v1/agent/memory/tools/save_memory", data='{"content": "x"}',
+        headers=daemon.auth(**{"Content-Type": "text/plain"}))
+    assert status == 415 and isinstance(body, dict)
+    status, _, _ = await daemon.call(
+        "POST", "/v1/agent/memory/tools/save_memory", data="content=x",
+        headers=daemon.auth(**{"Content-Type": "application/x-www-form-urlencoded"}))
+    assert status == 415
+    assert await daemon.store.dump() == before
+
+
+async def test_no_cors_headers_anywhere(daemon: Daemon) -> None:
+    responses = [
+        await daemon.call("OPTIONS", "/v1/agent/memory/query", headers={
+            "Origin": "https://evil.test", "Access-Control-Request-Method": "POST"}),
+        await daemon.call("GET", "/healthz"),
+        await daemon.call("POST", "/v1/agent/memory/query", json={"query": "x"}),
+        await daemon.call("GET", "/nope"),
+    ]
+    for _, _, headers in responses:
+        assert not [h for h in headers if h.lower().startswith("access-control-")]
+
+
+@pytest.mark.parametrize(("headers", "params"), [
+    ({}, {}),
+    ({"Authorization": "Bearer wrong"}, {}),
+    ({"Authorization": f"bearer {TOKEN}"}, {}),
+    ({"Authorization": TOKEN}, {}),
+    ({}, {"token": TOKEN}),
+    ({"Authorization": f"Bearer {TOKEN}"}, {"access_token": TOKEN}),
+])
+async def test_token_required_in_the_header(daemon: Daemon, headers: dict[str, str],
+                                            params: dict[str, str]) -> None:
+    for path in ("/v1/agent/memory/settings", "/metrics", "/v1/agent/memory/export"):
+        status, body, resp_headers = await daemon.call("GET", path, headers=headers or {"X": "1"},
+                                                       params=params)
+        assert status == 401 and isinstance(body, dict)
+        assert body["error"]["code"] == "unauthorized"
+        assert resp_headers["WWW-Authenticate"].startswith("Bearer")
+
+
+async def test_oversized_body_is_413(daemon: Daemon) -> None:
+    before = await daemon.store.dump()
+    status, body, _ = await daemon.call("POST", "/v1/agent/memory/tools/save_memory",
+                                        json={"content": "x" * (128 * 1024)})
+    assert status == 413 and isinstance(body, dict) and body["error"]["code"] == "too_large"
+    assert await daemon.store.dump() == before
+
+
+BAD_INPUT: list[tuple[str, str, Any, int, str | None]] = [
+    ("POST", "/v1/agent/memory/query", "{not json", 400, None),
+    ("POST", "/v1/agent/memory/query", {"limit": 3}, 422, None),
+    ("POST", "/v1/agent/memory/query", {"query": "x", "limit": "ten"}, 422, "limit"),
+    ("POST", "/v1/agent/memory/query", {"query": "x", "as_of": "yesterday"}, 422, "as_of"),
+    ("POST", "/v1/agent/memory/query", [], 422, None),
+    ("POST", "/v1/agent/memory/import", {"memory_nodes": "x"}, 422, "memory_nodes"),
+    ("POST", "/v1/agent/memory/import", {"memory_nodes": [{"tags": ["a"]}]}, 422,
+     "memory_nodes[0].tags"),
+    ("PUT", "/v1/agent/memory/settings", {"w_graph": "high"}, 422, "w_graph"),
+    ("PUT", "/v1/agent/memory/settings", [1], 422, "body"),
+    ("POST", "/v1/agent/memory/tools/save_memory", {"content": 5}, 422, "content"),
+    ("POST", "/v1/agent/memory/tools/save_memory", {"content": "x", "tags": "a"}, 422, "tags"),
+    ("POST", "/v1/agent/memory/tools/save_memory", "", 400, None),
+    ("POST", "/v1/agent/memory/tools/update_memory_status",
+     {"memory_id": "memory:x", "status": "gone"}, 422, "status"),
+    ("POST", "/v1/agent/memory/tools/memory_judge", {"memory_id": "a", "target_id": "a",
+                                                     "verdict": "x"}, 422, "target_id"),
+    ("GET", "/v1/agent/memory/items/memory:missing", None, 404, None),
+    ("DELETE", "/v1/agent/memory/items/memory:missing", None, 404, None),
+    ("DELETE", "/v1/agent/memory/items/memory:x?hard=maybe", None, 422, "hard"),
+    ("GET", "/v1/agent/memory/changes?since=garbage", None, 422, "since"),
+    ("PATCH", "/v1/agent/memory/settings", {}, 405, None),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "status", "field"), BAD_INPUT)
+async def test_every_route_rejects_bad_input_in_one_shape_and_changes_nothing(
+        daemon: Daemon, method: str, path: str, body: Any, status: int,
+        field: str | None) -> None:
+    await daemon.call("POST", "/v1/agent/memory/tools/save_memory", json={"content": "seed"})
+    before = await daemon.store.dump()
+    kw: dict[str, Any] = {}
+    if isinstance(body, str):
+        kw["data"] = body
+        kw["headers"] = daemon.auth(**{"Content-Type": "application/json"})
+    elif body is not None:
+        kw["data"] = json.dumps(body)
+        kw["headers"] = daemon.auth(**{"Content-Type": "application/json"})
+    got, answer, _ = await daemon.call(method, path, **kw)
+    assert got == status, answer
+    assert isinstance(answer, dict) and set(answer) == {"error"}
+    assert set(answer["error"]) <= {"code", "message", "field"}
+    assert answer["error"]["code"] and answer["error"]["message"]
+    if field is not None:
+        assert answer["error"].get("field") == field
+    assert await daemon.store.dump() == before

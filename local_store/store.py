@@ -551,6 +551,18 @@ class Store:
         return {"memories": counts[0], "tombstones": counts[1], "edges": counts[2],
                 "outbox": counts[3]}
 
+    async def checkpoint(self) -> tuple[int, int, int]:
+        """``wal_checkpoint(TRUNCATE)`` on the writer thread: copy the WAL into the database and
+        truncate it when no reader still needs it. Returns SQLite's (busy, log, checkpointed)."""
+        if self._closed:
+            raise StoreClosedError("the store is closed")
+
+        def run() -> tuple[int, int, int]:
+            row = self._writer.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            return int(row[0]), int(row[1]), int(row[2])
+
+        return await asyncio.get_running_loop().run_in_executor(self._pool, run)
+
     async def disk_bytes(self) -> int:
         """Bytes on disk of the database and its WAL/shared-memory files."""
         def size() -> int:

@@ -16,6 +16,7 @@ from local_store import Store, StoreError, ValidationError
 from protocol.query import QueryRequest
 from protocol.rows import ChangesResponse, ExportBody, ImportRequest, ImportResult, RowError
 from protocol.timestamp import format_ns
+from syncd import __version__
 from syncd.http.errors import STORE_STATUS, HttpError, error_response
 from syncd.http.metrics import Metrics
 from syncd.http.security import guards
@@ -170,6 +171,15 @@ async def delete_item(request: web.Request) -> web.Response:
                                                   hard=hard in ("true", "1")))
 
 
+async def status(request: web.Request) -> web.Response:
+    store = request.app[STORE]
+    stats = await store.stats()
+    return _reply({"version": __version__, "data_dir": str(store.data_dir),
+                   "store_id": store.store_id, "replica_id": store.replica_id,
+                   "embedder": store.embedder.model_id, "indexed_vectors": len(store.index),
+                   **stats})
+
+
 async def healthz(request: web.Request) -> web.Response:
     return _reply({"ok": True})
 
@@ -202,6 +212,7 @@ ROUTES: list[tuple[str, str, Callable[[web.Request], Awaitable[web.Response]]]] 
     ("POST", "/v1/agent/memory/tools/{name}", tool),
     ("GET", "/v1/agent/memory/items/{id}", get_item),
     ("DELETE", "/v1/agent/memory/items/{id}", delete_item),
+    ("GET", "/v1/agent/status", status),
     ("GET", "/healthz", healthz),
     ("GET", "/metrics", metrics),
     ("POST", "/mcp/v1", mcp),

@@ -231,3 +231,11 @@ async def test_every_route_rejects_bad_input_in_one_shape_and_changes_nothing(
     if field is not None:
         assert answer["error"].get("field") == field
     assert await daemon.store.dump() == before
+
+
+async def test_status(daemon: Daemon) -> None:
+    await daemon.call("POST", "/v1/agent/memory/tools/save_memory", json={"content": "x"})
+    status, body, _ = await daemon.call("GET", "/v1/agent/status")
+    assert status == 200 and isinstance(body, dict)
+    assert body["memories"] == 1 and body["outbox"] == 1 and body["indexed_vectors"] == 1
+    assert body["store_id"] == daemon.store.store_id

@@ -1,32 +1,259 @@
-"""The ``syncd`` command line. Exit codes: 0 ok, 2 usage/config error, 75 temporary failure."""
+"""The ``syncd`` command line.
+
+Exit codes: 0 ok · 1 the request failed (the message says why) · 2 usage or configuration
+error · 75 temporary failure (daemon not running, data dir in use, port taken).
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
+import logging
+import sqlite3
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from syncd import __version__
+from syncd.client import Client, ClientError, DaemonDown
 
-EXIT_OK = 0
-EXIT_CONFIG = 2
-EXIT_TEMPFAIL = 75
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_TEMPFAIL = 0, 1, 2, 75
+IMPORT_BATCH_ROWS = 500
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="syncd", description="Local memory daemon for coding agents.")
+    parser = argparse.ArgumentParser(prog="syncd", description="Local memory daemon for coding "
+                                     "agents: a SQLite memory store served over HTTP and MCP.")
     parser.add_argument("--version", action="version", version=f"syncd {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="run the embedded demo (hub + two laptops on loopback)")
+    parser.add_argument("--config", type=Path, help="config file (default: the platform's)")
+    parser.add_argument("--data-dir", type=Path, help="data directory (overrides the config)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run the daemon in the foreground")
+    run.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:7777)")
+    run.add_argument("--allow-non-loopback", action="store_true",
+                     help="allow a non-loopback listen address (only behind your own auth)")
+
+    sub.add_parser("mcp", help="MCP over stdio, forwarding to the running daemon "
+                   "(what a coding agent launches)")
+    status = sub.add_parser("status", help="show the daemon's state")
+    status.add_argument("--json", action="store_true")
+
+    recall = sub.add_parser("recall", help="recall memories for a query (prints the context)")
+    recall.add_argument("query")
+    recall.add_argument("--realm", action="append", default=[])
+    recall.add_argument("--type", dest="memory_type")
+    recall.add_argument("--limit", type=int)
+    recall.add_argument("--json", action="store_true")
+
+    save = sub.add_parser("save", help="save a memory")
+    save.add_argument("content")
+    save.add_argument("--title")
+    save.add_argument("--type", dest="memory_type")
+    save.add_argument("--tag", action="append", default=[], dest="tags")
+    save.add_argument("--realm")
+    save.add_argument("--topic-key")
+    save.add_argument("--importance", type=float)
+
+    export = sub.add_parser("export", help="export memories as the plane's JSON")
+    export.add_argument("--realm")
+    export.add_argument("-o", "--output", type=Path, help="file (default: stdout)")
+
+    imp = sub.add_parser("import", help="import a JSON export ({memory_nodes, memory_edges})")
+    imp.add_argument("file", type=Path)
+
+    backup = sub.add_parser("backup", help="online backup of the store to DEST (safe while "
+                            "the daemon runs); the copy is integrity-checked")
+    backup.add_argument("dest", type=Path)
+
+    sub.add_parser("demo", help="run the embedded demo")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
+                        "%(message)s", stream=sys.stderr)
     if args.command == "demo":
         print("syncd demo: not yet — the demo arrives with the sync issue (hub + two laptops).")
         return EXIT_OK
-    return EXIT_CONFIG
+    try:
+        settings = _settings(args)
+    except ValueError as exc:
+        print(f"syncd: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.command == "run":
+        return _run(args, settings)
+    if args.command == "backup":
+        return _backup(settings["data_dir"], args.dest)
+    if args.command == "mcp":
+        return _mcp(settings["data_dir"], settings["url"])
+    try:
+        client = Client.for_data_dir(settings["data_dir"], settings["url"])
+        return COMMANDS[args.command](client, args)
+    except DaemonDown as exc:
+        print(f"syncd: {exc}", file=sys.stderr)
+        return EXIT_TEMPFAIL
+    except ClientError as exc:
+        print(f"syncd: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    """Config file + SYNCD_* env + flags → what the commands need."""
+    from syncd.config import ConfigError, load_config, parse_listen
+    try:
+        config = load_config(args.config)
+        listen = getattr(args, "listen", None) or config.daemon.listen
+        host, port = parse_listen(listen)
+    except (ConfigError, ValueError) as exc:
+        raise ValueError(str(exc)) from None
+    data_dir = args.data_dir.expanduser() if args.data_dir else Path(config.daemon.data_dir)
+    shown = f"[{host}]" if ":" in host else host
+    return {"config": config, "data_dir": data_dir, "host": host, "port": port,
+            "url": f"http://{shown}:{port}"}
+
+
+def _run(args: argparse.Namespace, settings: dict[str, Any]) -> int:
+    from syncd.daemon import Daemon, StartupError, make_embedder
+    config = settings["config"]
+    try:
+        embedder = make_embedder(config.embedding.model, config.embedding.cache_dir,
+                                 config.embedding.threads)
+        daemon = Daemon(
+            data_dir=settings["data_dir"], host=settings["host"], port=settings["port"],
+            embedder=embedder, unix_socket=config.daemon.unix_socket,
+            extra_hosts=tuple(config.daemon.allowed_hosts),
+            max_body=config.daemon.max_body_bytes,
+            plane_model=config.control_plane.embedding_model,
+            shutdown_timeout=config.daemon.shutdown_timeout_secs,
+            allow_non_loopback=args.allow_non_loopback or config.daemon.allow_non_loopback)
+        return asyncio.run(daemon.run(ready=lambda url: print(f"syncd: ready on {url}",
+                                                              file=sys.stderr, flush=True)))
+    except StartupError as exc:
+        print(f"syncd: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except Exception as exc:  # anything else at start-up is reported, not a traceback dump
+        logging.getLogger("syncd").exception("daemon failed")
+        print(f"syncd: {exc}", file=sys.stderr)
+        return EXIT_TEMPFAIL
+
+
+def _mcp(data_dir: Path, listen_url: str) -> int:
+    """Works before the daemon ever ran: requests then get a "start `syncd run`" error, and
+    the token file is re-read when it appears or rotates."""
+    from syncd.daemon import read_state
+    from syncd.mcp_stdio import run_stdio_bridge, token_from_file
+    from syncd.token import token_path
+    url = str((read_state(data_dir) or {}).get("url") or listen_url)
+    return asyncio.run(run_stdio_bridge(url, token_from_file(token_path(data_dir))))
+
+
+def _status(client: Client, args: argparse.Namespace) -> int:
+    status = client.call("GET", "/v1/agent/status")
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return EXIT_OK
+    print(f"syncd {status['version']} at {client.url}")
+    for key in ("data_dir", "store_id", "replica_id", "embedder", "memories", "tombstones",
+                "edges", "outbox", "indexed_vectors"):
+        print(f"  {key:16} {status.get(key)}")
+    return EXIT_OK
+
+
+def _recall(client: Client, args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"query": args.query, "realms": args.realm}
+    if args.memory_type:
+        body["memory_type"] = args.memory_type
+    if args.limit is not None:
+        body["limit"] = args.limit
+    result = client.call("POST", "/v1/agent/memory/query", body)
+    print(json.dumps(result, indent=2) if args.json else result["context"], end="" if
+          not args.json and result["context"] else "\n")
+    return EXIT_OK
+
+
+def _save(client: Client, args: argparse.Namespace) -> int:
+    body = {"content": args.content, "title": args.title, "memory_type": args.memory_type,
+            "tags": args.tags, "realm": args.realm, "topic_key": args.topic_key,
+            "importance": args.importance}
+    result = client.call("POST", "/v1/agent/memory/tools/save_memory",
+                         {k: v for k, v in body.items() if v is not None})
+    verb = "updated" if result.get("upserted") else "exists" if result.get("deduped") else "saved"
+    print(f"{verb} {result['node_id']}")
+    return EXIT_OK
+
+
+def _export(client: Client, args: argparse.Namespace) -> int:
+    path = "/v1/agent/memory/export" + (f"?realm={args.realm}" if args.realm is not None else "")
+    body = client.call("GET", path)
+    text = json.dumps(body, ensure_ascii=False)
+    if args.output:
+        args.output.write_text(text, encoding="utf-8")
+        print(f"exported {len(body['memory_nodes'])} memories and {len(body['memory_edges'])} "
+              f"edges to {args.output}", file=sys.stderr)
+    else:
+        print(text)
+    return EXIT_OK
+
+
+def _import(client: Client, args: argparse.Namespace) -> int:
+    try:
+        data = json.loads(args.file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        print(f"syncd: cannot read {args.file}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if not isinstance(data, dict):
+        print(f"syncd: {args.file}: expected an object with memory_nodes and memory_edges",
+              file=sys.stderr)
+        return EXIT_FAILED
+    nodes, edges = data.get("memory_nodes") or [], data.get("memory_edges") or []
+    applied, errors = [0, 0], []
+    for start in range(0, max(len(nodes), len(edges), 1), IMPORT_BATCH_ROWS):
+        result = client.call("POST", "/v1/agent/memory/import", {
+            "memory_nodes": nodes[start:start + IMPORT_BATCH_ROWS],
+            "memory_edges": edges[start:start + IMPORT_BATCH_ROWS]})
+        applied[0] += result["applied_nodes"]
+        applied[1] += result["applied_edges"]
+        errors += [f"rows {start}+: {e}" for e in result["errors"]]
+        print(f"imported {min(start + IMPORT_BATCH_ROWS, max(len(nodes), len(edges)))} / "
+              f"{max(len(nodes), len(edges))} rows", file=sys.stderr)
+    print(f"applied {applied[0]} memories and {applied[1]} edges; {len(errors)} rows refused")
+    for error in errors[:20]:
+        print(f"  {error}", file=sys.stderr)
+    return EXIT_OK if not errors else EXIT_FAILED
+
+
+def _backup(data_dir: Path, dest: Path) -> int:
+    """SQLite's online backup API from a read connection: consistent while the daemon writes."""
+    source_path = data_dir / "memory.db"
+    if not source_path.exists():
+        print(f"syncd: no store at {source_path}", file=sys.stderr)
+        return EXIT_FAILED
+    if dest.exists():
+        print(f"syncd: {dest} exists; choose a new file", file=sys.stderr)
+        return EXIT_FAILED
+    source = sqlite3.connect(f"file:{source_path}?mode=ro", uri=True)
+    target = sqlite3.connect(dest)
+    try:
+        source.execute("PRAGMA busy_timeout = 10000")
+        source.backup(target, pages=1024)
+        verdict = target.execute("PRAGMA integrity_check").fetchone()[0]
+        count = target.execute("SELECT count(*) FROM memories WHERE deleted = 0").fetchone()[0]
+    finally:
+        target.close()
+        source.close()
+    if verdict != "ok":
+        print(f"syncd: backup at {dest} failed its integrity check: {verdict}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"backed up {count} memories to {dest} (integrity_check: ok)")
+    return EXIT_OK
+
+
+COMMANDS = {"status": _status, "recall": _recall, "save": _save, "export": _export,
+            "import": _import}
 
 
 if __name__ == "__main__":

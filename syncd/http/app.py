@@ -20,6 +20,7 @@ from syncd import __version__
 from syncd.http.errors import STORE_STATUS, HttpError, error_response
 from syncd.http.metrics import Metrics
 from syncd.http.security import guards
+from syncd.mcp import McpServer
 from syncd.tools import Surfacer
 
 STORE = web.AppKey("store", Store)
@@ -36,16 +37,20 @@ _encoder = msgspec.json.Encoder()
 
 def create_app(store: Store, *, token: str, extra_hosts: tuple[str, ...] = (),
                max_body: int = DEFAULT_MAX_BODY, plane_model: str = "bge-small-en-v1.5",
-               mcp: Any = None) -> web.Application:
+               mcp: Any = True) -> web.Application:
+    """``mcp=True`` serves ``/mcp/v1`` with the same tool surfacer as the tool routes (so a
+    conversation's surfaced memories are shared); pass a server to use it, False for none."""
     metrics = Metrics()
     app = web.Application(client_max_size=max_body, middlewares=[
         metrics.middleware(), _errors, guards(token, extra_hosts)])
     app[STORE], app[SURFACER], app[METRICS], app[PLANE_MODEL] = store, Surfacer(), metrics, \
         plane_model
-    if mcp is not None:
+    if mcp is True:
+        mcp = McpServer(store, app[SURFACER])
+    if mcp:
         app[MCP] = mcp
     for method, path, handler in ROUTES:
-        if path == "/mcp/v1" and mcp is None:
+        if path == "/mcp/v1" and not mcp:
             continue
         app.router.add_route(method, path, handler)
     return app

@@ -1,0 +1,204 @@
+"""``syncd run``: the daemon's lifecycle, explicit and in order.
+
+    open store → token → bind → ready → serve → (SIGTERM/SIGINT) → drain → close
+
+Rules:
+  * Nothing is served before the store is open and the socket is bound; ``ready`` fires after.
+  * On a stop signal the listener closes first, in-flight requests get ``shutdown_timeout`` to
+    finish (aiohttp's runner drains them), then the store closes (its last commit is durable).
+  * Exit codes: 0 clean stop, 2 configuration error (a restart will not help), 75 temporary
+    failure (data dir in use, port taken — a restart may help).
+  * Background work (model warm-up, re-embedding) is held by reference and cancelled on stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from local_store import HashingEmbedder, Store, StoreLockedError
+from local_store.embed import Embedder
+from syncd.http import create_app
+from syncd.token import ensure_token
+
+EXIT_OK, EXIT_CONFIG, EXIT_TEMPFAIL = 0, 2, 75
+STATE_FILENAME = "daemon.json"
+CHECKPOINT_SECS = 300  # truncate the WAL every 5 minutes (a long reader may have grown it)
+log = logging.getLogger("syncd.daemon")
+
+
+class StartupError(Exception):
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def make_embedder(model: str, cache_dir: Path | None = None,
+                  threads: int | None = None) -> Embedder:
+    if model == "hashing":
+        return HashingEmbedder()
+    if model == "all-MiniLM-L6-v2":
+        from local_store.embed_minilm import MiniLMEmbedder
+        return MiniLMEmbedder(intra_op_threads=threads)
+    if model == "bge-small-en-v1.5":
+        from local_store.embed_minilm import FastEmbedBGE
+        if cache_dir is None:
+            raise StartupError("embedding.cache_dir must name the directory holding the "
+                               "bge-small-en-v1.5 files", EXIT_CONFIG)
+        return FastEmbedBGE(cache_dir, threads=threads)
+    raise StartupError(f"embedding.model = {model!r}: unknown model", EXIT_CONFIG)
+
+
+def check_bind(host: str, allow_non_loopback: bool) -> None:
+    """L1: loopback only unless explicitly allowed."""
+    if host == "localhost":
+        return
+    try:
+        loopback = ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback and not allow_non_loopback:
+        raise StartupError(
+            f"daemon.listen host {host!r} is not a loopback address; the local API must not be "
+            "reachable from the network. Set daemon.allow_non_loopback = true (or pass "
+            "--allow-non-loopback) only behind your own authentication.", EXIT_CONFIG)
+
+
+def state_path(data_dir: Path) -> Path:
+    return data_dir / STATE_FILENAME
+
+
+def read_state(data_dir: Path) -> dict[str, Any] | None:
+    try:
+        state = json.loads(state_path(data_dir).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+class Daemon:
+    def __init__(self, *, data_dir: Path, host: str, port: int, embedder: Embedder,
+                 unix_socket: Path | None = None, extra_hosts: tuple[str, ...] = (),
+                 max_body: int = 4 * 1024 * 1024, plane_model: str = "bge-small-en-v1.5",
+                 shutdown_timeout: float = 10.0, allow_non_loopback: bool = False) -> None:
+        self.data_dir, self.host, self.port = data_dir, host, port
+        self.embedder, self.unix_socket = embedder, unix_socket
+        self.extra_hosts, self.max_body, self.plane_model = extra_hosts, max_body, plane_model
+        self.shutdown_timeout, self.allow_non_loopback = shutdown_timeout, allow_non_loopback
+        self.url = ""
+        self._stop = asyncio.Event()
+        self._background: set[asyncio.Task[Any]] = set()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self, ready: Callable[[str], None] | None = None) -> int:
+        check_bind(self.host, self.allow_non_loopback)
+        try:
+            store = await Store.open(self.data_dir, embedder=self.embedder)
+        except StoreLockedError as exc:
+            raise StartupError(str(exc), EXIT_TEMPFAIL) from None
+        runner: web.AppRunner | None = None
+        try:
+            token = await asyncio.get_running_loop().run_in_executor(
+                None, ensure_token, self.data_dir)
+            app = create_app(store, token=token, extra_hosts=self.extra_hosts,
+                             max_body=self.max_body, plane_model=self.plane_model)
+            runner = web.AppRunner(app, shutdown_timeout=self.shutdown_timeout,
+                                   access_log=None, handle_signals=False)
+            await runner.setup()
+            await self._bind(runner)
+            await self._write_state()
+            self._start_background(store)
+            log.info("syncd serving %s (data dir %s)", self.url, self.data_dir)
+            if ready is not None:
+                ready(self.url)
+            await self._wait_for_stop()
+            log.info("stopping: draining requests (up to %.0f s)", self.shutdown_timeout)
+            return EXIT_OK
+        finally:
+            for task in self._background:
+                task.cancel()
+            await asyncio.gather(*self._background, return_exceptions=True)
+            if runner is not None:
+                await runner.cleanup()
+            with contextlib.suppress(OSError):
+                await asyncio.get_running_loop().run_in_executor(
+                    None, state_path(self.data_dir).unlink)
+            await store.close()
+
+    async def _bind(self, runner: web.AppRunner) -> None:
+        try:
+            site = web.TCPSite(runner, self.host.strip("[]"), self.port,
+                               shutdown_timeout=self.shutdown_timeout)
+            await site.start()
+            if self.unix_socket is not None:
+                await web.UnixSite(runner, str(self.unix_socket)).start()
+        except OSError as exc:
+            raise StartupError(f"cannot listen on {self.host}:{self.port}: {exc.strerror}",
+                               EXIT_TEMPFAIL) from None
+        port = runner.addresses[0][1]
+        host = f"[{self.host.strip('[]')}]" if ":" in self.host.strip("[]") else self.host
+        self.url = f"http://{host}:{port}"
+
+    async def _write_state(self) -> None:
+        state = {"pid": os.getpid(), "url": self.url}
+
+        def write() -> None:
+            path = state_path(self.data_dir)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                json.dump(state, handle)
+
+        await asyncio.get_running_loop().run_in_executor(None, write)
+
+    def _start_background(self, store: Store) -> None:
+        async def warm_and_reembed() -> None:
+            try:
+                await store.recall({"query": "warm up", "limit": 1})
+                count = await store.reembed_missing()
+                if count:
+                    log.info("re-embedded %d memories with %s", count, store.embedder.model_id)
+            except Exception:  # background work must never take the daemon down
+                log.exception("background warm-up failed")
+
+        async def checkpoint_periodically() -> None:
+            while True:
+                await asyncio.sleep(CHECKPOINT_SECS)
+                try:
+                    await store.checkpoint()
+                except Exception:
+                    log.exception("WAL checkpoint failed")
+
+        for name, work in (("warm-up", warm_and_reembed()),
+                           ("checkpoint", checkpoint_periodically())):
+            task = asyncio.create_task(work, name=name)
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _wait_for_stop(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, self.stop)
+        try:
+            await self._stop.wait()
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                with contextlib.suppress(NotImplementedError):
+                    loop.remove_signal_handler(sig)
+
+
+def report(message: str) -> None:
+    print(f"syncd: {message}", file=sys.stderr, flush=True)

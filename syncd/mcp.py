@@ -1,0 +1,220 @@
+"""The MCP server: JSON-RPC 2.0 over any transport (``POST /mcp/v1``, or stdio through the bridge).
+
+``McpServer.handle`` takes one decoded JSON value (a request object or a batch list) and returns
+the value to send back, or ``None`` when there is nothing to send (only notifications).
+
+Rules:
+  * A request (a message with an ``id``) always gets exactly one response; a notification (no
+    ``id``) never gets one. A malformed message gets an ``Invalid Request`` error with id null.
+  * Tool failures the agent caused (bad arguments, unknown ids) are tool *results* with
+    ``isError: true`` and the one error shape ``{"error": {"code", "message", "field"}}`` as
+    text, so the agent reads them; an unknown tool name is a JSON-RPC -32602.
+  * Argument values are never logged: they may hold text meant to stay private.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, Final
+
+import msgspec
+
+import syncd
+from local_store import Store, StoreError, ValidationError
+from syncd.tools import TOOLS, Surfacer
+
+log = logging.getLogger(__name__)
+
+JSONRPC: Final = "2.0"
+PARSE_ERROR: Final = -32700
+INVALID_REQUEST: Final = -32600
+METHOD_NOT_FOUND: Final = -32601
+INVALID_PARAMS: Final = -32602
+INTERNAL_ERROR: Final = -32603
+
+# Newest first; an ``initialize`` asking for one of these gets it echoed, anything else the first.
+SUPPORTED_PROTOCOL_VERSIONS: Final = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
+LATEST_PROTOCOL_VERSION: Final = SUPPORTED_PROTOCOL_VERSIONS[0]
+
+INSTRUCTIONS: Final = (
+    "syncd is your long-term memory across sessions and machines. "
+    "At the start of every task, call memory_search (or recall_memory) with the task in a few "
+    "words, and pass memoryContext (the current task, entities, constraints) on later calls so "
+    "relevant memories keep surfacing; pass back the conversationId you are given. "
+    "Save what a future session should know: decisions and why (save_memory, memory_type "
+    "'decision'), learnings and gotchas (record_learning), preferences, procedures; use "
+    "topic_key to update a memory in place instead of adding a copy, and verify_memory before "
+    "saving when unsure whether it is already known. End a long session with "
+    "memory_session_summary. Never store secrets (tokens, passwords, keys, personal data) "
+    "except inside <private>…</private>, which is redacted before anything is written."
+)
+
+_READ_ONLY: Final = frozenset({"memory_search", "recall_memory", "list_memories", "get_memory",
+                               "memory_compare", "verify_memory"})
+_DESTRUCTIVE: Final = frozenset({"delete_memory", "memory_judge", "update_memory_status"})
+_IDEMPOTENT: Final = frozenset({"update_memory_status", "update_memory_importance",
+                                "ingest_entity", "memory_note", "delete_memory"})
+
+
+class _ProtocolError(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def error_response(request_id: object, code: int, message: str) -> dict[str, Any]:
+    """A JSON-RPC error response."""
+    return {"jsonrpc": JSONRPC, "id": request_id, "error": {"code": code, "message": message}}
+
+
+def _tool_entry(name: str) -> dict[str, Any]:
+    tool = TOOLS[name]
+    return {
+        "name": tool.name,
+        "description": tool.description,
+        "inputSchema": tool.schema,
+        "annotations": {
+            "readOnlyHint": name in _READ_ONLY,
+            "destructiveHint": name in _DESTRUCTIVE,
+            "idempotentHint": name in _READ_ONLY or name in _IDEMPOTENT,
+            "openWorldHint": False,
+        },
+    }
+
+
+def _tool_error(code: str, message: str, field: str | None) -> dict[str, Any]:
+    body = {"error": {"code": code, "message": message, "field": field}}
+    return {"content": [{"type": "text", "text": msgspec.json.encode(body).decode()}],
+            "structuredContent": body, "isError": True}
+
+
+def _valid_id(value: object) -> bool:
+    return value is None or isinstance(value, str) or (
+        isinstance(value, int | float) and not isinstance(value, bool))
+
+
+class McpServer:
+    """Stateless JSON-RPC dispatcher over the tool table; the ``Surfacer`` holds conversations."""
+
+    def __init__(self, store: Store, surfacer: Surfacer, *, server_name: str = "syncd",
+                 version: str = syncd.__version__) -> None:
+        self.store = store
+        self.surfacer = surfacer
+        self.server_name = server_name
+        self.version = version
+        self._tools_list = {"tools": [_tool_entry(name) for name in TOOLS]}
+
+    async def handle(self, payload: object) -> object | None:
+        """Answer one decoded JSON-RPC message or batch; ``None`` means send nothing."""
+        if isinstance(payload, list):
+            if not payload:
+                return error_response(None, INVALID_REQUEST, "Invalid Request: empty batch")
+            answers = [await self._handle_one(message) for message in payload]
+            replies = [a for a in answers if a is not None]
+            return replies or None
+        return await self._handle_one(payload)
+
+    async def handle_bytes(self, body: bytes) -> bytes | None:
+        """``handle`` on a raw body: a body that is not JSON gets a -32700 Parse error."""
+        try:
+            payload = msgspec.json.decode(body)
+        except msgspec.DecodeError:
+            answer: object | None = error_response(None, PARSE_ERROR, "Parse error: not JSON")
+        else:
+            answer = await self.handle(payload)
+        return None if answer is None else msgspec.json.encode(answer)
+
+    # ------------------------------------------------------------------ dispatch
+
+    async def _handle_one(self, message: object) -> dict[str, Any] | None:
+        if not isinstance(message, dict):
+            return error_response(None, INVALID_REQUEST,
+                                  "Invalid Request: a message must be a JSON object")
+        if "method" not in message and ("result" in message or "error" in message):
+            return None  # a response to a server request; this server sends none, so ignore it
+        has_id = "id" in message
+        request_id = message.get("id")
+        if has_id and not _valid_id(request_id):
+            return error_response(None, INVALID_REQUEST,
+                                  "Invalid Request: id must be a string, a number or null")
+        reply_id = request_id if has_id else None
+        if message.get("jsonrpc") != JSONRPC:
+            return error_response(reply_id, INVALID_REQUEST,
+                                  'Invalid Request: "jsonrpc" must be "2.0"')
+        method = message.get("method")
+        if not isinstance(method, str) or not method:
+            return error_response(reply_id, INVALID_REQUEST,
+                                  'Invalid Request: "method" must be a non-empty string')
+        params = message.get("params")
+        try:
+            if params is not None and not isinstance(params, dict):
+                raise _ProtocolError(INVALID_PARAMS, "Invalid params: params must be an object")
+            result = await self._dispatch(method, params or {}, notification=not has_id)
+        except _ProtocolError as exc:
+            return error_response(request_id, exc.code, exc.message) if has_id else None
+        except Exception:
+            log.exception("MCP method %s failed", method[:80])
+            return error_response(request_id, INTERNAL_ERROR,
+                                  "Internal error") if has_id else None
+        if not has_id:
+            return None
+        return {"jsonrpc": JSONRPC, "id": request_id, "result": result}
+
+    async def _dispatch(self, method: str, params: dict[str, Any], *,
+                        notification: bool) -> dict[str, Any]:
+        if method == "tools/call":
+            return await self._call_tool(params)
+        if method == "tools/list":
+            return self._tools_list
+        if method == "initialize":
+            return self._initialize(params)
+        if method == "ping":
+            return {}
+        if notification and method.startswith("notifications/"):
+            return {}  # initialized, cancelled, roots/list_changed…: nothing to do
+        raise _ProtocolError(METHOD_NOT_FOUND, f"Method not found: {method[:80]}")
+
+    def _initialize(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        asked = params.get("protocolVersion")
+        version = asked if asked in SUPPORTED_PROTOCOL_VERSIONS else LATEST_PROTOCOL_VERSION
+        return {
+            "protocolVersion": version,
+            "capabilities": {"tools": {"listChanged": False}},
+            "serverInfo": {"name": self.server_name, "version": self.version},
+            "instructions": INSTRUCTIONS,
+        }
+
+    async def _call_tool(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        name = params.get("name")
+        if not isinstance(name, str):
+            raise _ProtocolError(INVALID_PARAMS, 'Invalid params: "name" must be a string')
+        if name not in TOOLS:
+            raise _ProtocolError(INVALID_PARAMS, f"Unknown tool: {name[:80]!r}; "
+                                 "call tools/list for the tool names")
+        arguments = params.get("arguments")
+        if arguments is None:
+            arguments = {}
+        if not isinstance(arguments, dict):
+            return _tool_error("invalid", "must be a JSON object", "arguments")
+        try:
+            result = await self.surfacer.call(self.store, name, arguments)
+        except ValidationError as exc:
+            return _tool_error(exc.code, exc.message, exc.field)
+        except StoreError as exc:  # not found, store closed…
+            return _tool_error(exc.code, exc.message, getattr(exc, "field", None))
+        except Exception as exc:
+            # Keys only: the values may carry private text.
+            log.exception("tool %s failed (argument keys: %s)", name,
+                          ", ".join(sorted(str(k)[:40] for k in arguments)[:20]))
+            return _tool_error("internal", f"internal error in {name} "
+                               f"({type(exc).__name__}); see the daemon log", None)
+        value = msgspec.to_builtins(result)
+        out: dict[str, Any] = {
+            "content": [{"type": "text", "text": msgspec.json.encode(value).decode()}],
+            "isError": False,
+        }
+        if isinstance(value, dict):
+            out["structuredContent"] = value
+        return out

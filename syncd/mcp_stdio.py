@@ -1,0 +1,277 @@
+"""``syncd mcp``: the MCP stdio bridge a coding agent launches; it forwards to the running daemon.
+
+Each newline-delimited JSON-RPC message read from stdin is POSTed to ``{url}/mcp/v1`` (bearer
+token, one reused connection, in order); each answer is written to stdout as one line of JSON.
+
+Rules:
+  * stdout carries JSON-RPC messages and nothing else; diagnostics go to stderr.
+  * It never crashes on what it reads or on the daemon: when the daemon is down or refuses, each
+    request (a message with an ``id``) gets a -32000 error naming the cause and the fix, and the
+    bridge keeps going. Notifications get no answer, ever.
+  * Exit 0 at stdin EOF.
+  * It imports neither the store nor the tool table: an agent starts it often, so it starts fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import json
+import logging
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import IO, Final, Protocol
+
+import aiohttp
+
+log = logging.getLogger("syncd.mcp_stdio")
+
+DEFAULT_URL: Final = "http://127.0.0.1:7777"
+DEFAULT_TIMEOUT: Final = 120.0
+CONNECT_TIMEOUT: Final = 5.0
+MCP_PATH: Final = "/mcp/v1"
+DAEMON_ERROR: Final = -32000
+PARSE_ERROR: Final = -32700
+INVALID_REQUEST: Final = -32600
+_READ_AHEAD: Final = 64
+
+
+
+class TokenSource(Protocol):
+    """Gives the API token (``None``: none yet); ``refresh`` re-reads it after a refusal."""
+
+    def __call__(self, *, refresh: bool = False) -> str | None: ...
+
+
+class _DaemonError(Exception):
+    """The daemon could not answer; ``message`` is what the agent is told."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def not_running_message(url: str) -> str:
+    return f"syncd daemon is not running at {url} — start it with `syncd run`"
+
+
+def token_from_file(path: str | os.PathLike[str]) -> TokenSource:
+    """A token source that reads ``path`` until it succeeds (the daemon writes it on first start),
+    and again after the daemon refuses it (the token may have been rotated)."""
+    cache: list[str] = []
+
+    def read(*, refresh: bool = False) -> str | None:
+        if cache and not refresh:
+            return cache[0]
+        try:
+            token = Path(path).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            log.warning("cannot read the token file %s: %s", path, exc.strerror or exc)
+            return cache[0] if cache else None
+        cache[:] = [token] if token else []
+        return token or None
+
+    return read
+
+
+def _request_ids(payload: object) -> list[object]:
+    """The ids of the requests in a message or batch (notifications have none)."""
+    messages = payload if isinstance(payload, list) else [payload]
+    return [m.get("id") for m in messages if isinstance(m, dict) and "id" in m
+            and "method" in m]
+
+
+def _errors_for(payload: object, code: int, message: str) -> object | None:
+    """Error answers for every request in ``payload``; ``None`` if it holds only notifications."""
+    errors = [{"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
+              for request_id in _request_ids(payload)]
+    if not errors:
+        return None
+    return errors if isinstance(payload, list) else errors[0]
+
+
+def _encode_line(value: object) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+
+
+class _Bridge:
+    def __init__(self, url: str, token: TokenSource, session: aiohttp.ClientSession) -> None:
+        self.base = url.rstrip("/")
+        self.endpoint = self.base + MCP_PATH
+        self.token = token
+        self.session = session
+
+    async def forward(self, line: bytes) -> object | None:
+        """The answer to one stdin line (``None``: nothing to write)."""
+        try:
+            payload = json.loads(line)
+        except ValueError:  # includes UnicodeDecodeError
+            return {"jsonrpc": "2.0", "id": None,
+                    "error": {"code": PARSE_ERROR, "message": "Parse error: not JSON"}}
+        if payload == []:
+            return {"jsonrpc": "2.0", "id": None,
+                    "error": {"code": INVALID_REQUEST, "message": "Invalid Request: empty batch"}}
+        try:
+            return await self._post(line, payload)
+        except _DaemonError as exc:
+            log.warning("%s", exc.message)
+            return _errors_for(payload, DAEMON_ERROR, exc.message)
+
+    async def _post(self, body: bytes, payload: object) -> object | None:
+        token = await asyncio.to_thread(self.token)  # a file read: off the loop
+        if token is None:
+            raise _DaemonError(f"syncd has no API token yet (no readable token file) — start "
+                               f"the daemon with `syncd run`; it creates the token "
+                               f"(daemon URL {self.base})")
+        status, text = await self._send(body, token)
+        if status == 401:
+            fresh = await asyncio.to_thread(self.token, refresh=True)
+            if fresh and fresh != token:
+                status, text = await self._send(body, fresh)
+        if status in (202, 204) or (200 <= status < 300 and not text.strip()):
+            return None
+        if 200 <= status < 300:
+            try:
+                answer: object = json.loads(text)
+            except ValueError:
+                raise _DaemonError(f"syncd daemon at {self.base} sent a reply that is not "
+                                   "JSON") from None
+            return answer
+        raise _DaemonError(self._refusal(status, text))
+
+    async def _send(self, body: bytes, token: str) -> tuple[int, str]:
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json",
+                   "Accept": "application/json"}
+        for attempt in (1, 2):
+            try:
+                async with self.session.post(self.endpoint, data=body, headers=headers) as resp:
+                    return resp.status, await resp.text(errors="replace")
+            except aiohttp.ServerDisconnectedError:
+                # A kept-alive connection the daemon closed (it restarted): retry once, fresh.
+                if attempt == 2:
+                    raise _DaemonError(f"syncd daemon at {self.base} closed the connection "
+                                       "without answering") from None
+            except aiohttp.ConnectionTimeoutError:
+                raise _DaemonError(not_running_message(self.base)) from None
+            except TimeoutError:
+                raise _DaemonError(f"syncd daemon at {self.base} did not answer in time"
+                                   ) from None
+            except (aiohttp.ClientConnectionError, OSError):
+                raise _DaemonError(not_running_message(self.base)) from None
+        raise AssertionError("unreachable")
+
+    def _refusal(self, status: int, text: str) -> str:
+        detail = text.strip()[:300]
+        try:
+            body = json.loads(text)
+            if isinstance(body, dict) and isinstance(body.get("error"), dict):
+                detail = str(body["error"].get("message") or detail)[:300]
+        except ValueError:
+            pass
+        if status in (401, 403):
+            return (f"syncd daemon at {self.base} refused the API token (HTTP {status}: "
+                    f"{detail}) — check the token file")
+        return f"syncd daemon at {self.base} answered HTTP {status}: {detail}"
+
+
+def _pump(source: IO[bytes], queue: asyncio.Queue[bytes | None],
+          loop: asyncio.AbstractEventLoop) -> None:
+    """Reader thread: stdin lines into ``queue`` (bounded), then ``None`` at EOF."""
+    try:
+        while True:
+            try:
+                line = source.readline()
+            except (OSError, ValueError) as exc:
+                log.warning("reading stdin failed: %s", exc)
+                line = b""
+            if isinstance(line, str):  # a text stream was given
+                line = line.encode("utf-8")
+            item = line or None
+            asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
+            if item is None:
+                return
+    except (RuntimeError, concurrent.futures.CancelledError):
+        return  # the loop is gone: the bridge has stopped
+
+
+async def run_stdio_bridge(url: str, token: str | TokenSource, *, stdin: IO[bytes] | None = None,
+                           stdout: IO[bytes] | None = None,
+                           request_timeout: float = DEFAULT_TIMEOUT) -> int:
+    """Forward newline-delimited JSON-RPC from ``stdin`` to the daemon at ``url``; answers to
+    ``stdout``. Returns the exit code (0 at stdin EOF)."""
+    source = stdin if stdin is not None else sys.stdin.buffer
+    sink = stdout if stdout is not None else sys.stdout.buffer
+    tokens = _fixed(token) if isinstance(token, str) else token
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=_READ_AHEAD)
+    # A daemon thread, not the executor: a read blocked on a silent stdin must not hold up exit.
+    threading.Thread(target=_pump, args=(source, queue, loop), name="syncd-mcp-stdin",
+                     daemon=True).start()
+    client_timeout = aiohttp.ClientTimeout(total=request_timeout, sock_connect=CONNECT_TIMEOUT)
+    connector = aiohttp.TCPConnector(limit=1)
+    async with aiohttp.ClientSession(timeout=client_timeout, connector=connector) as session:
+        bridge = _Bridge(url, tokens, session)
+        while (line := await queue.get()) is not None:
+            if not line.strip():
+                continue
+            try:
+                answer = await bridge.forward(line)
+            except Exception:  # never crash: a bug here costs one message, not the session
+                log.exception("forwarding a message failed")
+                answer = _errors_for(_safe_json(line), DAEMON_ERROR,
+                                     "syncd mcp bridge failed on this message; see its stderr")
+            if answer is None:
+                continue
+            try:
+                await asyncio.to_thread(_write, sink, _encode_line(answer))
+            except (OSError, ValueError) as exc:
+                log.warning("stdout is closed (%s); stopping", exc)
+                return 0
+    return 0
+
+
+def _fixed(token: str) -> TokenSource:
+    def read(*, refresh: bool = False) -> str | None:
+        return token or None
+    return read
+
+
+def _safe_json(line: bytes) -> object:
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
+
+
+def _write(sink: IO[bytes], data: bytes) -> None:
+    sink.write(data)
+    sink.flush()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="syncd mcp", description="MCP over stdio, forwarded to the running syncd daemon.")
+    parser.add_argument("--url", default=os.environ.get("SYNCD_URL", DEFAULT_URL),
+                        help=f"the daemon's base URL (default {DEFAULT_URL})")
+    parser.add_argument("--token-file", required=True, help="the daemon's api-token file")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                        help="seconds to wait for one answer")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING,
+                        format="syncd mcp: %(levelname)s %(message)s")
+    try:
+        return asyncio.run(run_stdio_bridge(args.url, token_from_file(args.token_file),
+                                            request_timeout=args.timeout))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""``syncd run`` as a real process: lifecycle, exit codes, L1, L5, R22's lock, and S5
+(SIGTERM under write load loses no acknowledged write)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import stat
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from local_store import Store
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def env_for(home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNCD_")}
+    env.update(HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"),
+               XDG_DATA_HOME=str(home / ".local/share"), PYTHONPATH=str(ROOT),
+               SYNCD_EMBEDDING_MODEL="hashing", **extra)
+    return env
+
+
+async def start(data: Path, *args: str, **extra: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "syncd", "--data-dir", str(data), "run", *args,
+        env=env_for(data.parent, **extra), stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+
+
+async def wait_ready(proc: asyncio.subprocess.Process, deadline: float = 30.0) -> str:
+    assert proc.stderr is not None
+    lines = []
+    async with asyncio.timeout(deadline):
+        while True:
+            line = (await proc.stderr.readline()).decode()
+            if not line:
+                raise AssertionError(f"daemon exited before ready: {''.join(lines)}")
+            lines.append(line)
+            if "ready on " in line:
+                return line.split("ready on ", 1)[1].strip()
+
+
+async def finish(proc: asyncio.subprocess.Process, limit: float = 30.0) -> tuple[int, str]:
+    async with asyncio.timeout(limit):
+        _, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, err.decode()
+
+
+def token(data: Path) -> str:
+    return (data / "api-token").read_text().strip()
+
+
+async def test_lifecycle_token_file_and_clean_exit(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    proc = await start(data, "--listen", "127.0.0.1:0")
+    url = await wait_ready(proc)
+    assert stat.S_IMODE((data / "api-token").stat().st_mode) == 0o600
+    assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    assert json.loads((data / "daemon.json").read_text())["url"] == url
+    async with aiohttp.ClientSession() as s, s.get(url + "/healthz") as resp:
+        assert resp.status == 200
+    proc.send_signal(signal.SIGTERM)
+    code, err = await finish(proc)
+    assert code == 0, err
+    assert not (data / "daemon.json").exists()
+
+
+async def test_second_daemon_on_the_same_data_dir_refuses(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    first = await start(data, "--listen", "127.0.0.1:0")
+    await wait_ready(first)
+    try:
+        second = await start(data, "--listen", "127.0.0.1:0")
+        code, err = await finish(second)
+        assert code == 75 and "in use by another syncd process" in err
+    finally:
+        first.send_signal(signal.SIGTERM)
+        assert (await finish(first))[0] == 0
+
+
+@pytest.mark.parametrize("listen", ["0.0.0.0:0", "[::]:0"])
+async def test_non_loopback_bind_is_refused(tmp_path: Path, listen: str) -> None:
+    proc = await start(tmp_path / "data", "--listen", listen)
+    code, err = await finish(proc)
+    assert code == 2 and "allow_non_loopback" in err
+
+
+async def test_config_errors_exit_2_and_name_the_field(tmp_path: Path) -> None:
+    proc = await start(tmp_path / "data", SYNCD_SYNC_INTERVAL_SECS="-5")
+    code, err = await finish(proc)
+    assert code == 2 and "sync.interval_secs" in err and "-5" in err
+
+
+async def test_cli_says_when_the_daemon_is_not_running(tmp_path: Path) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "syncd", "--data-dir", str(tmp_path / "none"), "status",
+        env=env_for(tmp_path), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    code, err = await finish(proc)
+    assert code == 75 and "syncd run" in err
+
+
+async def test_sigterm_under_write_load_loses_no_acked_write(tmp_path: Path) -> None:
+    """S5: writers keep saving while SIGTERM arrives; every 2xx answer must survive."""
+    data = tmp_path / "data"
+    proc = await start(data, "--listen", "127.0.0.1:0")
+    url = await wait_ready(proc)
+    headers = {"Authorization": f"Bearer {token(data)}"}
+    acked: list[str] = []
+    enough = asyncio.Event()
+    stop_at = time.monotonic() + 30
+
+    async def writer(n: int, session: aiohttp.ClientSession) -> None:
+        i = 0
+        while time.monotonic() < stop_at:
+            i += 1
+            try:
+                async with session.post(url + "/v1/agent/memory/tools/save_memory",
+                                        json={"content": f"writer {n} write {i}"},
+                                        headers=headers) as resp:
+                    if resp.status == 200:
+                        acked.append((await resp.json())["node_id"])
+                        if len(acked) >= 100:
+                            enough.set()
+            except (TimeoutError, aiohttp.ClientError):
+                return  # the daemon closed the listener: stop writing
+
+    async with aiohttp.ClientSession() as session:
+        writers = [asyncio.create_task(writer(n, session)) for n in range(8)]
+        async with asyncio.timeout(20):
+            await enough.wait()
+        proc.send_signal(signal.SIGTERM)
+        code, err = await finish(proc, limit=20)
+        await asyncio.gather(*writers)
+    assert code == 0, err
+    store = await Store.open(data)
+    try:
+        assert await store.integrity_check() == "ok"
+        missing = [mid for mid in acked if not await _exists(store, mid)]
+        assert missing == [] and len(acked) >= 100
+    finally:
+        await store.close()
+
+
+async def _exists(store: Store, memory_id: str) -> bool:
+    try:
+        await store.get(memory_id)
+    except Exception:
+        return False
+    return True

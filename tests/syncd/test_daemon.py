@@ -156,3 +156,57 @@ async def _exists(store: Store, memory_id: str) -> bool:
     except Exception:
         return False
     return True
+
+
+async def cli(data: Path, *args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "syncd", "--data-dir", str(data), *args,
+        env=env_for(data.parent), stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    async with asyncio.timeout(60):
+        out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_cli_round_trip_against_a_running_daemon(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    proc = await start(data, "--listen", "127.0.0.1:0")
+    await wait_ready(proc)
+    try:
+        code, out, err = await cli(data, "save", "deploy with make release", "--realm", "p",
+                                   "--tag", "ci", "--type", "procedure", "--importance", "0.8")
+        assert code == 0 and out.startswith("saved memory:"), err
+        code, out, _ = await cli(data, "recall", "deploy release", "--realm", "p")
+        assert code == 0 and out.startswith("Relevant memories:\n- [procedure] deploy")
+        code, out, _ = await cli(data, "recall", "deploy", "--json", "--limit", "1")
+        assert code == 0 and len(json.loads(out)["memories"]) == 1
+        code, out, _ = await cli(data, "status", "--json")
+        assert code == 0 and json.loads(out)["memories"] == 1
+        export = tmp_path / "export.json"
+        code, _, err = await cli(data, "export", "-o", str(export))
+        assert code == 0 and "exported 1 memories" in err
+        assert json.loads(export.read_text())["memory_nodes"][0]["realm"] == "p"
+        code, out, _ = await cli(data, "import", str(export))
+        assert code == 0 and "applied 0 memories" in out  # the same version: a no-op
+        code, out, err = await cli(data, "save", "x", "--importance", "high")
+        assert code == 2 and "importance" in err  # argparse rejects it before any request
+        bad = tmp_path / "bad.json"
+        bad.write_text("[1, 2]")
+        code, _, err = await cli(data, "import", str(bad))
+        assert code == 1 and "expected an object" in err
+        code, out, _ = await cli(data, "backup", str(tmp_path / "copy.db"))
+        assert code == 0 and "integrity_check: ok" in out
+        code, _, err = await cli(data, "backup", str(tmp_path / "copy.db"))
+        assert code == 1 and "exists" in err
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert (await finish(proc))[0] == 0
+    restored = tmp_path / "restored"
+    restored.mkdir()
+    (tmp_path / "copy.db").rename(restored / "memory.db")
+    store = await Store.open(restored)
+    try:
+        assert (await store.stats())["memories"] == 1
+    finally:
+        await store.close()

@@ -210,3 +210,21 @@ async def test_cli_round_trip_against_a_running_daemon(tmp_path: Path) -> None:
         assert (await store.stats())["memories"] == 1
     finally:
         await store.close()
+
+
+async def test_optional_unix_socket(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    sock = tmp_path / "syncd.sock"
+    proc = await start(data, "--listen", "127.0.0.1:0", SYNCD_DAEMON_UNIX_SOCKET=str(sock))
+    await wait_ready(proc)
+    try:
+        connector = aiohttp.UnixConnector(path=str(sock))
+        async with aiohttp.ClientSession(connector=connector) as s:
+            async with s.get("http://localhost/v1/agent/status",
+                             headers={"Authorization": f"Bearer {token(data)}"}) as resp:
+                assert resp.status == 200 and (await resp.json())["memories"] == 0
+            async with s.get("http://localhost/v1/agent/status") as resp:
+                assert resp.status == 401  # the socket is no way around the token
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert (await finish(proc))[0] == 0

@@ -33,6 +33,7 @@ bench: $(STAMP)
 	$(PY) bench/recall_eval.py --by-kind
 	$(PY) bench/recall_speed.py
 	$(PY) bench/embed.py
+	$(PY) bench/http.py
 
 demo: $(STAMP)
 	$(PY) -m syncd demo

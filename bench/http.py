@@ -1,0 +1,233 @@
+"""HTTP API speed: requests/s and p50/p95 of the daemon's query and save routes over real
+loopback HTTP with 1 and 16 concurrent clients, against the same calls made in-process.
+
+The server is the real app (``create_app`` behind an ``AppRunner``, as the daemon runs it) in a
+subprocess of its own, so the load-generating client does not share its CPU: this script
+re-runs itself with ``--serve``, which fills a store, prints its port and serves until its stdin
+closes. Both processes fill an identical 10,000-memory store (``fill`` from recall_speed.py,
+same seed) and derive the same query texts (``related_queries``); vectors come from the
+TableEmbedder, so query embedding is excluded. Saves carry unique content per request (the
+table embedder makes their vectors on demand, on both sides alike). The in-process baseline
+(``await store.recall(...)`` / ``await store.save(...)``, 1 client) runs in this process on its
+own identically filled store while the server sits idle; HTTP overhead = p50(HTTP, 1 client) −
+p50(in-process), target ≤ 1 ms.
+
+    .venv/bin/python bench/http.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+# This file is named http.py: take bench/ off the path so ``import http`` finds the stdlib.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
+sys.path.insert(0, str(ROOT))
+
+import aiohttp  # noqa: E402
+from aiohttp import web  # noqa: E402
+
+from bench.recall_speed import TableEmbedder, fill, pct, related_queries, words  # noqa: E402
+from local_store import Store  # noqa: E402
+from syncd.http import create_app  # noqa: E402
+
+TOKEN = "bench-token-0123456789abcdef"
+QUERY = "/v1/agent/memory/query"
+SAVE = "/v1/agent/memory/tools/save_memory"
+WARMUP = 50
+SEED = 7
+REALMS = ("billing", "web", "ml")
+
+
+@contextlib.asynccontextmanager
+async def filled_store(size: int, pool: int) -> AsyncIterator[tuple[Store, list[str]]]:
+    """A store of ``size`` memories and ``pool`` query texts; identical in every process."""
+    rng = random.Random(SEED)
+    embedder = TableEmbedder()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = await Store.open(Path(tmp), embedder=embedder)  # type: ignore[arg-type]
+        try:
+            await fill(store, size, rng, 0)
+            yield store, await related_queries(store, embedder, rng, pool)
+        finally:
+            await store.close()
+
+
+def save_args(tag: str, n: int) -> list[dict[str, str]]:
+    """``n`` save_memory bodies with unique content (``tag`` keeps phases apart)."""
+    rng = random.Random(f"{SEED}-{tag}")
+    return [{"content": f"{words(rng, rng.randint(12, 30))} (bench {tag} {i})",
+             "realm": rng.choice(REALMS)} for i in range(n)]
+
+
+# ---------------------------------------------------------------------- server (subprocess)
+
+async def serve(size: int, pool: int) -> None:
+    async with filled_store(size, pool) as (store, queries):
+        runner = web.AppRunner(create_app(store, token=TOKEN), access_log=None,
+                               handle_signals=False)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, "127.0.0.1", 0).start()
+            print(json.dumps({"port": runner.addresses[0][1], "queries": queries}), flush=True)
+            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until EOF
+        finally:
+            await runner.cleanup()
+
+
+# ---------------------------------------------------------------------- client
+
+Stats = tuple[list[float], float]  # per-request latencies (ms), wall time (s)
+
+
+async def drive(call: Callable[[int], Awaitable[None]], n: int, clients: int) -> Stats:
+    """``n`` calls from ``clients`` tasks, each looping on the next index until none are left."""
+    indices = iter(range(n))
+    lat: list[float] = []
+
+    async def worker() -> None:
+        for i in indices:
+            t = time.perf_counter()
+            await call(i)
+            lat.append((time.perf_counter() - t) * 1000)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(clients)))
+    return lat, time.perf_counter() - started
+
+
+async def http_run(url: str, route: str, bodies: list[bytes], warm: list[bytes],
+                   clients: int) -> Stats:
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    connector = aiohttp.TCPConnector(limit=clients)
+    async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
+
+        def caller(payloads: list[bytes]) -> Callable[[int], Awaitable[None]]:
+            async def call(i: int) -> None:
+                async with session.post(url + route, data=payloads[i]) as resp:
+                    body = await resp.read()
+                    if resp.status != 200:
+                        raise RuntimeError(f"{route}: HTTP {resp.status}: {body[:300]!r}")
+            return call
+
+        await drive(caller(warm), len(warm), clients)  # opens all `clients` connections
+        return await drive(caller(bodies), len(bodies), clients)
+
+
+async def in_process(store: Store, queries: list[str], n: int) -> dict[str, Stats]:
+    def recall(texts: list[str]) -> Callable[[int], Awaitable[None]]:
+        async def call(i: int) -> None:
+            await store.recall({"query": texts[i % len(texts)]})
+        return call
+
+    def save(args: list[dict[str, str]]) -> Callable[[int], Awaitable[None]]:
+        async def call(i: int) -> None:
+            await store.save(args[i])
+        return call
+
+    out: dict[str, Stats] = {}
+    await drive(recall(queries[-WARMUP:]), WARMUP, 1)
+    out[QUERY] = await drive(recall(queries), n, 1)
+    await drive(save(save_args("local-warm", WARMUP)), WARMUP, 1)
+    out[SAVE] = await drive(save(save_args("local", n)), n, 1)
+    return out
+
+
+async def measure(size: int, n1: int, n16: int) -> tuple[list[tuple[str, ...]], list[str]]:
+    pool = max(n1, n16)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(HERE / "http.py"), "--serve", f"{size},{pool}",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=1 << 26)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        async with filled_store(size, pool) as (store, queries):
+            line = await proc.stdout.readline()  # the server fills its store meanwhile
+            if not line:
+                raise RuntimeError(f"server exited before serving (code {await proc.wait()})")
+            ready = json.loads(line)
+            if ready["queries"] != queries:
+                raise RuntimeError("server and client derived different query texts")
+            local = await in_process(store, queries, n1)  # the server is idle now
+        url = f"http://127.0.0.1:{ready['port']}"
+        remote: dict[tuple[str, int], Stats] = {}
+        for route in (QUERY, SAVE):  # queries first: the saves grow the store
+            for clients, n in ((1, n1), (16, n16)):
+                if route == QUERY:
+                    payload = [{"query": queries[i % len(queries)]} for i in range(n)]
+                    warm = [{"query": q} for q in queries[-WARMUP:]]
+                else:
+                    payload = save_args(f"http-{clients}", n)
+                    warm = save_args(f"http-{clients}-warm", WARMUP)
+                remote[route, clients] = await http_run(
+                    url, route, [json.dumps(b).encode() for b in payload],
+                    [json.dumps(b).encode() for b in warm], clients)
+    finally:
+        if proc.returncode is None:
+            proc.stdin.close()
+            try:
+                await asyncio.wait_for(proc.wait(), 30)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+    rows: list[tuple[str, ...]] = []
+    for route in (QUERY, SAVE):
+        for clients in (1, 16):
+            rows.append(_row(route, str(clients), remote[route, clients],
+                             "HTTP, server in subprocess"))
+        name = "store.recall" if route == QUERY else "store.save"
+        rows.append(_row(route, "1", local[route], f"in-process baseline ({name})"))
+    lines = []
+    for route in (QUERY, SAVE):
+        http_p50 = statistics.median(remote[route, 1][0])
+        local_p50 = statistics.median(local[route][0])
+        overhead = http_p50 - local_p50
+        verdict = "met" if overhead <= 1.0 else "MISSED"
+        lines.append(f"HTTP overhead {route}: p50 {http_p50:.2f} − {local_p50:.2f} = "
+                     f"{overhead:.2f} ms (target ≤ 1 ms p50: {verdict})")
+    return rows, lines
+
+
+def _row(route: str, clients: str, stats: Stats, note: str) -> tuple[str, ...]:
+    lat, wall = stats
+    return (route, clients, f"{len(lat):,}", f"{len(lat) / wall:,.0f}",
+            f"{statistics.median(lat):.2f}", f"{pct(lat, 0.95):.2f}", note)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="HTTP API speed")
+    parser.add_argument("--quick", action="store_true",
+                        help="2,000 memories, 200/400 requests (1/16 clients)")
+    parser.add_argument("--serve", default="", help=argparse.SUPPRESS)  # SIZE,POOL: server side
+    args = parser.parse_args()
+    if args.serve:
+        size, pool = (int(x) for x in args.serve.split(","))
+        asyncio.run(serve(size, pool))
+        return
+    size, n1, n16 = (2_000, 200, 400) if args.quick else (10_000, 2_000, 4_000)
+    started = time.perf_counter()
+    rows, lines = asyncio.run(measure(size, n1, n16))
+    head = ("route", "clients", "requests", "req/s", "p50 ms", "p95 ms", "note")
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    print(f"{size:,} memories; {WARMUP} warm-up requests per run; keep-alive aiohttp clients "
+          "on 127.0.0.1; server in a subprocess (real create_app + AppRunner)")
+    for r in [head, tuple("-" * w for w in widths), *rows]:
+        print(" | ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
+    for line in lines:
+        print(line)
+    print(f"run time {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -26,7 +26,6 @@ from typing import Any, TypeVar
 import aiosqlite
 import msgspec
 import numpy as np
-import numpy.typing as npt
 
 from local_store import db
 from local_store.apply import ApplyResult, apply_batch
@@ -454,23 +453,22 @@ class Store:
         if request.as_of is not None:
             parse_timestamp(request.as_of, "as_of")
         started = time.perf_counter()
-        semantic = None
-        if mode != "keyword" and len(self.index):
-            vector = await self._embed_query(request.query)
-            if vector is not None and vector.any():
-                # On the loop thread, where the index is updated: a consistent snapshot.
-                semantic = Semantic(list(self.index.ids), self.index.similarities(vector))
-        engine = Recall(self._recall_reader.fetch, semantic, self._settings)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._recall_reader.pool, functools.partial(
-            engine.run, request, mode, graph, started))
+            self._recall_on_reader, request, mode, graph, started))
 
-    async def _embed_query(self, text: str) -> npt.NDArray[np.float32] | None:
-        if not text.strip():
-            return None
-        loop = asyncio.get_running_loop()
-        matrix = await loop.run_in_executor(None, self.embedder.embed, [text])
-        return np.asarray(matrix[0], dtype=np.float32)
+    def _recall_on_reader(self, request: QueryRequest, mode: Mode, graph: bool,
+                          started: float) -> QueryResponse:
+        """The whole recall in one thread hop: embed the query, compare it with the index (a
+        locked snapshot), then every query and the scoring."""
+        semantic = None
+        index = self.index
+        if mode != "keyword" and len(index) and request.query.strip():
+            vector = np.asarray(self.embedder.embed([request.query])[0], dtype=np.float32)
+            if vector.any():
+                semantic = Semantic(*index.snapshot(vector))
+        engine = Recall(self._recall_reader.fetch, semantic, self._settings)
+        return engine.run(request, mode, graph, started)
 
     @property
     def settings(self) -> MemorySettings:

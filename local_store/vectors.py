@@ -6,9 +6,14 @@ Rules:
   * The index mirrors the ``vectors`` table: rebuilt at start-up, then updated after each
     committed write (never from inside the transaction). Removal swaps in the last row, so the
     matrix stays dense; capacity grows by doubling.
+  * Writers (the event loop, after a commit) and readers (recall's thread) meet at one lock:
+    ``snapshot`` compares a query with every row and copies the id list while holding it, so a
+    reader never sees a row moved under it.
 """
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 import numpy.typing as npt
@@ -23,6 +28,7 @@ class VectorIndex:
         self._matrix: Matrix = np.zeros((max(capacity, 1), dim), dtype=np.float32)
         self._ids: list[str] = []
         self._rows: dict[str, int] = {}
+        self._lock = threading.Lock()
 
     @classmethod
     def from_rows(cls, model: str, dim: int, ids: list[str], blob: bytes) -> VectorIndex:
@@ -49,10 +55,19 @@ class VectorIndex:
         """The live rows (a view; do not keep it across writes)."""
         return self._matrix[: len(self._ids)]
 
+    def snapshot(self, query: npt.ArrayLike) -> tuple[list[str], npt.NDArray[np.float32]]:
+        """(ids, cosine of ``query`` with each) as of one instant — safe from any thread."""
+        with self._lock:
+            return list(self._ids), self.similarities(query)
+
     def upsert(self, memory_id: str, vector: npt.ArrayLike) -> None:
         values = np.asarray(vector, dtype=np.float32).reshape(-1)
         if values.shape[0] != self.dim:
             raise ValueError(f"vector for {memory_id} has dim {values.shape[0]}, want {self.dim}")
+        with self._lock:
+            self._upsert(memory_id, values)
+
+    def _upsert(self, memory_id: str, values: npt.NDArray[np.float32]) -> None:
         row = self._rows.get(memory_id)
         if row is None:
             row = len(self._ids)
@@ -65,6 +80,10 @@ class VectorIndex:
         self._matrix[row] = values
 
     def remove(self, memory_id: str) -> None:
+        with self._lock:
+            self._remove(memory_id)
+
+    def _remove(self, memory_id: str) -> None:
         row = self._rows.pop(memory_id, None)
         if row is None:
             return

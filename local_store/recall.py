@@ -81,7 +81,7 @@ OVERSAMPLE = 8
 QUERY_COSINE_GATE = 0.30
 CANDIDATE_FLOOR = 0.15
 
-_ROW = ("id", "memory_type", "title", "content", "content_preview", "tags", "importance",
+_ROW = ("id", "memory_type", "title", "content_preview", "tags", "importance",
         "realm", "created_at", "valid_at", "invalid_at", "superseded_by", "dedupe_key")
 _ROW_SQL = ", ".join(f"m.{c}" for c in _ROW)
 
@@ -285,23 +285,30 @@ class Recall:
 
     def _fts_rows(self, match: str, where: str,
                   params: list[object]) -> list[tuple[float, dict[str, Any]]]:
-        """Best BM25 hits that pass the filters. FTS5 ranks inside the index first (``ORDER BY
-        bm25 LIMIT``, its fast path); the filter join then sees only those rows. When the
-        filters drop too many, the inner limit grows until the index is exhausted."""
+        """Best BM25 hits that pass the filters. FTS5 ranks inside its index first (``ORDER BY
+        rank LIMIT``); only those rows are then filtered and hydrated. When the filters drop
+        too many, the limit grows until the index has no more hits."""
         inner = CAND_K * 4
         while True:
-            found = self._fetch(
-                f"SELECT f.s, {_ROW_SQL} "
-                "FROM (SELECT rowid, -rank AS s FROM memories_fts "
-                "WHERE memories_fts MATCH ? ORDER BY rank LIMIT ?) f "
-                f"JOIN memories m ON m.rowid = f.rowid WHERE {where} "
-                f"ORDER BY f.s DESC, m.id LIMIT {CAND_K}", [match, inner, *params])
-            rows = [(float(r[0]), dict(zip(_ROW, r[1:], strict=True))) for r in found]
-            if len(rows) >= CAND_K or inner >= 1 << 20:
-                return rows
-            hits = self._fetch("SELECT count(*) FROM memories_fts WHERE memories_fts MATCH ?",
-                               [match])[0][0]
-            if hits <= inner:
+            hits = self._fetch("SELECT rowid, -rank FROM memories_fts WHERE memories_fts MATCH ? "
+                               "ORDER BY rank LIMIT ?", [match, inner])
+            if not hits:
+                return []
+            score = {int(r[0]): float(r[1]) for r in hits}
+            found: list[Any] = []
+            rowids = list(score)
+            for start in range(0, len(rowids), 500):
+                chunk = rowids[start:start + 500]
+                found += self._fetch(
+                    f"SELECT m.rowid, m.content, {_ROW_SQL} FROM memories m WHERE {where} "
+                    f"AND m.rowid IN ({','.join('?' * len(chunk))})", [*params, *chunk])
+            found.sort(key=lambda r: (-score[r[0]], r[2]))
+            rows = []
+            for r in found[:CAND_K]:
+                row = dict(zip(_ROW, r[2:], strict=True))
+                row["content"] = r[1]
+                rows.append((score[r[0]], row))
+            if len(rows) >= CAND_K or len(hits) < inner or inner >= 1 << 20:
                 return rows
             inner *= 8
 
@@ -429,12 +436,31 @@ def _relevance(c: Candidate) -> float:
 
 
 def _ns(value: object) -> int | None:
+    """Stored timestamps are canonical: read their fields directly (a memoised day plus
+    integer arithmetic); anything else goes through the full parser."""
     if not isinstance(value, str):
         return None
+    if len(value) == 35 and value.endswith("+00:00") and value[19] == ".":
+        day = _DAY_NS.get(value[:10])
+        if day is None:
+            try:
+                day = parse_ns(value[:10] + "T00:00:00Z")
+            except TimestampError:
+                return None
+            if len(_DAY_NS) < 100_000:
+                _DAY_NS[value[:10]] = day
+        try:
+            return (day + (int(value[11:13]) * 3600 + int(value[14:16]) * 60
+                           + int(value[17:19])) * 1_000_000_000 + int(value[20:29]))
+        except ValueError:
+            return None
     try:
         return parse_ns(value)
     except TimestampError:
         return None
+
+
+_DAY_NS: dict[str, int] = {}
 
 
 def _retrieved(c: Candidate, mode: Mode, fallback: bool) -> RetrievedMemory:

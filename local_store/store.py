@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import secrets
 import socket
 import sqlite3
@@ -29,9 +28,18 @@ import numpy as np
 
 from local_store import db
 from local_store.apply import ApplyResult, apply_batch
+from local_store.arguments import (
+    int_arg,
+    lenient_type,
+    like_escape,
+    msgspec_field,
+    parse_links,
+    redact_request,
+)
 from local_store.columns import EDGE_ALL, EDGE_SELECT, NODE_COLUMNS, NODE_SELECT
 from local_store.embed import Embedder, HashingEmbedder, from_blob
 from local_store.errors import NotFoundError, StoreClosedError, ValidationError
+from local_store.reader import SyncReader
 from local_store.recall import Mode, Recall, Semantic
 from local_store.records import (
     Draft,
@@ -48,9 +56,10 @@ from local_store.records import (
     slug,
     stamp_provenance,
 )
-from local_store.redact import strip_json_strings, strip_private
+from local_store.redact import strip_json_strings
 from local_store.vectors import VectorIndex
-from local_store.writes import Row, Vector, Writer, props_json
+from local_store.views import edge_view, list_view, memory_view, wire_edge, wire_node
+from local_store.writes import Vector, Writer, props_json
 from protocol.hlc import HybridClock
 from protocol.query import QueryRequest, QueryResponse
 from protocol.rows import EdgeRow, NodeRow
@@ -314,7 +323,7 @@ class Store:
         properties = clean.get("properties") or {}
         if not isinstance(properties, dict):
             raise ValidationError("properties", "must be an object")
-        links = _parse_links(clean.get("links"))
+        links = parse_links(clean.get("links"))
         realm = parse_realm(clean.get("realm"))
         topic = f"entity/{kind or 'entity'}/{slug(name)}"
         provenance = {"source": "synthetic", "via": "ingest_entity", "kind": kind,
@@ -448,8 +457,8 @@ class Store:
             try:
                 request = msgspec.convert(dict(request), QueryRequest)
             except msgspec.ValidationError as exc:
-                raise ValidationError(_msgspec_field(str(exc)), str(exc)) from None
-        request = _redact_request(request)
+                raise ValidationError(msgspec_field(str(exc)), str(exc)) from None
+        request = redact_request(request)
         if request.as_of is not None:
             parse_timestamp(request.as_of, "as_of")
         started = time.perf_counter()
@@ -479,7 +488,7 @@ class Store:
         try:
             merged = merge_patch(self._settings, dict(patch))
         except msgspec.ValidationError as exc:
-            raise ValidationError(_msgspec_field(str(exc)), str(exc)) from None
+            raise ValidationError(msgspec_field(str(exc)), str(exc)) from None
         encoded = msgspec.json.encode(merged).decode()
         await self._write(lambda w: w.set_meta("settings", encoded))
         self._settings = merged
@@ -518,8 +527,8 @@ class Store:
         """``list_memories``: newest first; invalidated and deleted excluded; archived unless asked."""
         clean = strip_json_strings(dict(args or {}))
         assert isinstance(clean, dict)
-        limit = _int_arg(clean, "limit", LIST_LIMIT_DEFAULT, 1, LIST_LIMIT_MAX)
-        offset = _int_arg(clean, "offset", 0, 0, 10**9)
+        limit = int_arg(clean, "limit", LIST_LIMIT_DEFAULT, 1, LIST_LIMIT_MAX)
+        offset = int_arg(clean, "offset", 0, 0, 10**9)
         where, params = ["deleted = 0", "invalid_at IS NULL"], []
         if clean.get("status") is not None:
             where.append("status = ?")
@@ -531,10 +540,10 @@ class Store:
             params.append(parse_realm(clean["realm"]))
         if clean.get("memory_type") is not None:
             where.append("memory_type = ?")
-            params.append(_lenient_type(clean["memory_type"]))
+            params.append(lenient_type(clean["memory_type"]))
         for tag in parse_tags(clean.get("tags")).split(",") if clean.get("tags") else []:
             where.append("(',' || tags || ',') LIKE ? ESCAPE '\\'")
-            params.append("%," + _like_escape(tag) + ",%")
+            params.append("%," + like_escape(tag) + ",%")
         sql = (NODE_SELECT + " WHERE " + " AND ".join(where)
                + " ORDER BY created_at DESC, id LIMIT ? OFFSET ?")
         rows = await self._fetch(sql, [*params, limit, offset])
@@ -585,32 +594,6 @@ class Store:
     async def integrity_check(self) -> str:
         rows = await self._fetch("PRAGMA integrity_check")
         return "; ".join(str(r[0]) for r in rows)
-
-
-class SyncReader:
-    """A read-only connection on its own thread, for reads that run many queries in one hop
-    (recall): one thread switch per request instead of one per statement."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="syncd-recall")
-        self._conn: sqlite3.Connection | None = None
-
-    def fetch(self, sql: str, params: Sequence[object] = ()) -> list[Any]:
-        """Run on ``pool`` only."""
-        if self._conn is None:
-            self._conn = db.connect(self.path, readonly=True)
-        return self._conn.execute(sql, params).fetchall()
-
-    async def close(self) -> None:
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self.pool, self._close)
-        self.pool.shutdown(wait=False)
-
-    def _close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
 
 
 # ---------------------------------------------------------------------- writer-thread helpers
@@ -664,116 +647,5 @@ def _transaction(writer: Writer, fn: Callable[[Writer], T]) -> tuple[T, list[Any
         writer.rollback()
         raise
     return result, writer.vector_events
-
-
-# ---------------------------------------------------------------------- row views
-
-def wire_node(row: Row, embedding: list[float] | None) -> NodeRow:
-    return NodeRow(
-        id=row["id"], labels=row["labels"], realm=row["realm"], memory_type=row["memory_type"],
-        title=row["title"], content=row["content"], content_preview=row["content_preview"],
-        tags=row["tags"], importance=row["importance"], status=row["status"],
-        source_session_id=row["source_session_id"], source_run_id=row["source_run_id"],
-        embedding=embedding, created_at=row["created_at"], updated_at=row["updated_at"],
-        valid_at=row["valid_at"], invalid_at=row["invalid_at"],
-        superseded_by=row["superseded_by"], provenance=row["provenance"],
-        topic_key=row["topic_key"], memory_class=row["memory_class"], space=row["space"],
-        writer_agent_id=row["writer_agent_id"], origin=row["origin"] or None,
-        deleted=True if row["deleted"] else None,
-    )
-
-
-def wire_edge(row: Row) -> EdgeRow:
-    return EdgeRow(
-        id=row["id"], src=row["src"], dst=row["dst"], type=row["type"], realm=row["realm"],
-        target_namespace=row["target_namespace"], props=row["props"],
-        created_at=row["updated_at"], updated_at=row["updated_at"],
-        origin=row["origin"] or None, deleted=True if row["deleted"] else None,
-    )
-
-
-def memory_view(row: Row) -> dict[str, Any]:
-    view = {name: row[name] for name in NODE_COLUMNS if name not in (
-        "content_hash", "local_seq", "deleted", "last_seen")}
-    view["tags"] = [t for t in (row["tags"] or "").split(",") if t]
-    view["provenance"] = _maybe_json(row["provenance"])
-    return view
-
-
-def list_view(row: Row) -> dict[str, Any]:
-    keys = ("id", "memory_type", "title", "content_preview", "tags", "importance", "status",
-            "realm", "created_at")
-    return {k: row[k] for k in keys if row[k] is not None}
-
-
-def edge_view(row: Row) -> dict[str, Any]:
-    keys = ("id", "src", "dst", "type", "realm", "target_namespace", "created_at", "updated_at")
-    view = {k: row[k] for k in keys}
-    view["props"] = _maybe_json(row["props"])
-    return view
-
-
-def _maybe_json(text: str | None) -> object:
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
-def _int_arg(args: Mapping[str, object], name: str, default: int, low: int, high: int) -> int:
-    value = args.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValidationError(name, f"must be an integer, got {type(value).__name__}")
-    return min(high, max(low, value))
-
-
-def _redact_request(request: QueryRequest) -> QueryRequest:
-    """Recall input passes the redactor too: it reaches the embedder, SQL and debug logs."""
-    return msgspec.structs.replace(
-        request, query=strip_private(request.query),
-        realms=[strip_private(r) for r in request.realms],
-        tags=[strip_private(t) for t in request.tags],
-        memory_type=None if request.memory_type is None else strip_private(request.memory_type),
-        as_of=None if request.as_of is None else strip_private(request.as_of),
-        space_agent=None if request.space_agent is None else strip_private(request.space_agent))
-
-
-def _msgspec_field(message: str) -> str:
-    """The field named in a msgspec error (``… - at `$.limit` `` → ``limit``)."""
-    marker = "at `$."
-    if marker in message:
-        return message.split(marker, 1)[1].split("`", 1)[0]
-    return "body"
-
-
-def _lenient_type(value: object) -> str:
-    from local_store.records import parse_memory_type
-    return parse_memory_type(value, {})
-
-
-def _like_escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-
-
-def _parse_links(value: object) -> list[tuple[str, str, str | None]]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise ValidationError("links", "must be a list of {target_node_id, relationship_type?}")
-    out = []
-    for index, item in enumerate(value):
-        label = f"links[{index}]"
-        if not isinstance(item, dict):
-            raise ValidationError(label, "must be an object")
-        target = required_str(item, "target_node_id", label=f"{label}.target_node_id")
-        relation = optional_str(item, "relationship_type") or "RELATES_TO"
-        namespace = optional_str(item, "target_namespace")
-        out.append((target, relation, namespace))
-    return out
-
 
 

@@ -1,0 +1,69 @@
+"""Row views: store rows as the plane's wire rows, and as the shapes the tools return.
+
+Rules: wire rows carry the canonical ``updated_at`` as the version, omit nulls when encoded,
+and mark tombstones with the syncd ``deleted`` extension; an edge's wire ``created_at`` is its
+latest version (so an updated or deleted edge is visible to a plane's ``created_at > since``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from local_store.columns import NODE_COLUMNS
+from local_store.writes import Row
+from protocol.rows import EdgeRow, NodeRow
+
+
+def wire_node(row: Row, embedding: list[float] | None) -> NodeRow:
+    return NodeRow(
+        id=row["id"], labels=row["labels"], realm=row["realm"], memory_type=row["memory_type"],
+        title=row["title"], content=row["content"], content_preview=row["content_preview"],
+        tags=row["tags"], importance=row["importance"], status=row["status"],
+        source_session_id=row["source_session_id"], source_run_id=row["source_run_id"],
+        embedding=embedding, created_at=row["created_at"], updated_at=row["updated_at"],
+        valid_at=row["valid_at"], invalid_at=row["invalid_at"],
+        superseded_by=row["superseded_by"], provenance=row["provenance"],
+        topic_key=row["topic_key"], memory_class=row["memory_class"], space=row["space"],
+        writer_agent_id=row["writer_agent_id"], origin=row["origin"] or None,
+        deleted=True if row["deleted"] else None,
+    )
+
+
+def wire_edge(row: Row) -> EdgeRow:
+    return EdgeRow(
+        id=row["id"], src=row["src"], dst=row["dst"], type=row["type"], realm=row["realm"],
+        target_namespace=row["target_namespace"], props=row["props"],
+        created_at=row["updated_at"], updated_at=row["updated_at"],
+        origin=row["origin"] or None, deleted=True if row["deleted"] else None,
+    )
+
+
+def memory_view(row: Row) -> dict[str, Any]:
+    view = {name: row[name] for name in NODE_COLUMNS if name not in (
+        "content_hash", "local_seq", "deleted", "last_seen")}
+    view["tags"] = [t for t in (row["tags"] or "").split(",") if t]
+    view["provenance"] = maybe_json(row["provenance"])
+    return view
+
+
+def list_view(row: Row) -> dict[str, Any]:
+    keys = ("id", "memory_type", "title", "content_preview", "tags", "importance", "status",
+            "realm", "created_at")
+    return {k: row[k] for k in keys if row[k] is not None}
+
+
+def edge_view(row: Row) -> dict[str, Any]:
+    keys = ("id", "src", "dst", "type", "realm", "target_namespace", "created_at", "updated_at")
+    view = {k: row[k] for k in keys}
+    view["props"] = maybe_json(row["props"])
+    return view
+
+
+def maybe_json(text: str | None) -> object:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text

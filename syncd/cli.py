@@ -42,7 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true")
 
     recall = sub.add_parser("recall", help="recall memories for a query (prints the context)")
-    recall.add_argument("query")
+    recall.add_argument("query", nargs="?")
+    recall.add_argument("--hook", action="store_true",
+                        help="agent prompt hook: read the hook JSON (prompt, cwd) from stdin, "
+                        "print the hook's output; silent and exit 0 on any failure")
     recall.add_argument("--realm", action="append", default=[])
     recall.add_argument("--type", dest="memory_type")
     recall.add_argument("--limit", type=int)
@@ -68,12 +71,26 @@ def build_parser() -> argparse.ArgumentParser:
                             "the daemon runs); the copy is integrity-checked")
     backup.add_argument("dest", type=Path)
 
+    service = sub.add_parser("service", help="install, uninstall or show the systemd user "
+                             "service / launchd agent")
+    service.add_argument("action", choices=["install", "uninstall", "status"])
+    which = service.add_mutually_exclusive_group()
+    which.add_argument("--systemd", dest="platform", action="store_const", const="systemd")
+    which.add_argument("--launchd", dest="platform", action="store_const", const="launchd")
+    service.add_argument("--print", dest="print_only", action="store_true",
+                         help="write the rendered unit to stdout only")
+
     sub.add_parser("demo", help="run the embedded demo")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "recall" and args.hook:
+        return _hook(args)
+    if args.command == "recall" and args.query is None:
+        parser.error("recall: QUERY is required (unless --hook)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
                         "%(message)s", stream=sys.stderr)
     if args.command == "demo":
@@ -90,6 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _backup(settings["data_dir"], args.dest)
     if args.command == "mcp":
         return _mcp(settings["data_dir"], settings["url"])
+    if args.command == "service":
+        return _service(args, settings)
     try:
         client = Client.for_data_dir(settings["data_dir"], settings["url"])
         return COMMANDS[args.command](client, args)
@@ -149,6 +168,52 @@ def _mcp(data_dir: Path, listen_url: str) -> int:
     from syncd.token import token_path
     url = str((read_state(data_dir) or {}).get("url") or listen_url)
     return asyncio.run(run_stdio_bridge(url, token_from_file(token_path(data_dir))))
+
+
+def _service(args: argparse.Namespace, settings: dict[str, Any]) -> int:
+    from syncd import service
+    from syncd.config import default_config_path
+    platform = args.platform or service.default_platform()
+    if args.action == "status":
+        return service.status(platform)
+    if args.action == "uninstall":
+        return service.uninstall(platform)
+    config = (args.config or default_config_path()).expanduser().absolute()
+    paths = service.Paths(config=config, data_dir=Path(settings["data_dir"]).absolute(),
+                          log_dir=Path.home() / "Library" / "Logs" / "syncd")
+    if args.print_only:
+        sys.stdout.write(service.render(platform, paths))
+        return EXIT_OK
+    return service.install(platform, paths)
+
+
+HOOK_TIMEOUT_SECS = 1.0
+
+
+def _hook(args: argparse.Namespace) -> int:
+    """Claude Code's ``UserPromptSubmit`` hook: stdin ``{"prompt", "session_id", "cwd", …}``,
+    stdout ``{"hookSpecificOutput": {"hookEventName", "additionalContext"}}``. Never in the
+    agent's way: a down daemon, a missing token, bad input or any error prints nothing, exit 0."""
+    try:
+        payload = json.loads(sys.stdin.read())
+        prompt = payload.get("prompt") if isinstance(payload, dict) else None
+        if not isinstance(prompt, str) or not prompt.strip():
+            return EXIT_OK
+        cwd = payload.get("cwd")
+        project = Path(cwd if isinstance(cwd, str) and cwd else Path.cwd()).name
+        realms = [project, "global"] if project and project != "global" else ["global"]
+        settings = _settings(args)
+        client = Client.for_data_dir(settings["data_dir"], settings["url"],
+                                     timeout=HOOK_TIMEOUT_SECS)
+        result = client.call("POST", "/v1/agent/memory/query",
+                             {"query": prompt, "realms": realms})
+        context = result.get("context") if isinstance(result, dict) else None
+        if isinstance(context, str) and context.strip():
+            print(json.dumps({"hookSpecificOutput": {"hookEventName": "UserPromptSubmit",
+                                                     "additionalContext": context}}))
+    except Exception:  # the hook must never break the agent's prompt
+        return EXIT_OK
+    return EXIT_OK
 
 
 def _status(client: Client, args: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,11 +31,14 @@ from aiohttp import web
 from local_store import HashingEmbedder, Store, StoreLockedError
 from local_store.embed import Embedder
 from syncd.http import create_app
+from syncd.notify import notify, watchdog_interval
 from syncd.token import ensure_token
 
 EXIT_OK, EXIT_CONFIG, EXIT_TEMPFAIL = 0, 2, 75
 STATE_FILENAME = "daemon.json"
 CHECKPOINT_SECS = 300  # truncate the WAL every 5 minutes (a long reader may have grown it)
+HEARTBEAT_SECS = 1.0  # in-process heartbeat without a service-manager watchdog (launchd)
+BLOCKED_WARN_SECS = 5.0  # a heartbeat this late means the event loop was blocked
 log = logging.getLogger("syncd.daemon")
 
 
@@ -124,7 +128,9 @@ class Daemon:
             log.info("syncd serving %s (data dir %s)", self.url, self.data_dir)
             if ready is not None:
                 ready(self.url)
+            notify(f"READY=1\nSTATUS=serving {self.url}")
             await self._wait_for_stop()
+            notify("STOPPING=1")
             log.info("stopping: draining requests (up to %.0f s)", self.shutdown_timeout)
             return EXIT_OK
         finally:
@@ -181,8 +187,23 @@ class Daemon:
                 except Exception:
                     log.exception("WAL checkpoint failed")
 
+        async def heartbeat() -> None:
+            """``WATCHDOG=1`` at half systemd's interval, from the loop itself (a blocked loop
+            misses it and gets restarted); always a warning when the loop was blocked."""
+            watchdog = watchdog_interval()
+            interval = watchdog / 2 if watchdog else HEARTBEAT_SECS
+            while True:
+                started = time.monotonic()
+                await asyncio.sleep(interval)
+                late = time.monotonic() - started - interval
+                if late > BLOCKED_WARN_SECS:
+                    log.warning("event loop was blocked for %.1f s", late)
+                if watchdog:
+                    notify("WATCHDOG=1")
+
         for name, work in (("warm-up", warm_and_reembed()),
-                           ("checkpoint", checkpoint_periodically())):
+                           ("checkpoint", checkpoint_periodically()),
+                           ("heartbeat", heartbeat())):
             task = asyncio.create_task(work, name=name)
             self._background.add(task)
             task.add_done_callback(self._background.discard)

@@ -1,0 +1,176 @@
+"""``syncd service install|uninstall|status``: run the daemon under systemd (user unit) or
+launchd (user agent).
+
+The unit templates are ``deploy/systemd/syncd.service`` and ``deploy/launchd/dev.syncd.agent.plist``,
+shipped as package data in ``syncd/deploy_templates/`` (a test keeps the copies identical).
+Rendering fills ``{{SYNCD}}`` (this installation's ``syncd`` script, else ``python -m syncd``),
+``{{CONFIG}}``, ``{{DATA_DIR}}`` and ``{{LOG_DIR}}`` with absolute paths.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from xml.sax.saxutils import escape
+
+EXIT_OK, EXIT_FAILED, EXIT_TEMPFAIL = 0, 1, 75
+SYSTEMD_UNIT = "syncd.service"
+LAUNCHD_LABEL = "dev.syncd.agent"
+LAUNCHD_PLIST = f"{LAUNCHD_LABEL}.plist"
+
+
+@dataclass(frozen=True)
+class Paths:
+    config: Path
+    data_dir: Path
+    log_dir: Path
+
+
+def default_platform() -> str:
+    return "launchd" if sys.platform == "darwin" else "systemd"
+
+
+def launcher() -> list[str]:
+    """The command that starts this installation's syncd: the ``syncd`` script next to the
+    interpreter (a venv's ``bin/``) if there is one, else ``python -m syncd``."""
+    script = Path(sys.executable).parent / "syncd"
+    if script.is_file() and os.access(script, os.X_OK):
+        return [str(script)]
+    return [sys.executable, "-m", "syncd"]
+
+
+def template(name: str) -> str:
+    return (resources.files("syncd") / "deploy_templates" / name).read_bytes().decode()
+
+
+def _systemd_word(text: str, *, command: bool = False) -> str:
+    text = text.replace("%", "%%")  # specifiers
+    if command:
+        text = text.replace("$", "$$")  # environment variable expansion (not in argv[0])
+    if any(c.isspace() or c in "\"'\\;" for c in text):
+        text = '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return text
+
+
+def render_systemd(paths: Paths, command: list[str] | None = None) -> str:
+    command = launcher() if command is None else command
+    return (template(SYSTEMD_UNIT)
+            .replace("{{SYNCD}}", " ".join(_systemd_word(a, command=i > 0)  # no $ in argv[0]
+                                           for i, a in enumerate(command)))
+            .replace("{{CONFIG}}", _systemd_word(str(paths.config), command=True))
+            .replace("{{DATA_DIR}}", _systemd_word(str(paths.data_dir))))
+
+
+def render_launchd(paths: Paths, command: list[str] | None = None) -> str:
+    command = launcher() if command is None else command
+    text = template(LAUNCHD_PLIST)
+    for line in text.splitlines(keepends=True):
+        if "<string>{{SYNCD}}</string>" in line:
+            indent = line[:len(line) - len(line.lstrip())]
+            text = text.replace(line, "".join(f"{indent}<string>{escape(a)}</string>\n"
+                                              for a in command))
+            break
+    return (text.replace("{{CONFIG}}", escape(str(paths.config)))
+            .replace("{{DATA_DIR}}", escape(str(paths.data_dir)))
+            .replace("{{LOG_DIR}}", escape(str(paths.log_dir))))
+
+
+def render(platform: str, paths: Paths) -> str:
+    return render_launchd(paths) if platform == "launchd" else render_systemd(paths)
+
+
+def unit_path(platform: str) -> Path:
+    home = Path.home()
+    if platform == "launchd":
+        return home / "Library" / "LaunchAgents" / LAUNCHD_PLIST
+    xdg = os.environ.get("XDG_CONFIG_HOME", "")
+    base = Path(xdg) if xdg.startswith("/") else home / ".config"
+    return base / "systemd" / "user" / SYSTEMD_UNIT
+
+
+def _tool(platform: str) -> str | None:
+    name = "launchctl" if platform == "launchd" else "systemctl"
+    found = shutil.which(name)
+    if found is None:
+        print(f"syncd: {name} not found on PATH; cannot manage the {platform} service here. "
+              f"`syncd service install --{platform} --print` writes the unit to stdout; install "
+              f"it by hand (deploy/{platform}/README.md).", file=sys.stderr)
+    return found
+
+
+def _run(*command: str) -> int:
+    print("+ " + " ".join(command), file=sys.stderr, flush=True)
+    try:
+        return subprocess.run(command, check=False).returncode
+    except OSError as exc:
+        print(f"syncd: {command[0]}: {exc}", file=sys.stderr)
+        return EXIT_TEMPFAIL
+
+
+def _gui_domain() -> str:
+    return f"gui/{os.getuid()}"
+
+
+def install(platform: str, paths: Paths) -> int:
+    tool = _tool(platform)
+    if tool is None:
+        return EXIT_TEMPFAIL
+    target = unit_path(platform)
+    paths.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # ReadWritePaths needs it
+    if not paths.config.exists():  # the unit names the file; an empty one means the defaults
+        paths.config.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        paths.config.write_text("# syncd configuration: deploy/syncd.example.toml lists every "
+                                "option with its default.\n", encoding="utf-8")
+    if platform == "launchd":
+        paths.log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(render(platform, paths), encoding="utf-8")
+    print(f"wrote {target}", file=sys.stderr)
+    if platform == "launchd":
+        subprocess.run([tool, "bootout", f"{_gui_domain()}/{LAUNCHD_LABEL}"], check=False,
+                       capture_output=True)  # an earlier install; absent is fine
+        code = _run(tool, "bootstrap", _gui_domain(), str(target))
+    else:
+        code = _run(tool, "--user", "daemon-reload") or _run(
+            tool, "--user", "enable", "--now", SYSTEMD_UNIT)
+    if code:
+        print(f"syncd: the service manager refused (exit {code}); the unit is at {target}",
+              file=sys.stderr)
+        return EXIT_TEMPFAIL
+    print(f"syncd service installed and started ({platform}); `syncd service status` shows it")
+    return EXIT_OK
+
+
+def uninstall(platform: str) -> int:
+    tool = _tool(platform)
+    if tool is None:
+        return EXIT_TEMPFAIL
+    target = unit_path(platform)
+    if platform == "launchd":
+        _run(tool, "bootout", f"{_gui_domain()}/{LAUNCHD_LABEL}")
+    else:
+        _run(tool, "--user", "disable", "--now", SYSTEMD_UNIT)
+    try:
+        target.unlink()
+        print(f"removed {target}", file=sys.stderr)
+    except FileNotFoundError:
+        print(f"syncd: {target} was not installed", file=sys.stderr)
+    if platform == "systemd":
+        _run(tool, "--user", "daemon-reload")
+    return EXIT_OK
+
+
+def status(platform: str) -> int:
+    tool = _tool(platform)
+    if tool is None:
+        return EXIT_TEMPFAIL
+    if platform == "launchd":
+        code = _run(tool, "print", f"{_gui_domain()}/{LAUNCHD_LABEL}")
+    else:
+        code = _run(tool, "--user", "status", SYSTEMD_UNIT)
+    return EXIT_OK if code == 0 else EXIT_FAILED

@@ -1,0 +1,191 @@
+"""Issue 7: the systemd/launchd units as `syncd service install --print` renders them, the
+packaged templates, and the agent prompt hook `syncd recall --hook` against real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import plistlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from syncd.service import Paths, render_systemd
+from tests.syncd.test_daemon import ROOT, cli, env_for, finish, start, wait_ready
+
+PLACEHOLDERS = ("{{SYNCD}}", "{{CONFIG}}", "{{DATA_DIR}}", "{{LOG_DIR}}")
+
+
+def syncd_cli(home: Path, *args: str, stdin: str | None = None,
+              **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "syncd", *args], input=stdin,
+                          capture_output=True, text=True, env=env_for(home, **extra), timeout=60,
+                          check=False)
+
+
+def analyze_verify(unit: Path) -> None:
+    """`systemd-analyze verify`; it prints unit-file problems as ``<path>:<line>: …`` (with exit
+    0 for some), and fails without a running manager for reasons unrelated to the unit."""
+    tool = shutil.which("systemd-analyze")
+    if tool is None:
+        pytest.skip("systemd-analyze is not installed here; the unit is not verified")
+    proc = subprocess.run([tool, "verify", str(unit)], capture_output=True, text=True,
+                          timeout=60, check=False)
+    output = proc.stdout + proc.stderr
+    problems = [line for line in output.splitlines() if unit.name in line]
+    assert problems == [], output
+    if proc.returncode != 0:
+        assert "manager" in output.lower() or "/run/" in output, output
+
+
+def test_systemd_unit_renders_and_verifies(tmp_path: Path) -> None:
+    home, data = tmp_path / "home", tmp_path / "my data"  # a space: quoting must hold
+    out = syncd_cli(home, "--data-dir", str(data), "service", "install", "--systemd", "--print")
+    assert out.returncode == 0, out.stderr
+    unit = out.stdout
+    assert not any(p in unit for p in PLACEHOLDERS)
+    assert not (home / ".config/systemd").exists()  # --print writes nothing
+    for line in ("Type=notify", "NotifyAccess=main", "WatchdogSec=30", "Restart=on-failure",
+                 "RestartPreventExitStatus=2", "UMask=0077", "NoNewPrivileges=yes",
+                 "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6", f'ReadWritePaths="{data}"'):
+        assert line in unit.splitlines(), line
+    exec_start = next(x for x in unit.splitlines() if x.startswith("ExecStart="))
+    assert exec_start.endswith(f' --config {home}/.config/syncd/config.toml --data-dir "{data}" run')
+    path = tmp_path / "syncd.service"
+    path.write_text(unit)
+    analyze_verify(path)
+
+
+def test_systemd_quoting_of_odd_paths(tmp_path: Path) -> None:
+    python = tmp_path / "my python"
+    python.write_text("#!/bin/sh\n")
+    python.chmod(0o755)
+    paths = Paths(config=tmp_path / "100%$x.toml", data_dir=tmp_path / "d", log_dir=tmp_path)
+    unit = render_systemd(paths, command=[str(python), "-m", "syncd"])
+    assert f'ExecStart="{python}" -m syncd --config {tmp_path}/100%%$$x.toml' in unit
+    path = tmp_path / "syncd.service"
+    path.write_text(unit)
+    analyze_verify(path)
+
+
+def test_launchd_plist_renders_and_parses(tmp_path: Path) -> None:
+    home, data = tmp_path / "home", tmp_path / "data"
+    out = syncd_cli(home, "--data-dir", str(data), "service", "install", "--launchd", "--print")
+    assert out.returncode == 0, out.stderr
+    assert not any(p in out.stdout for p in PLACEHOLDERS)
+    plist = plistlib.loads(out.stdout.encode())
+    assert plist["Label"] == "dev.syncd.agent"
+    args = plist["ProgramArguments"]
+    assert Path(args[0]).name in ("syncd", Path(sys.executable).name)
+    assert args[-5:] == ["--config", f"{home}/.config/syncd/config.toml", "--data-dir",
+                         str(data), "run"]
+    assert plist["RunAtLoad"] is True and plist["KeepAlive"] == {"SuccessfulExit": False}
+    assert plist["ThrottleInterval"] == 10 and plist["ProcessType"] == "Background"
+    assert plist["StandardOutPath"].startswith(f"{home}/Library/Logs/syncd/")
+    assert plist["StandardErrorPath"].startswith(f"{home}/Library/Logs/syncd/")
+    assert plist["EnvironmentVariables"] == {}
+
+
+def test_packaged_templates_equal_the_deploy_files() -> None:
+    packaged = ROOT / "syncd" / "deploy_templates"
+    assert sorted(p.name for p in packaged.iterdir()) == ["dev.syncd.agent.plist",
+                                                           "syncd.service"]
+    assert (packaged / "syncd.service").read_bytes() == \
+        (ROOT / "deploy/systemd/syncd.service").read_bytes()
+    assert (packaged / "dev.syncd.agent.plist").read_bytes() == \
+        (ROOT / "deploy/launchd/dev.syncd.agent.plist").read_bytes()
+    plistlib.loads((ROOT / "deploy/launchd/dev.syncd.agent.plist").read_bytes())
+
+
+def test_hub_unit_verifies(tmp_path: Path) -> None:
+    unit = (ROOT / "deploy/systemd/syncd-hub.service").read_text()
+    assert "User=syncd-hub" in unit and "StateDirectory=syncd-hub" in unit
+    path = tmp_path / "syncd-hub.service"  # ExecStart must exist for verify: point it at /bin/true
+    path.write_text(unit.replace("/opt/syncd/venv/bin/syncd", "/bin/true"))
+    analyze_verify(path)
+
+
+@pytest.mark.parametrize("flag", ["--systemd", "--launchd"])
+def test_install_without_the_service_manager_says_so(tmp_path: Path, flag: str) -> None:
+    home = tmp_path / "home"
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    out = syncd_cli(home, "service", "install", flag, PATH=str(empty))
+    assert out.returncode == 75
+    assert ("systemctl" if flag == "--systemd" else "launchctl") + " not found" in out.stderr
+    assert not (home / ".config/systemd").exists() and not (home / "Library").exists()
+
+
+def test_recall_needs_a_query_unless_hook(tmp_path: Path) -> None:
+    out = syncd_cli(tmp_path, "--data-dir", str(tmp_path / "data"), "recall")
+    assert out.returncode == 2 and "QUERY is required" in out.stderr
+
+
+# --- the prompt hook -----------------------------------------------------------------------------
+
+async def hook(data: Path, stdin: bytes) -> tuple[int, str, float]:
+    started = time.monotonic()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "syncd", "--data-dir", str(data), "recall", "--hook",
+        env=env_for(data.parent), stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    async with asyncio.timeout(30):
+        out, _ = await proc.communicate(stdin)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), time.monotonic() - started
+
+
+def payload(prompt: str, cwd: Path) -> bytes:
+    return json.dumps({"session_id": "abc123", "transcript_path": "/dev/null", "cwd": str(cwd),
+                       "hook_event_name": "UserPromptSubmit", "prompt": prompt}).encode()
+
+
+async def test_hook_prints_the_context_for_the_project_realm(tmp_path: Path) -> None:
+    data, project = tmp_path / "data", tmp_path / "billing-api"
+    proc = await start(data, "--listen", "127.0.0.1:0")
+    await wait_ready(proc)
+    try:
+        code, _, err = await cli(data, "save", "ship billing with make release", "--realm",
+                                 "billing-api", "--type", "procedure")
+        assert code == 0, err
+        code, _, err = await cli(data, "save", "ship billing via the portal", "--realm", "other")
+        assert code == 0, err
+        code, out, _ = await hook(data, payload("how do I ship billing?", project))
+        assert code == 0
+        output = json.loads(out)["hookSpecificOutput"]
+        assert output["hookEventName"] == "UserPromptSubmit"
+        assert "ship billing with make release" in output["additionalContext"]
+        assert "portal" not in output["additionalContext"]  # another project's realm
+        code, out, _ = await hook(data, payload("zzzz qqqq", tmp_path / "empty-project"))
+        assert code == 0 and out == ""  # no memories, no output
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert (await finish(proc))[0] == 0
+
+
+async def test_hook_is_silent_and_quick_when_the_daemon_is_down(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    with socket.socket() as sock:  # a port nobody listens on any more
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    (data / "daemon.json").write_text(json.dumps({"pid": 1, "url": f"http://127.0.0.1:{port}"}))
+    (data / "api-token").write_text("x" * 43 + "\n")
+    (data / "api-token").chmod(0o600)
+    code, out, elapsed = await hook(data, payload("how do I ship billing?", tmp_path))
+    assert (code, out) == (0, "") and elapsed < 3.0
+    code, out, elapsed = await hook(tmp_path / "never-ran", payload("anything", tmp_path))
+    assert (code, out) == (0, "") and elapsed < 3.0  # no token file either
+
+
+@pytest.mark.parametrize("stdin", [b"", b"not json", b"[1, 2]", b'{"prompt": 7}',
+                                   b'{"cwd": "/tmp"}', b"\xff\xfe"])
+async def test_hook_ignores_malformed_input(tmp_path: Path, stdin: bytes) -> None:
+    code, out, _ = await hook(tmp_path / "data", stdin)
+    assert (code, out) == (0, "")

@@ -163,8 +163,8 @@ def _run(args: argparse.Namespace, settings: dict[str, Any]) -> int:
 def _mcp(data_dir: Path, listen_url: str) -> int:
     """Works before the daemon ever ran: requests then get a "start `syncd run`" error, and
     the token file is re-read when it appears or rotates."""
-    from syncd.daemon import read_state
     from syncd.mcp_stdio import run_stdio_bridge, token_from_file
+    from syncd.state import read_state
     from syncd.token import token_path
     url = str((read_state(data_dir) or {}).get("url") or listen_url)
     return asyncio.run(run_stdio_bridge(url, token_from_file(token_path(data_dir))))

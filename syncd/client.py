@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from syncd.daemon import read_state
+from syncd.state import read_state
 from syncd.token import read_token, token_path
 
 

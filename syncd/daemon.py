@@ -32,10 +32,10 @@ from local_store import HashingEmbedder, Store, StoreLockedError
 from local_store.embed import Embedder
 from syncd.http import create_app
 from syncd.notify import notify, watchdog_interval
+from syncd.state import state_path
 from syncd.token import ensure_token
 
 EXIT_OK, EXIT_CONFIG, EXIT_TEMPFAIL = 0, 2, 75
-STATE_FILENAME = "daemon.json"
 CHECKPOINT_SECS = 300  # truncate the WAL every 5 minutes (a long reader may have grown it)
 HEARTBEAT_SECS = 1.0  # in-process heartbeat without a service-manager watchdog (launchd)
 BLOCKED_WARN_SECS = 5.0  # a heartbeat this late means the event loop was blocked
@@ -77,18 +77,6 @@ def check_bind(host: str, allow_non_loopback: bool) -> None:
             f"daemon.listen host {host!r} is not a loopback address; the local API must not be "
             "reachable from the network. Set daemon.allow_non_loopback = true (or pass "
             "--allow-non-loopback) only behind your own authentication.", EXIT_CONFIG)
-
-
-def state_path(data_dir: Path) -> Path:
-    return data_dir / STATE_FILENAME
-
-
-def read_state(data_dir: Path) -> dict[str, Any] | None:
-    try:
-        state = json.loads(state_path(data_dir).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return state if isinstance(state, dict) else None
 
 
 class Daemon:

@@ -179,9 +179,9 @@ async def test_hook_is_silent_and_quick_when_the_daemon_is_down(tmp_path: Path) 
     (data / "api-token").write_text("x" * 43 + "\n")
     (data / "api-token").chmod(0o600)
     code, out, elapsed = await hook(data, payload("how do I ship billing?", tmp_path))
-    assert (code, out) == (0, "") and elapsed < 3.0
+    assert (code, out) == (0, "") and elapsed < 1.0  # the whole process: start-up included
     code, out, elapsed = await hook(tmp_path / "never-ran", payload("anything", tmp_path))
-    assert (code, out) == (0, "") and elapsed < 3.0  # no token file either
+    assert (code, out) == (0, "") and elapsed < 1.0  # no token file either
 
 
 @pytest.mark.parametrize("stdin", [b"", b"not json", b"[1, 2]", b'{"prompt": 7}',

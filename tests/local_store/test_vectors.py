@@ -39,3 +39,45 @@ def test_upsert_replaces_and_mask_filters() -> None:
     with pytest.raises(ValueError, match="dim 3"):
         index.upsert("c", [1.0, 0.0, 0.0])
     assert VectorIndex("m", 2).top_k([1.0, 0.0], 3) == []
+
+
+def test_snapshot_is_consistent_while_another_thread_writes() -> None:
+    """Recall snapshots on its own thread while the loop upserts and removes (swap-with-last):
+    every (id, cosine) pair in a snapshot must belong together."""
+    import threading
+
+    dim = 16
+    index = VectorIndex("m", dim, capacity=4)
+    query = np.ones(dim, dtype=np.float32) / np.sqrt(dim)
+
+    def vector(n: int) -> np.ndarray:
+        v = np.zeros(dim, dtype=np.float32)
+        v[n % dim] = 1.0  # cosine with the query is the same for all, so encode n in the norm
+        return v * (1.0 + n / 1000.0)
+
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def writer() -> None:  # churns 500 ids: inserts, updates, and swap-with-last removals
+        n = 0
+        while not stop.is_set():
+            index.upsert(f"id{n % 500}", vector(n % 500))
+            index.remove(f"id{(n * 7) % 500}")
+            n += 1
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        for _ in range(300):
+            ids, sims = index.snapshot(query)
+            if len(ids) != len(sims):
+                errors.append("length mismatch")
+            for mid, sim in zip(ids, sims, strict=False):
+                n = int(mid[2:])
+                if abs(float(sim) - float(vector(n) @ query)) > 1e-5:
+                    errors.append(f"{mid} carries another row's vector")
+                    break
+    finally:
+        stop.set()
+        thread.join()
+    assert errors == []

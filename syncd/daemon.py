@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import json
 import logging
 import os
@@ -30,6 +29,7 @@ from aiohttp import web
 
 from local_store import HashingEmbedder, Store, StoreLockedError
 from local_store.embed import Embedder
+from syncd.config import is_loopback_host
 from syncd.http import create_app
 from syncd.notify import notify, watchdog_interval
 from syncd.state import state_path
@@ -66,13 +66,7 @@ def make_embedder(model: str, cache_dir: Path | None = None,
 
 def check_bind(host: str, allow_non_loopback: bool) -> None:
     """L1: loopback only unless explicitly allowed."""
-    if host == "localhost":
-        return
-    try:
-        loopback = ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback and not allow_non_loopback:
+    if not is_loopback_host(host.strip("[]")) and not allow_non_loopback:
         raise StartupError(
             f"daemon.listen host {host!r} is not a loopback address; the local API must not be "
             "reachable from the network. Set daemon.allow_non_loopback = true (or pass "

@@ -27,6 +27,7 @@ from local_store.records import normalise_memory_id, optional_str, required_str,
 Handler = Callable[[Store, dict[str, Any]], Awaitable[Any]]
 
 SURFACE_TOP = 2
+SEARCH_TOOLS = frozenset({"memory_search", "recall_memory"})
 MAX_CONVERSATIONS = 1000
 
 
@@ -173,15 +174,16 @@ async def _note(store: Store, args: dict[str, Any]) -> Any:
             raise ValidationError(f"edges[{index}]", "must be an object {to, type, to_type?}")
         target = required_str(edge, "to", label=f"edges[{index}].to")
         target_kind = optional_str(edge, "to_type") or "concept"
-        stub = await store.save({
-            "content": f"{target}: (mentioned by {name})", "title": target,
-            "memory_type": "entity", "tags": [f"kind:{target_kind}"], "realm": realm,
-            "topic_key": f"note/{slug(target_kind)}/{slug(target)}"}) if not await _find_note(
-                store, target, realm) else {"node_id": await _find_note(store, target, realm)}
+        target_id = await _find_note(store, target, realm)
+        if target_id is None:  # a stub the target's own memory_note will later fill in
+            target_id = (await store.save({
+                "content": f"{target}: (mentioned by {name})", "title": target,
+                "memory_type": "entity", "tags": [f"kind:{target_kind}"], "realm": realm,
+                "topic_key": f"note/{slug(target_kind)}/{slug(target)}"}))["node_id"]
         relation = optional_str(edge, "type", label=f"edges[{index}].type") or "RELATES_TO"
-        await store.link({"memory_id": saved["node_id"], "target_node_id": stub["node_id"],
+        await store.link({"memory_id": saved["node_id"], "target_node_id": target_id,
                           "relationship_type": relation.upper()})
-        links.append({"to": target, "type": relation.upper(), "node_id": stub["node_id"]})
+        links.append({"to": target, "type": relation.upper(), "node_id": target_id})
     return {**saved, "name": name, "type": kind, "edges": links}
 
 
@@ -289,23 +291,29 @@ class Surfacer:
             raise ValidationError("memoryContext", "must be a string")
         conversation = conversation or f"conv-{uuid.uuid4()}"
         result = await tool.handler(store, params)
-        hint = context or (params.get("query") if name in ("memory_search", "recall_memory")
-                           else None)
-        surfaced = await self._surface(store, conversation, hint)
+        searched = None
+        if context is None and name in SEARCH_TOOLS and isinstance(result, dict):
+            searched = result["memories"]  # the search itself is the hint: reuse its answer
+        surfaced = await self._surface(store, conversation, context, searched)
         if isinstance(result, dict):
             result = {**result, "conversationId": conversation}
             if surfaced:
                 result["relevant_memories"] = surfaced
         return result
 
-    async def _surface(self, store: Store, conversation: str,
-                       hint: object) -> list[dict[str, Any]]:
+    async def _surface(self, store: Store, conversation: str, hint: str | None,
+                       found: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+        """Top direct matches for the hint (or from a search's own answer), newest first,
+        merged with what this conversation already surfaced."""
         known = self._seen.pop(conversation, [])
-        if isinstance(hint, str) and hint.strip():
-            found = await store.recall({"query": hint, "limit": 8, "expand_hops": 0})
-            fresh = [{"id": m.id, "subject": m.title or m.memory_type,
-                      "summary": m.content_preview.splitlines()[0][:160]}
-                     for m in found.memories if not m.fallback][:SURFACE_TOP]
+        if found is None and hint and hint.strip():
+            answer = await store.recall({"query": hint, "limit": 8, "expand_hops": 0})
+            found = msgspec.to_builtins(answer.memories)
+        if found:
+            fresh = [{"id": m["id"], "subject": m["title"] or m["memory_type"],
+                      "summary": m["content_preview"].splitlines()[0][:160] if
+                      m["content_preview"] else ""}
+                     for m in found if not m["fallback"] and m["via"] is None][:SURFACE_TOP]
             ids = {m["id"] for m in known}
             known = ([m for m in fresh if m["id"] not in ids] + known)[:SURFACE_TOP * 2]
         self._seen[conversation] = known

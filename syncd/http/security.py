@@ -18,11 +18,12 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from aiohttp import web
 
+from syncd.config import LOOPBACK_HOST_NAMES
 from syncd.http.errors import error_response
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
+LOOPBACK_HOSTS = frozenset({*LOOPBACK_HOST_NAMES, "::1"})
 PUBLIC_PATHS = frozenset({"/healthz"})
 TOKEN_QUERY_KEYS = frozenset({"token", "access_token", "api_key", "apikey", "auth"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})

@@ -43,13 +43,6 @@ _SLUG_RUNS = re.compile(r"[^0-9a-z]+")
 _WS = re.compile(r"\s+")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
-SAVE_FIELDS = frozenset({
-    "content", "title", "memory_type", "tags", "realm", "importance", "references",
-    "topic_key", "why", "where", "learned", "sync", "space", "valid_at", "source_session_id",
-    "source_run_id", "provenance", "memory_class", "writer_agent_id", "source_uris",
-    "mentions", "dedupe_key", "conversationId", "memoryContext",
-})
-
 
 @dataclass(slots=True)
 class Draft:

@@ -26,7 +26,7 @@ import aiosqlite
 import msgspec
 import numpy as np
 
-from local_store import db
+from local_store import db, replica
 from local_store.apply import ApplyResult, apply_batch
 from local_store.arguments import (
     int_arg,
@@ -39,6 +39,7 @@ from local_store.arguments import (
 from local_store.columns import EDGE_ALL, EDGE_SELECT, NODE_COLUMNS, NODE_SELECT
 from local_store.embed import Embedder, HashingEmbedder, from_blob
 from local_store.errors import NotFoundError, StoreClosedError, ValidationError
+from local_store.feed import feed_page
 from local_store.reader import SyncReader
 from local_store.recall import Mode, Recall, Semantic
 from local_store.records import (
@@ -99,7 +100,8 @@ class Store:
 
     @classmethod
     async def open(cls, data_dir: Path | str, *, embedder: Embedder | None = None,
-                   wall: Callable[[], int] = time.time_ns) -> Store:
+                   wall: Callable[[], int] = time.time_ns, feed: bool = False) -> Store:
+        """``feed=True`` (a hub) marks every write transaction in the change feed."""
         data_dir = Path(data_dir)
         lock = db.DataDirLock(data_dir)
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="syncd-writer")
@@ -129,6 +131,9 @@ class Store:
         store = cls(data_dir, embedder or HashingEmbedder(), writer, reader, lock, pool, store_id)
         try:
             await store._load()
+            if feed:
+                writer.feed = True
+                await store._write(_mark_unfed)
         except BaseException:
             await store.close()
             raise
@@ -396,14 +401,17 @@ class Store:
                  for r in await self._fetch(edge_sql + " ORDER BY local_seq")]
         return nodes, edges
 
-    async def changes(self, since_seq: int, *, limit: int = 1000,
+    async def changes(self, since_seq: int, *, limit: int = 1000, realm: str | None = None,
                       model: str | None = None) -> tuple[list[NodeRow], list[EdgeRow], int]:
-        """Local versions (tombstones included) with ``local_seq > since_seq``, in commit order.
+        """Local versions (tombstones included) with ``local_seq > since_seq``, in commit order;
+        nodes optionally of one realm (edges never filtered, as the plane).
 
         Returns the rows and the cursor to pass next time (the last seq returned).
         """
+        realm_sql = "" if realm is None else " AND realm = ?"
         node_rows = await self._fetch(
-            NODE_SELECT + " WHERE local_seq > ? ORDER BY local_seq LIMIT ?", (since_seq, limit))
+            NODE_SELECT + " WHERE local_seq > ?" + realm_sql + " ORDER BY local_seq LIMIT ?",
+            (since_seq, limit) if realm is None else (since_seq, realm, limit))
         edge_rows = await self._fetch(
             EDGE_SELECT + " WHERE local_seq > ? ORDER BY local_seq LIMIT ?", (since_seq, limit))
         seq_index = NODE_COLUMNS.index("local_seq")
@@ -417,9 +425,13 @@ class Store:
         return nodes, edges, int(cursor)
 
     async def changes_since(self, since: str | None, realm: str | None = None, *,
-                            model: str | None = None) -> tuple[list[NodeRow], list[EdgeRow]]:
+                            model: str | None = None, edge_version: str = "updated_at",
+                            ) -> tuple[list[NodeRow], list[EdgeRow]]:
         """The plane's ``changes?since=``: versions strictly after ``since`` (any RFC 3339
-        form; empty = everything), nodes filtered by realm, edges never (as the plane)."""
+        form; empty = everything), nodes filtered by realm, edges never (as the plane).
+        ``edge_version="created_at"`` filters edges the plane's way."""
+        if edge_version not in ("updated_at", "created_at"):
+            raise ValueError(f"edge_version: {edge_version!r}")
         stamp = parse_timestamp(since, "since") if since and since.strip() else None
         where, params = ["updated_at > ?"], [stamp or ""]
         if realm is not None:
@@ -429,8 +441,76 @@ class Store:
                                  + " ORDER BY updated_at, id", params)
         nodes = await self._wire_nodes(rows, model or self.embedder.model_id)
         edges = [wire_edge(dict(zip(EDGE_ALL, r, strict=True))) for r in await self._fetch(
-            EDGE_SELECT + " WHERE updated_at > ? ORDER BY updated_at, id", (stamp or "",))]
+            EDGE_SELECT + f" WHERE {edge_version} > ? ORDER BY {edge_version}, id",
+            (stamp or "",))]
         return nodes, edges
+
+    async def feed(self, since: str | None, *, limit: int | None = None,
+                   realm: str | None = None, model: str | None = None,
+                   ) -> tuple[list[NodeRow], list[EdgeRow], str, bool]:
+        """A hub's ``changes``: versions ingested after ``since`` (a previous ``until``), in
+        commit order; returns rows, ``until`` and ``has_more`` (see ``feed.py``)."""
+        stamp = parse_timestamp(since, "since") if since and since.strip() else None
+        if limit is not None and limit < 1:
+            raise ValidationError("limit", f"must be >= 1, got {limit}")
+        loop = asyncio.get_running_loop()
+        page = await loop.run_in_executor(self._recall_reader.pool, functools.partial(
+            feed_page, self._recall_reader.fetch, stamp, limit, realm))
+        nodes = await self._wire_nodes(page.node_rows, model or self.embedder.model_id)
+        edges = [wire_edge(dict(zip(EDGE_ALL, r, strict=True))) for r in page.edge_rows]
+        return nodes, edges, page.until, page.has_more
+
+    async def sync_state(self) -> dict[str, str]:
+        """The sync engine's persisted state (``meta`` keys ``sync.*``, prefix removed)."""
+        rows = await self._fetch("SELECT key, value FROM meta WHERE key LIKE 'sync.%'")
+        return {r[0].removeprefix(replica.SYNC_PREFIX): r[1] for r in rows}
+
+    async def set_sync_state(self, state: Mapping[str, str | None]) -> None:
+        await self._write(lambda w: replica.set_state(w, state))
+
+    async def pull(self, nodes: Sequence[NodeRow], edges: Sequence[EdgeRow], *, model: str,
+                   state: Mapping[str, str | None], until: str | None = None) -> ApplyResult:
+        """Apply a pulled batch, let the HLC receive ``until``, and store ``state`` (the new
+        cursor) — all in one transaction."""
+        node_list, edge_list = list(nodes), list(edges)
+        return await self._write(
+            lambda w: replica.pull(w, node_list, edge_list, model, state, until))
+
+    async def correct_clock(self, offset_ns: int) -> bool:
+        """Use ``offset_ns`` (to the plane's clock) from now on; when the HLC had run ahead of
+        the corrected time by more than the drift bound, pull it back. True if it was."""
+        def run(w: Writer) -> bool:
+            w.clock.offset_ns = offset_ns
+            now = w.clock.physical_ns()
+            ahead = w.clock.last_ns > now + w.clock.max_drift_ns
+            if ahead:
+                w.clock.rewind(now)
+            replica.set_state(w, {"clock_offset_ns": str(offset_ns)})
+            return ahead
+        return await self._write(run)
+
+    async def stage_push(self, limit: int, *, model: str, dim: int, realm: str | None = None,
+                         ) -> tuple[list[replica.Entry], list[NodeRow], list[EdgeRow]]:
+        """Re-stamp up to ``limit`` queued items and return them as wire rows. Each node carries
+        its ``model`` vector, or zeros when there is none (the plane requires a vector and
+        skips a zero one in its semantic leg)."""
+        staged = await self._write(lambda w: replica.stage(w, limit, realm))
+        vectors = await self._vectors([row["id"] for row in staged.nodes], model)
+        zeros = [0.0] * dim
+        nodes = [wire_node(row, vectors.get(row["id"]) or zeros) for row in staged.nodes]
+        return staged.entries, nodes, [wire_edge(row) for row in staged.edges]
+
+    async def ack_push(self, entries: Sequence[replica.Entry]) -> int:
+        items = list(entries)
+        return await self._write(lambda w: replica.ack(w, items))
+
+    async def reconcile(self, nodes: Sequence[NodeRow], edges: Sequence[EdgeRow], *,
+                        model: str, realm: str | None = None,
+                        state: Mapping[str, str | None] | None = None) -> replica.Reconciled:
+        """Anti-entropy: apply a full export, re-queue what the plane lacks or holds older."""
+        node_list, edge_list = list(nodes), list(edges)
+        return await self._write(lambda w: replica.reconcile(
+            w, node_list, edge_list, model, realm, state or {}))
 
     async def _wire_nodes(self, rows: list[sqlite3.Row], model: str) -> list[NodeRow]:
         dicts = [dict(zip(NODE_COLUMNS, r, strict=True)) for r in rows]
@@ -605,6 +685,14 @@ def _put_embedded(items: list[tuple[str, str, Vector]], w: Writer) -> None:
         row = w.node(memory_id)
         if row is not None and not row["deleted"] and row["content"] == content:
             w.put_vector(memory_id, vector)
+
+
+def _mark_unfed(w: Writer) -> None:
+    """A store that becomes a hub: one mark covering every version written before."""
+    last = w.conn.execute("SELECT max(seq) FROM feed").fetchone()[0] or 0
+    current = int(w.meta("local_seq") or 0)
+    if current > last:
+        w.conn.execute("INSERT INTO feed (seq, stamp) VALUES (?, ?)", (current, w.clock.now()))
 
 
 def _claim_data_dir(data_dir: Path, lock: db.DataDirLock) -> None:

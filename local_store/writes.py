@@ -35,8 +35,9 @@ from local_store.embed import to_blob
 from local_store.errors import NotFoundError
 from local_store.merge import EDGE_HASHED, NODE_HASHED, content_hash, version_key, wins
 from local_store.records import Draft, new_memory_id, preview
-from protocol.hlc import HybridClock
+from protocol.hlc import TICK_NS, HybridClock
 from protocol.rows import edge_id
+from protocol.timestamp import format_ns, parse_ns
 
 Row = dict[str, Any]
 
@@ -55,6 +56,8 @@ class Writer:
         self.clock = clock
         self.replica_id = replica_id
         self._seq = 0
+        self._start_seq = 0
+        self.feed = False  # a hub: mark each transaction in the change feed (0003_feed.sql)
         # (memory_id, model or None for "every model", values or None for removal), collected
         # per transaction so the store can update its in-RAM index after the commit.
         self.vector_events: list[tuple[str, str | None, npt.NDArray[np.float32] | None]] = []
@@ -63,11 +66,14 @@ class Writer:
 
     def begin(self) -> None:
         self.conn.execute("BEGIN IMMEDIATE")
-        self._seq = int(self.meta("local_seq") or 0)
+        self._seq = self._start_seq = int(self.meta("local_seq") or 0)
         self.vector_events = []
 
     def commit(self) -> None:
         self.set_meta("local_seq", str(self._seq))
+        if self.feed and self._seq > self._start_seq:
+            self.conn.execute("INSERT INTO feed (seq, stamp) VALUES (?, ?)",
+                              (self._seq, self.clock.now()))
         self.set_meta("hlc_last", str(self.clock.last_ns))
         self.conn.execute("COMMIT")
 
@@ -122,13 +128,15 @@ class Writer:
     def put_node(self, row: Row, vector: Vector | None = None, *, local: bool = True) -> Row:
         """Stamp and write a new version of a node (a local write unless ``local`` is False)."""
         if local:
-            row["updated_at"] = self.clock.now()
+            row["updated_at"] = self.stamp_after(self.version("memories", row["id"]))
             row["origin"] = self.replica_id
             if row["created_at"] is None:  # a new memory: created = valid = this stamp
                 row["created_at"] = row["updated_at"]
                 row["valid_at"] = row["valid_at"] or row["updated_at"]
         row["content_hash"] = content_hash(row, NODE_HASHED)
         row["local_seq"] = self.next_seq()
+        if local and vector is not None:
+            self.drop_stale_vectors(row, vector.model)
         self.fts_remove([row["id"]])
         self.conn.execute(NODE_UPSERT, node_params(row))
         self.fts_add([row["id"]])
@@ -140,6 +148,16 @@ class Writer:
         if local:
             self.enqueue("node", row["id"], row["local_seq"])
         return row
+
+    def drop_stale_vectors(self, row: Row, model: str) -> None:
+        """A local content change makes every other model's vector of this memory stale (the
+        plane-model vector is pushed only while the content it was made from is unchanged)."""
+        stale = self.conn.execute(
+            "DELETE FROM vectors WHERE memory_id = ? AND model <> ? AND NOT EXISTS "
+            "(SELECT 1 FROM memories WHERE id = ? AND content = ?)",
+            (row["id"], model, row["id"], row["content"])).rowcount
+        if stale:
+            self.vector_events.append((row["id"], None, None))
 
     def put_vector(self, memory_id: str, vector: Vector) -> None:
         self.conn.execute(
@@ -153,7 +171,7 @@ class Writer:
                  deleted: bool = False) -> Row:
         eid = edge_id(src, dst, type_)
         old = self.edge(eid)
-        stamp = self.clock.now()
+        stamp = self.stamp_after(old["updated_at"] if old else None)
         row: Row = {
             "id": eid, "src": src, "dst": dst, "type": type_, "realm": realm,
             "target_namespace": target_namespace, "props": props,
@@ -165,6 +183,19 @@ class Writer:
         self.conn.execute(EDGE_UPSERT, edge_params(row))
         self.enqueue("edge", eid, row["local_seq"])
         return row
+
+    def version(self, table: str, item_id: str) -> str | None:
+        found = self.conn.execute(f"SELECT updated_at FROM {table} WHERE id = ?",
+                                  (item_id,)).fetchone()
+        return None if found is None else str(found[0])
+
+    def stamp_after(self, current: str | None) -> str:
+        """A fresh HLC stamp, and never one at or before ``current`` (the version it replaces):
+        after the clock was pulled back from running ahead, a new version still beats the old."""
+        stamp = self.clock.now()
+        if current is None or stamp > current:
+            return stamp
+        return format_ns((parse_ns(current) // TICK_NS + 1) * TICK_NS + self.clock.node)
 
     def enqueue(self, kind: str, item_id: str, seq: int) -> None:
         self.conn.execute(

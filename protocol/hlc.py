@@ -28,7 +28,7 @@ from protocol.timestamp import format_ns, parse_ns
 
 DEFAULT_MAX_DRIFT_NS = 5 * 60 * 1_000_000_000  # 5 minutes
 NODE_LIMIT = 1000  # node discriminators are 0..NODE_LIMIT-1
-_TICK_NS = 1000
+TICK_NS = 1000
 
 
 class HybridClock:
@@ -74,12 +74,18 @@ class HybridClock:
 
     def now_ns(self) -> int:
         """Issue a stamp for a local or send event (rule 1)."""
-        tick = max(self._last_ns // _TICK_NS + 1, self.physical_ns() // _TICK_NS)
-        self._last_ns = tick * _TICK_NS + self._node
+        tick = max(self._last_ns // TICK_NS + 1, self.physical_ns() // TICK_NS)
+        self._last_ns = tick * TICK_NS + self._node
         return self._last_ns
 
     def now(self) -> str:
         return format_ns(self.now_ns())
+
+    def rewind(self, to_ns: int) -> None:
+        """Pull ``last_ns`` back to ``to_ns`` after the wall clock was found running ahead of
+        the plane's (rule 5). Callers keep per-item order themselves: a new version of an item
+        is stamped after the version it replaces (``local_store.replica.after``)."""
+        self._last_ns = min(self._last_ns, to_ns)
 
     def receive(self, stamp: str | int) -> bool:
         """Merge a remote stamp (rule 2); False if the drift guard ignored it.

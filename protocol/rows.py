@@ -133,6 +133,7 @@ class ChangesResponse(msgspec.Struct, kw_only=True, omit_defaults=True):
     memory_edges: list[EdgeRow] = msgspec.field(default_factory=_empty)
     store_id: str | None = None  # syncd
     has_more: bool | None = None  # syncd
+    feed: str | None = None  # syncd: "ingest" when since/until follow the server's ingest order
 
 
 class ImportRequest(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -80,11 +80,25 @@ def build_parser() -> argparse.ArgumentParser:
     service.add_argument("--print", dest="print_only", action="store_true",
                          help="write the rendered unit to stdout only")
 
-    sub.add_parser("demo", help="run the embedded demo")
+    sub.add_parser("sync", help="run one sync pass now and print its report")
+
+    hub = sub.add_parser("hub", help="run the reference control plane (`syncd hub token "
+                         "create|list|revoke --data-dir DIR` manages its API tokens)")
+    hub.add_argument("--data-dir", dest="hub_data_dir", type=Path,
+                     help="the hub's data directory (default: hub.data_dir)")
+    hub.add_argument("--listen", help="HOST:PORT (default: hub.listen, 127.0.0.1:8787)")
+    hub.add_argument("--cursor", choices=["ingest", "origin"],
+                     help="changes feed order: ingest (default) or origin (as Kyma)")
+
+    sub.add_parser("demo", help="run the embedded demo: a hub and two laptops on loopback")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "hub" in argv and argv[argv.index("hub") + 1:argv.index("hub") + 2] == ["token"]:
+        from syncd.hub.tokens import token_main
+        return token_main(argv[argv.index("hub") + 2:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "recall" and args.hook:
@@ -103,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     if args.command == "run":
         return _run(args, settings)
+    if args.command == "hub":
+        return _hub(args, settings)
     if args.command == "backup":
         return _backup(settings["data_dir"], args.dest)
     if args.command == "mcp":
@@ -125,7 +141,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     from syncd.config import ConfigError, load_config, parse_listen
     try:
         config = load_config(args.config)
-        listen = getattr(args, "listen", None) or config.daemon.listen
+        default_listen = config.hub.listen if args.command == "hub" else config.daemon.listen
+        listen = getattr(args, "listen", None) or default_listen
         host, port = parse_listen(listen)
     except (ConfigError, ValueError) as exc:
         raise ValueError(str(exc)) from None
@@ -148,7 +165,8 @@ def _run(args: argparse.Namespace, settings: dict[str, Any]) -> int:
             max_body=config.daemon.max_body_bytes,
             plane_model=config.control_plane.embedding_model,
             shutdown_timeout=config.daemon.shutdown_timeout_secs,
-            allow_non_loopback=args.allow_non_loopback or config.daemon.allow_non_loopback)
+            allow_non_loopback=args.allow_non_loopback or config.daemon.allow_non_loopback,
+            sync=_sync_factory(config))
         return asyncio.run(daemon.run(ready=lambda url: print(f"syncd: ready on {url}",
                                                               file=sys.stderr, flush=True)))
     except StartupError as exc:
@@ -158,6 +176,51 @@ def _run(args: argparse.Namespace, settings: dict[str, Any]) -> int:
         logging.getLogger("syncd").exception("daemon failed")
         print(f"syncd: {exc}", file=sys.stderr)
         return EXIT_TEMPFAIL
+
+
+def _sync_factory(config: Any) -> Any:
+    """The daemon's sync runner, when ``control_plane.url`` is set (its token is read now, so
+    a missing token file is a start-up error, not a failing loop)."""
+    from syncd.daemon import EXIT_CONFIG as CONFIG_EXIT
+    from syncd.daemon import StartupError
+    from syncd.sync.engine import SyncOptions
+    from syncd.sync.runner import SyncRunner, SyncSetupError, read_plane_token
+    plane, sync = config.control_plane, config.sync
+    if not plane.url:
+        return None
+    try:
+        token = read_plane_token(plane.token_file)
+    except SyncSetupError as exc:
+        raise StartupError(str(exc), CONFIG_EXIT) from None
+    options = SyncOptions(realm=plane.realm, plane_model=plane.embedding_model,
+                          overlap_secs=sync.overlap_secs, push_batch_bytes=sync.push_batch_bytes,
+                          anti_entropy_secs=sync.anti_entropy_secs)
+    return lambda store: SyncRunner.create(store, url=plane.url, token=token, options=options,
+                                           interval=sync.interval_secs, jitter=sync.jitter)
+
+
+def _hub(args: argparse.Namespace, settings: dict[str, Any]) -> int:
+    from syncd.daemon import StartupError, make_embedder
+    from syncd.hub.server import Hub
+    config = settings["config"]
+    data_dir = (args.hub_data_dir or args.data_dir or config.hub.data_dir).expanduser()
+    try:
+        hub = Hub(data_dir=data_dir, host=settings["host"], port=settings["port"],
+                  embedder=make_embedder(config.embedding.model, config.embedding.cache_dir,
+                                         config.embedding.threads),
+                  cursor=args.cursor or config.hub.cursor,
+                  shutdown_timeout=config.daemon.shutdown_timeout_secs)
+        return asyncio.run(hub.run(ready=lambda url: print(f"syncd hub: ready on {url}",
+                                                           file=sys.stderr, flush=True)))
+    except StartupError as exc:
+        print(f"syncd hub: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+def _sync(client: Client, args: argparse.Namespace) -> int:
+    report = client.call("POST", "/v1/agent/sync/run", {})
+    print(json.dumps(report, indent=2))
+    return EXIT_OK if report.get("ok") else EXIT_FAILED
 
 
 def _mcp(data_dir: Path, listen_url: str) -> int:
@@ -225,6 +288,14 @@ def _status(client: Client, args: argparse.Namespace) -> int:
     for key in ("data_dir", "store_id", "replica_id", "embedder", "memories", "tombstones",
                 "edges", "outbox", "indexed_vectors"):
         print(f"  {key:16} {status.get(key)}")
+    sync = status.get("sync") or {}
+    if not sync.get("configured"):
+        print("  sync             off (no control_plane.url)")
+        return EXIT_OK
+    print(f"  sync             {sync['url']} (every {sync['interval_secs']:.0f} s)")
+    for key in ("last_success", "last_error", "cursor", "outbox", "clock_offset_ms",
+                "consecutive_failures", "auth_blocked"):
+        print(f"    {key:20} {sync.get(key)}")
     return EXIT_OK
 
 
@@ -318,7 +389,7 @@ def _backup(data_dir: Path, dest: Path) -> int:
 
 
 COMMANDS = {"status": _status, "recall": _recall, "save": _save, "export": _export,
-            "import": _import}
+            "import": _import, "sync": _sync}
 
 
 if __name__ == "__main__":

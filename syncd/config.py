@@ -131,6 +131,12 @@ def default_data_dir(env: Mapping[str, str] | None = None, platform: str | None 
     return _base_dir(env, platform or sys.platform, "XDG_DATA_HOME", ".local/share") / APP_NAME
 
 
+def default_hub_data_dir(env: Mapping[str, str] | None = None,
+                         platform: str | None = None) -> Path:
+    """``syncd-hub`` beside the daemon's default data directory."""
+    return default_data_dir(env, platform).with_name(APP_NAME + "-hub")
+
+
 def default_config_path(env: Mapping[str, str] | None = None, platform: str | None = None) -> Path:
     """``$XDG_CONFIG_HOME/syncd/config.toml`` or ``~/.config/syncd/config.toml``; on macOS
     ``~/Library/Application Support/syncd/config.toml``."""
@@ -371,6 +377,7 @@ class HubConfig(_Section, kw_only=True, forbid_unknown_fields=True, frozen=True)
     machines, so it may listen on any address)."""
 
     SECTION: ClassVar[str] = "hub"
+    data_dir: Path = msgspec.field(default_factory=default_hub_data_dir)
     listen: str = DEFAULT_HUB_LISTEN
     cursor: HubCursor = DEFAULT_HUB_CURSOR
     token_lifetime_days: float = DEFAULT_HUB_TOKEN_LIFETIME_DAYS
@@ -442,6 +449,9 @@ def parse_config(data: bytes, *, source: str = "<config>",
     daemon = raw.setdefault("daemon", {})
     if isinstance(daemon, dict):
         daemon.setdefault("data_dir", str(default_data_dir(env)))
+    hub = raw.setdefault("hub", {})
+    if isinstance(hub, dict):
+        hub.setdefault("data_dir", str(default_hub_data_dir(env)))
     try:
         try:
             return msgspec.convert(raw, Config, dec_hook=_path_hook(env))

@@ -33,6 +33,7 @@ from syncd.config import is_loopback_host
 from syncd.http import create_app
 from syncd.notify import notify, watchdog_interval
 from syncd.state import state_path
+from syncd.sync.runner import SyncRunner
 from syncd.token import ensure_token
 
 EXIT_OK, EXIT_CONFIG, EXIT_TEMPFAIL = 0, 2, 75
@@ -77,11 +78,13 @@ class Daemon:
     def __init__(self, *, data_dir: Path, host: str, port: int, embedder: Embedder,
                  unix_socket: Path | None = None, extra_hosts: tuple[str, ...] = (),
                  max_body: int = 4 * 1024 * 1024, plane_model: str = "bge-small-en-v1.5",
-                 shutdown_timeout: float = 10.0, allow_non_loopback: bool = False) -> None:
+                 shutdown_timeout: float = 10.0, allow_non_loopback: bool = False,
+                 sync: Callable[[Store], SyncRunner] | None = None) -> None:
         self.data_dir, self.host, self.port = data_dir, host, port
         self.embedder, self.unix_socket = embedder, unix_socket
         self.extra_hosts, self.max_body, self.plane_model = extra_hosts, max_body, plane_model
         self.shutdown_timeout, self.allow_non_loopback = shutdown_timeout, allow_non_loopback
+        self.sync_factory = sync
         self.url = ""
         self._stop = asyncio.Event()
         self._background: set[asyncio.Task[Any]] = set()
@@ -96,17 +99,22 @@ class Daemon:
         except StoreLockedError as exc:
             raise StartupError(str(exc), EXIT_TEMPFAIL) from None
         runner: web.AppRunner | None = None
+        sync: SyncRunner | None = None
         try:
             token = await asyncio.get_running_loop().run_in_executor(
                 None, ensure_token, self.data_dir)
+            sync = self.sync_factory(store) if self.sync_factory is not None else None
             app = create_app(store, token=token, extra_hosts=self.extra_hosts,
-                             max_body=self.max_body, plane_model=self.plane_model)
+                             max_body=self.max_body, plane_model=self.plane_model, sync=sync)
             runner = web.AppRunner(app, shutdown_timeout=self.shutdown_timeout,
                                    access_log=None, handle_signals=False)
             await runner.setup()
             await self._bind(runner)
             await self._write_state()
             self._start_background(store)
+            if sync is not None:
+                await sync.start()
+                log.info("syncing with %s every %.0f s", sync.engine.client.url, sync.interval)
             log.info("syncd serving %s (data dir %s)", self.url, self.data_dir)
             if ready is not None:
                 ready(self.url)
@@ -116,6 +124,8 @@ class Daemon:
             log.info("stopping: draining requests (up to %.0f s)", self.shutdown_timeout)
             return EXIT_OK
         finally:
+            if sync is not None:
+                await sync.stop()
             for task in self._background:
                 task.cancel()
             await asyncio.gather(*self._background, return_exceptions=True)

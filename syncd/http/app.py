@@ -28,6 +28,7 @@ SURFACER = web.AppKey("surfacer", Surfacer)
 METRICS = web.AppKey("metrics", Metrics)
 PLANE_MODEL = web.AppKey("plane_model", str)
 MCP = web.AppKey("mcp", object)
+SYNC = web.AppKey("sync", object)  # a syncd.sync.runner.SyncRunner, or None
 
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
 EXPORT_HINT = ("Re-import on another instance via POST /v1/agent/memory/import with this same "
@@ -37,14 +38,15 @@ _encoder = msgspec.json.Encoder()
 
 def create_app(store: Store, *, token: str, extra_hosts: tuple[str, ...] = (),
                max_body: int = DEFAULT_MAX_BODY, plane_model: str = "bge-small-en-v1.5",
-               mcp: Any = True) -> web.Application:
+               mcp: Any = True, sync: Any = None) -> web.Application:
     """``mcp=True`` serves ``/mcp/v1`` with the same tool surfacer as the tool routes (so a
     conversation's surfaced memories are shared); pass a server to use it, False for none."""
     metrics = Metrics()
     app = web.Application(client_max_size=max_body, middlewares=[
-        metrics.middleware(), _errors, guards(token, extra_hosts)])
+        metrics.middleware(), errors_middleware, guards(token, extra_hosts)])
     app[STORE], app[SURFACER], app[METRICS], app[PLANE_MODEL] = store, Surfacer(), metrics, \
         plane_model
+    app[SYNC] = sync
     if mcp is True:
         mcp = McpServer(store, app[SURFACER])
     if mcp:
@@ -59,7 +61,7 @@ def create_app(store: Store, *, token: str, extra_hosts: tuple[str, ...] = (),
 # ---------------------------------------------------------------------- plumbing
 
 @web.middleware
-async def _errors(request: web.Request,
+async def errors_middleware(request: web.Request,
                   handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
                   ) -> web.StreamResponse:
     """Render every failure in the one error shape."""
@@ -82,7 +84,7 @@ async def _errors(request: web.Request,
         return error_response(exc.status, "http_error", exc.reason)
 
 
-async def _json(request: web.Request) -> Any:
+async def read_json(request: web.Request) -> Any:
     raw = await request.read()
     if not raw:
         raise HttpError(400, "bad_json", "request body is empty; send a JSON object")
@@ -92,8 +94,8 @@ async def _json(request: web.Request) -> Any:
         raise HttpError(400, "bad_json", f"malformed JSON: {exc}") from None
 
 
-async def _typed(request: web.Request, kind: type[Any]) -> Any:
-    body = await _json(request)
+async def read_typed(request: web.Request, kind: type[Any]) -> Any:
+    body = await read_json(request)
     try:
         return msgspec.convert(body, kind)
     except msgspec.ValidationError as exc:
@@ -108,7 +110,7 @@ def _object(body: Any) -> dict[str, Any]:
     return body
 
 
-def _reply(value: Any, status: int = 200) -> web.Response:
+def reply(value: Any, status: int = 200) -> web.Response:
     return web.Response(body=_encoder.encode(value), status=status,
                         content_type="application/json")
 
@@ -116,14 +118,14 @@ def _reply(value: Any, status: int = 200) -> web.Response:
 # ---------------------------------------------------------------------- handlers
 
 async def query(request: web.Request) -> web.Response:
-    req = await _typed(request, QueryRequest)
-    return _reply(await request.app[STORE].recall(req))
+    req = await read_typed(request, QueryRequest)
+    return reply(await request.app[STORE].recall(req))
 
 
 async def export(request: web.Request) -> web.Response:
     store = request.app[STORE]
     nodes, edges = await store.export(request.query.get("realm"))
-    return _reply(ExportBody(memory_nodes=nodes, memory_edges=edges, hint=EXPORT_HINT,
+    return reply(ExportBody(memory_nodes=nodes, memory_edges=edges, hint=EXPORT_HINT,
                              store_id=store.store_id))
 
 
@@ -132,61 +134,81 @@ async def changes(request: web.Request) -> web.Response:
     since = request.query.get("since", "")
     until = format_ns(store.clock.physical_ns())
     nodes, edges = await store.changes_since(since, request.query.get("realm"))
-    return _reply(ChangesResponse(since=since.strip() or "1970-01-01T00:00:00Z", until=until,
+    return reply(ChangesResponse(since=since.strip() or "1970-01-01T00:00:00Z", until=until,
                                   memory_nodes=nodes, memory_edges=edges,
                                   store_id=store.store_id))
 
 
 async def import_rows(request: web.Request) -> web.Response:
-    body = await _typed(request, ImportRequest)
+    body = await read_typed(request, ImportRequest)
     result = await request.app[STORE].apply(body.memory_nodes, body.memory_edges,
                                             model=request.app[PLANE_MODEL])
     problems = [RowError(kind=p.kind, index=p.index, id=p.id, field=p.field, message=p.message)
                 for p in result.problems]
-    return _reply(ImportResult(
+    return reply(ImportResult(
         applied_nodes=result.applied_nodes, applied_edges=result.applied_edges,
         errors=[f"{p.kind}s[{p.index}].{p.field}: {p.message}" for p in problems],
         row_errors=problems or None))
 
 
 async def get_settings(request: web.Request) -> web.Response:
-    return _reply(request.app[STORE].settings)
+    return reply(request.app[STORE].settings)
 
 
 async def put_settings(request: web.Request) -> web.Response:
-    patch = _object(await _json(request))
-    return _reply(await request.app[STORE].put_settings(patch))
+    patch = _object(await read_json(request))
+    return reply(await request.app[STORE].put_settings(patch))
 
 
 async def tool(request: web.Request) -> web.Response:
-    args = _object(await _json(request))
+    args = _object(await read_json(request))
     name = request.match_info["name"]
-    return _reply(await request.app[SURFACER].call(request.app[STORE], name, args))
+    return reply(await request.app[SURFACER].call(request.app[STORE], name, args))
 
 
 async def get_item(request: web.Request) -> web.Response:
-    return _reply(await request.app[STORE].get(request.match_info["id"]))
+    return reply(await request.app[STORE].get(request.match_info["id"]))
 
 
 async def delete_item(request: web.Request) -> web.Response:
     hard = request.query.get("hard", "false").lower()
     if hard not in ("true", "false", "1", "0"):
         raise ValidationError("hard", "must be true or false")
-    return _reply(await request.app[STORE].delete(request.match_info["id"],
+    return reply(await request.app[STORE].delete(request.match_info["id"],
                                                   hard=hard in ("true", "1")))
 
 
 async def status(request: web.Request) -> web.Response:
     store = request.app[STORE]
     stats = await store.stats()
-    return _reply({"version": __version__, "data_dir": str(store.data_dir),
+    runner = request.app[SYNC]
+    sync = await runner.status() if runner is not None else {  # type: ignore[attr-defined]
+        "configured": False}
+    return reply({"version": __version__, "data_dir": str(store.data_dir),
                    "store_id": store.store_id, "replica_id": store.replica_id,
                    "embedder": store.embedder.model_id, "indexed_vectors": len(store.index),
-                   **stats})
+                   **stats, "sync": sync})
+
+
+async def sync_status(request: web.Request) -> web.Response:
+    runner = request.app[SYNC]
+    if runner is None:
+        return reply({"configured": False,
+                      "reason": "no control plane: set control_plane.url to sync"})
+    return reply(await runner.status())  # type: ignore[attr-defined]
+
+
+async def sync_run(request: web.Request) -> web.Response:
+    runner = request.app[SYNC]
+    if runner is None:
+        raise HttpError(409, "sync_not_configured",
+                        "no control plane: set control_plane.url to sync")
+    report = await runner.run_now()  # type: ignore[attr-defined]
+    return reply(report.as_dict())
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return _reply({"ok": True})
+    return reply({"ok": True})
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -201,10 +223,10 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def mcp(request: web.Request) -> web.Response:
     server = request.app[MCP]
-    answer = await server.handle(await _json(request))  # type: ignore[attr-defined]
+    answer = await server.handle(await read_json(request))  # type: ignore[attr-defined]
     if answer is None:
         return web.Response(status=202)
-    return _reply(answer)
+    return reply(answer)
 
 
 ROUTES: list[tuple[str, str, Callable[[web.Request], Awaitable[web.Response]]]] = [
@@ -218,6 +240,8 @@ ROUTES: list[tuple[str, str, Callable[[web.Request], Awaitable[web.Response]]]] 
     ("GET", "/v1/agent/memory/items/{id}", get_item),
     ("DELETE", "/v1/agent/memory/items/{id}", delete_item),
     ("GET", "/v1/agent/status", status),
+    ("GET", "/v1/agent/sync/status", sync_status),
+    ("POST", "/v1/agent/sync/run", sync_run),
     ("GET", "/healthz", healthz),
     ("GET", "/metrics", metrics),
     ("POST", "/mcp/v1", mcp),

@@ -36,6 +36,7 @@ from syncd.config import (
     ControlPlaneConfig,
     DaemonConfig,
     EmbeddingConfig,
+    HubConfig,
     default_config_path,
     default_data_dir,
     is_loopback_host,
@@ -72,7 +73,8 @@ def _error(data: str, env: dict[str, str] | None = None) -> ConfigError:
 
 def test_example_decodes_to_the_defaults() -> None:
     parsed = parse_config(EXAMPLE.read_bytes(), source=str(EXAMPLE), env=ENV)
-    defaults = Config(daemon=DaemonConfig(data_dir=Path(HOME, ".local/share/syncd")))
+    defaults = Config(daemon=DaemonConfig(data_dir=Path(HOME, ".local/share/syncd")),
+                      hub=HubConfig(data_dir=Path(HOME, ".local/share/syncd-hub")))
     assert parsed == parse_config(b"", env=ENV) == defaults
 
 

@@ -1,0 +1,72 @@
+"""The hub's change feed: ``changes`` ordered by ingest (commit order), not by writers' clocks.
+
+Rules:
+  * Every committed write transaction of a feed store leaves a mark ``(seq, stamp)``
+    (``0003_feed.sql``). A client's ``since`` maps to the last mark at or before it; rows with
+    a larger ``local_seq`` are new to that client, whatever their own ``updated_at`` says — so
+    a version pushed late, or stamped by a slow clock, is never skipped.
+  * A page ends on a transaction boundary (one import is never split), so ``until`` is always
+    the stamp of a mark. A page may exceed ``limit`` by the rest of one transaction.
+  * When nothing is new, ``until`` is the mark at or before ``since``: it goes backwards only
+    if the feed itself went backwards (a hub restored from an older backup).
+  * One read transaction per page, so the rows and ``until`` come from one snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from local_store.columns import EDGE_SELECT, NODE_SELECT
+from protocol.timestamp import format_ns
+
+EPOCH = format_ns(0)
+Fetch = Callable[[str, Sequence[object]], list[Any]]
+
+
+@dataclass(slots=True)
+class FeedPage:
+    node_rows: list[Any]
+    edge_rows: list[Any]
+    until: str
+    has_more: bool
+
+
+def feed_page(fetch: Fetch, since: str | None, limit: int | None,
+              realm: str | None) -> FeedPage:
+    """Run on the reader thread. ``since`` is canonical (or None for the beginning)."""
+    fetch("BEGIN", ())
+    try:
+        return _page(fetch, since, limit, realm)
+    finally:
+        fetch("COMMIT", ())
+
+
+def _page(fetch: Fetch, since: str | None, limit: int | None, realm: str | None) -> FeedPage:
+    start = 0
+    if since is not None:
+        start = fetch("SELECT max(seq) FROM feed WHERE stamp <= ?", (since,))[0][0] or 0
+    last_mark = fetch("SELECT max(seq) FROM feed", ())[0][0] or 0
+    end = last_mark
+    if limit is not None:
+        found = fetch(
+            "SELECT local_seq FROM (SELECT local_seq FROM memories WHERE local_seq > ? "
+            "UNION ALL SELECT local_seq FROM edges WHERE local_seq > ?) "
+            "ORDER BY local_seq LIMIT 1 OFFSET ?", (start, start, limit - 1))
+        if found:
+            boundary = fetch("SELECT min(seq) FROM feed WHERE seq >= ?", (found[0][0],))[0][0]
+            end = boundary if boundary is not None else found[0][0]
+    end = max(end, start)
+    node_sql = NODE_SELECT + " WHERE local_seq > ? AND local_seq <= ?"
+    node_params: list[object] = [start, end]
+    if realm is not None:
+        node_sql += " AND realm = ?"
+        node_params.append(realm)
+    nodes = fetch(node_sql + " ORDER BY local_seq", node_params)
+    edges = fetch(EDGE_SELECT + " WHERE local_seq > ? AND local_seq <= ? ORDER BY local_seq",
+                  (start, end))
+    more = fetch("SELECT EXISTS (SELECT 1 FROM memories WHERE local_seq > ?) "
+                 "OR EXISTS (SELECT 1 FROM edges WHERE local_seq > ?)", (end, end))[0][0]
+    mark = fetch("SELECT stamp FROM feed WHERE seq <= ? ORDER BY seq DESC LIMIT 1", (end,))
+    return FeedPage(nodes, edges, mark[0][0] if mark else EPOCH, bool(more))

@@ -1,0 +1,142 @@
+"""Replication on the writer thread: pull, stage and acknowledge pushes, reconcile an export.
+
+Rules:
+  * A pulled batch and the sync state it advances (the cursor) commit in one transaction, so a
+    crash can never keep rows without their cursor or a cursor without its rows (R4).
+  * Staging a push re-stamps each queued item with the current HLC — which has just received
+    the plane's clock — so a version made offline, or under a slow clock, sorts after every
+    other client's cursor. The content hash does not change; the item stays queued.
+  * An outbox entry is cleared only by ``ack`` with the seq it was staged at: a write that
+    lands while the push is in flight bumps the entry's seq, so it is pushed again (R7).
+  * Reconciling an export applies every remote version (LWW) and re-queues every local item
+    the plane lacks or holds an older version of: the repair after a wiped or restored plane.
+  * Sync state lives in ``meta`` under ``sync.*`` keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from local_store.apply import ApplyResult, apply_batch
+from local_store.errors import ValidationError
+from local_store.records import parse_timestamp
+from local_store.writes import Row, Writer
+from protocol.rows import EdgeRow, NodeRow
+
+SYNC_PREFIX = "sync."
+Entry = tuple[str, str, int]  # (kind, item_id, local_seq it was staged at)
+
+
+@dataclass(slots=True)
+class Staged:
+    entries: list[Entry]
+    nodes: list[Row]
+    edges: list[Row]
+
+
+def pull(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow], model: str,
+         state: Mapping[str, str | None], until: str | None) -> ApplyResult:
+    """Apply a pulled batch, run the HLC receive rule on ``until`` too, and store ``state`` —
+    without its ``cursor`` when a row could not be applied (R5: the cursor never passes it)."""
+    result = apply_batch(writer, nodes, edges, model)
+    if until:
+        with contextlib.suppress(ValueError):
+            writer.clock.receive(until)
+    set_state(writer, {k: v for k, v in state.items() if k != "cursor" or not result.problems})
+    return result
+
+
+def set_state(writer: Writer, state: Mapping[str, str | None]) -> None:
+    for key, value in state.items():
+        if value is None:
+            writer.conn.execute("DELETE FROM meta WHERE key = ?", (SYNC_PREFIX + key,))
+        else:
+            writer.set_meta(SYNC_PREFIX + key, value)
+
+
+def stage(writer: Writer, limit: int, realm: str | None) -> Staged:
+    """Re-stamp up to ``limit`` queued items (oldest first) and return their rows."""
+    realm_sql, params = _realm_filter(realm)
+    queued = writer.conn.execute(
+        "SELECT o.kind, o.item_id FROM outbox o "
+        "LEFT JOIN memories m ON o.kind = 'node' AND m.id = o.item_id "
+        "LEFT JOIN edges e ON o.kind = 'edge' AND e.id = o.item_id "
+        f"WHERE (m.id IS NOT NULL OR e.id IS NOT NULL) {realm_sql} "
+        "ORDER BY o.local_seq LIMIT ?", (*params, limit)).fetchall()
+    staged = Staged([], [], [])
+    for kind, item_id in queued:
+        table = "memories" if kind == "node" else "edges"
+        stamp, seq = writer.stamp_after(writer.version(table, item_id)), writer.next_seq()
+        writer.conn.execute(f"UPDATE {table} SET updated_at = ?, origin = ?, local_seq = ? "
+                            "WHERE id = ?", (stamp, writer.replica_id, seq, item_id))
+        writer.conn.execute("UPDATE outbox SET local_seq = ? WHERE kind = ? AND item_id = ?",
+                            (seq, kind, item_id))
+        staged.entries.append((kind, item_id, seq))
+        if kind == "node":
+            row = writer.node(item_id)
+            assert row is not None
+            staged.nodes.append(row)
+        else:
+            erow = writer.edge(item_id)
+            assert erow is not None
+            staged.edges.append(erow)
+    return staged
+
+
+def _realm_filter(realm: str | None) -> tuple[str, tuple[str, ...]]:
+    if realm is None:
+        return "", ()
+    return "AND (m.realm = ? OR e.realm = ?)", (realm, realm)
+
+
+def ack(writer: Writer, entries: Sequence[Entry]) -> int:
+    """Clear entries the plane accepted, unless a newer local write re-queued them."""
+    cur = writer.conn.executemany(
+        "DELETE FROM outbox WHERE kind = ? AND item_id = ? AND local_seq = ?", entries)
+    return cur.rowcount
+
+
+@dataclass(slots=True)
+class Reconciled:
+    applied: ApplyResult
+    requeued_nodes: int
+    requeued_edges: int
+
+
+def reconcile(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow], model: str,
+              realm: str | None, state: Mapping[str, str | None]) -> Reconciled:
+    """Apply a full export and re-queue what the plane lacks or holds older (both ways)."""
+    applied = apply_batch(writer, nodes, edges, model)
+    remote_nodes = {n.id: _version(n.updated_at) for n in nodes if isinstance(n.id, str)}
+    remote_edges = {e.id: _version(e.updated_at or e.created_at)
+                    for e in edges if isinstance(e.id, str)}
+    node_sql = "SELECT id, updated_at, local_seq FROM memories"
+    local_nodes = writer.conn.execute(
+        node_sql + (" WHERE realm = ?" if realm is not None else ""),
+        (realm,) if realm is not None else ()).fetchall()
+    requeued_nodes = _requeue(writer, "node", local_nodes, remote_nodes)
+    local_edges = writer.conn.execute("SELECT id, updated_at, local_seq FROM edges").fetchall()
+    requeued_edges = _requeue(writer, "edge", local_edges, remote_edges)
+    set_state(writer, state)
+    return Reconciled(applied, requeued_nodes, requeued_edges)
+
+
+def _version(stamp: str | None) -> str:
+    try:
+        return parse_timestamp(stamp, "updated_at") or ""
+    except ValidationError:
+        return ""
+
+
+def _requeue(writer: Writer, kind: str, local: list[tuple[str, str, int]],
+             remote: Mapping[str, str]) -> int:
+    count = 0
+    for item_id, updated_at, seq in local:
+        theirs = remote.get(item_id)
+        if theirs is None or updated_at > theirs:
+            writer.enqueue(kind, item_id, seq)
+            count += 1
+    return count
+

@@ -1,0 +1,166 @@
+"""``create_hub_app``: the reference control plane's HTTP surface.
+
+Rules:
+  * Wire-compatible with the plane's memory routes (contract §4): ``changes``, ``export``,
+    ``import``, ``query``, ``settings`` and MCP, with bearer tokens and roles
+    ``read < write < admin``. ``import``, ``PUT settings`` and MCP need ``write`` (the plane
+    lets ``read`` change settings and write through MCP; the hub does not).
+  * ``cursor="ingest"`` (default): ``changes`` follows the hub's commit order (``feed.py``), with
+    ``limit``/``has_more`` pagination and ``"feed": "ingest"`` in the body, so a late push is
+    never skipped. ``cursor="origin"`` reproduces the plane: nodes filtered on their own
+    ``updated_at``, edges on ``created_at``, and ``until`` read after the queries.
+  * ``export`` takes the extensions ``limit`` and ``cursor`` (``has_more``/``next_cursor`` in
+    the body) and includes tombstones, so a client's anti-entropy sees deletes.
+  * Every response names the hub's ``store_id``; a wiped hub gets a new one.
+  * The hub is a network service: no Host allow-list (it sits behind a reverse proxy that
+    terminates TLS), but bodies must be JSON and are size-limited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import msgspec
+from aiohttp import web
+
+from local_store import Store, ValidationError
+from protocol.rows import ChangesResponse, ExportBody
+from protocol.timestamp import format_ns
+from syncd import __version__
+from syncd.http.app import (
+    DEFAULT_MAX_BODY,
+    EXPORT_HINT,
+    MCP,
+    PLANE_MODEL,
+    STORE,
+    SURFACER,
+    errors_middleware,
+    import_rows,
+    mcp,
+    put_settings,
+    query,
+    reply,
+)
+from syncd.http.errors import error_response
+from syncd.http.security import BODY_METHODS
+from syncd.hub.tokens import AuthError, TokenBook, TokenFileError, authenticate
+from syncd.mcp import McpServer
+from syncd.tools import Surfacer
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+CURSOR_MODE = web.AppKey("cursor_mode", str)
+TOKENS = web.AppKey("tokens", TokenBook)
+MAX_PAGE = 10_000
+
+
+def create_hub_app(store: Store, book: TokenBook, *, cursor: str = "ingest",
+                   max_body: int = DEFAULT_MAX_BODY) -> web.Application:
+    if cursor not in ("ingest", "origin"):
+        raise ValueError(f"hub.cursor must be ingest or origin, got {cursor!r}")
+    app = web.Application(client_max_size=max_body,
+                          middlewares=[errors_middleware, _auth(book)])
+    app[STORE], app[SURFACER], app[TOKENS] = store, Surfacer(), book
+    app[PLANE_MODEL], app[CURSOR_MODE] = store.embedder.model_id, cursor
+    app[MCP] = McpServer(store, app[SURFACER])
+    for method, path, handler, _role in ROUTES:
+        app.router.add_route(method, path, handler)
+    return app
+
+
+def _auth(book: TokenBook) -> web.middleware:  # type: ignore[valid-type]
+    needs = {(method, path): role for method, path, _, role in ROUTES}
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        route = request.match_info.route.resource
+        need = needs.get((request.method, route.canonical if route else ""), "read")
+        if need != "none":
+            try:
+                await asyncio.to_thread(authenticate, book,
+                                        request.headers.get("Authorization"), need)
+            except AuthError as exc:
+                headers = {"WWW-Authenticate": 'Bearer realm="syncd-hub"'} \
+                    if exc.status == 401 else None
+                return error_response(exc.status, exc.code, exc.message, headers=headers)
+            except TokenFileError as exc:
+                return error_response(500, "token_file", str(exc))
+        if request.method in BODY_METHODS and request.can_read_body and (
+                request.content_type != "application/json"):
+            return error_response(415, "unsupported_media_type",
+                                  "request bodies must be application/json")
+        return await handler(request)
+
+    return middleware
+
+
+def _limit(request: web.Request) -> int | None:
+    raw = request.query.get("limit")
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValidationError("limit", f"must be an integer, got {raw!r}") from None
+    if not 1 <= value <= MAX_PAGE:
+        raise ValidationError("limit", f"must be 1..{MAX_PAGE}, got {value}")
+    return value
+
+
+async def changes(request: web.Request) -> web.Response:
+    store, realm = request.app[STORE], request.query.get("realm")
+    since = request.query.get("since", "")
+    echo = since.strip() or "1970-01-01T00:00:00Z"
+    if request.app[CURSOR_MODE] == "origin":
+        nodes, edges = await store.changes_since(since, realm, edge_version="created_at")
+        until = format_ns(store.clock.physical_ns())  # after the queries, as the plane does
+        return reply(ChangesResponse(since=echo, until=until, memory_nodes=nodes,
+                                     memory_edges=edges, store_id=store.store_id))
+    nodes, edges, until, more = await store.feed(since, limit=_limit(request), realm=realm)
+    return reply(ChangesResponse(since=echo, until=until, memory_nodes=nodes,
+                                 memory_edges=edges, store_id=store.store_id,
+                                 has_more=more, feed="ingest"))
+
+
+async def export(request: web.Request) -> web.Response:
+    store, realm, limit = request.app[STORE], request.query.get("realm"), _limit(request)
+    if limit is None:
+        nodes, edges = await store.export(realm, include_deleted=True)
+        return reply(ExportBody(memory_nodes=nodes, memory_edges=edges, hint=EXPORT_HINT,
+                                store_id=store.store_id))
+    raw = request.query.get("cursor", "0")
+    if not raw.isdigit():
+        raise ValidationError("cursor", f"must be a next_cursor from a previous page, got {raw!r}")
+    nodes, edges, last = await store.changes(int(raw), limit=limit, realm=realm)
+    more = len(nodes) + len(edges) == limit  # fewer means both tables ran out
+    return reply(ExportBody(memory_nodes=nodes, memory_edges=edges, hint=EXPORT_HINT,
+                            store_id=store.store_id, has_more=more, next_cursor=str(last)))
+
+
+async def get_settings(request: web.Request) -> web.Response:
+    settings = request.app[STORE].settings
+    return reply(msgspec.structs.replace(settings, embedding_model=request.app[PLANE_MODEL]))
+
+
+async def status(request: web.Request) -> web.Response:
+    store = request.app[STORE]
+    return reply({"version": __version__, "role": "hub", "store_id": store.store_id,
+                  "cursor": request.app[CURSOR_MODE], "embedding_model": request.app[PLANE_MODEL],
+                  **await store.stats()})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return reply({"ok": True})
+
+
+ROUTES: list[tuple[str, str, Handler, str]] = [
+    ("POST", "/v1/agent/memory/query", query, "read"),
+    ("GET", "/v1/agent/memory/export", export, "read"),
+    ("GET", "/v1/agent/memory/changes", changes, "read"),
+    ("POST", "/v1/agent/memory/import", import_rows, "write"),
+    ("GET", "/v1/agent/memory/settings", get_settings, "read"),
+    ("PUT", "/v1/agent/memory/settings", put_settings, "write"),
+    ("GET", "/v1/agent/status", status, "read"),
+    ("POST", "/mcp/v1", mcp, "write"),
+    ("GET", "/healthz", healthz, "none"),
+]

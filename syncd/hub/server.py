@@ -1,0 +1,87 @@
+"""``syncd hub``: run the reference control plane — open store (with the change feed) →
+tokens → bind → serve → (SIGTERM/SIGINT) → drain → close. Exit codes as the daemon's:
+0 clean stop, 2 configuration error, 75 temporary failure (data dir in use, port taken).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+from aiohttp import web
+
+from local_store import Store, StoreLockedError
+from local_store.embed import Embedder
+from syncd.daemon import EXIT_CONFIG, EXIT_OK, EXIT_TEMPFAIL, StartupError
+from syncd.hub.app import create_hub_app
+from syncd.hub.tokens import TokenBook, TokenFileError, list_tokens
+
+log = logging.getLogger("syncd.hub")
+
+
+class Hub:
+    def __init__(self, *, data_dir: Path, host: str, port: int, embedder: Embedder,
+                 cursor: str = "ingest", shutdown_timeout: float = 10.0) -> None:
+        self.data_dir, self.host, self.port = data_dir, host, port
+        self.embedder, self.cursor, self.shutdown_timeout = embedder, cursor, shutdown_timeout
+        self.url = ""
+        self._stop = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self, ready: Callable[[str], None] | None = None) -> int:
+        try:
+            store = await Store.open(self.data_dir, embedder=self.embedder, feed=True)
+        except StoreLockedError as exc:
+            raise StartupError(str(exc), EXIT_TEMPFAIL) from None
+        runner: web.AppRunner | None = None
+        try:
+            loop = asyncio.get_running_loop()
+            try:
+                book = await loop.run_in_executor(None, TokenBook, self.data_dir)
+                active = [t for t in await loop.run_in_executor(None, list_tokens, self.data_dir)
+                          if not t["revoked_at"]]
+            except TokenFileError as exc:
+                raise StartupError(str(exc), EXIT_CONFIG) from None
+            if not active:
+                log.warning("no hub tokens yet: create one with `syncd hub token create "
+                            "--data-dir %s --role write --name laptop`", self.data_dir)
+            app = create_hub_app(store, book, cursor=self.cursor)
+            runner = web.AppRunner(app, shutdown_timeout=self.shutdown_timeout,
+                                   access_log=None, handle_signals=False)
+            await runner.setup()
+            try:
+                await web.TCPSite(runner, self.host.strip("[]"), self.port).start()
+            except OSError as exc:
+                raise StartupError(f"cannot listen on {self.host}:{self.port}: {exc.strerror}",
+                                   EXIT_TEMPFAIL) from None
+            port = runner.addresses[0][1]
+            host = f"[{self.host.strip('[]')}]" if ":" in self.host.strip("[]") else self.host
+            self.url = f"http://{host}:{port}"
+            log.info("syncd hub serving %s (cursor %s, store %s, model %s)", self.url,
+                     self.cursor, store.store_id, self.embedder.model_id)
+            if ready is not None:
+                ready(self.url)
+            await self._wait_for_stop()
+            return EXIT_OK
+        finally:
+            if runner is not None:
+                await runner.cleanup()
+            await store.close()
+
+    async def _wait_for_stop(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, self.stop)
+        try:
+            await self._stop.wait()
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                with contextlib.suppress(NotImplementedError):
+                    loop.remove_signal_handler(sig)

@@ -1,0 +1,248 @@
+"""Hub API tokens: ``<data-dir>/hub-tokens.json``, hashed, 0600 inside a 0700 directory.
+
+Rules:
+1. Only the SHA-256 hex of a raw token is stored (the key of the plane's ``api_tokens`` table,
+   contract §8). ``create_token`` returns the raw token once; it is never stored or logged.
+2. Roles are ordered ``read < write < admin``; a token passes when its role is at least the need.
+3. Writers hold ``flock`` on the data directory for the whole read-modify-write, and replace the
+   file atomically (0600 temp file in the same directory, fsync, ``os.replace``, fsync the
+   directory): concurrent ``token create`` runs lose nothing, readers never see half a file.
+4. A missing file means no tokens. A file that does not parse, or that group/others can read or
+   write, grants nothing: loading it raises ``TokenFileError`` (the hub answers 500, never 200).
+5. ``TokenBook`` re-reads the file when its (inode, mtime_ns, size, mode) changes, so a token
+   created or revoked by another process, or a ``chmod``, takes effect without restarting the
+   hub. Every write is a new inode, so a change inside one mtime tick is still seen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import os
+import secrets
+import stat
+import sys
+import tempfile
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Literal, TypeGuard
+
+import msgspec
+
+Role = Literal["read", "write", "admin"]
+ROLE_RANK: dict[str, int] = {"read": 0, "write": 1, "admin": 2}
+TOKENS_FILENAME = "hub-tokens.json"
+MAX_NAME_LEN = 64
+_BEARER = "Bearer "
+
+
+class TokenFileError(ValueError):
+    """The tokens file exists but cannot be trusted (corrupt, or exposed to other users)."""
+
+
+class AuthError(Exception):
+    """401 ``unauthorized`` (send ``WWW-Authenticate: Bearer``) or 403 ``forbidden``."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+class _Entry(msgspec.Struct, kw_only=True):
+    name: str
+    role: Role
+    sha256: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+    created_at: str
+    revoked_at: str | None = None
+
+
+class _File(msgspec.Struct, kw_only=True):
+    version: Literal[1]
+    tokens: list[_Entry]
+
+
+_Key = tuple[int, int, int, int]  # (st_ino, st_mtime_ns, st_size, st_mode)
+_DECODER = msgspec.json.Decoder(_File)
+_ENCODER = msgspec.json.Encoder()
+
+
+def role_allows(have: str, need: str) -> bool:
+    return ROLE_RANK[have] >= ROLE_RANK[need]
+
+
+def _is_role(value: str) -> TypeGuard[Role]:
+    return value in ROLE_RANK
+
+
+def _sha256(raw: str) -> str:
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def _key(st: os.stat_result) -> _Key:
+    return st.st_ino, st.st_mtime_ns, st.st_size, st.st_mode
+
+
+def _load(path: Path) -> tuple[_Key | None, _File]:
+    """The file and the key it was read under; (None, empty) when it does not exist."""
+    try:
+        f = path.open("rb")
+    except FileNotFoundError:
+        return None, _File(version=1, tokens=[])
+    with f:
+        st = os.fstat(f.fileno())
+        if stat.S_IMODE(st.st_mode) & 0o077:
+            raise TokenFileError(f"{path} is mode {stat.S_IMODE(st.st_mode):o}, readable or "
+                                 f"writable by others; run `chmod 600 {path}`")
+        try:
+            return _key(st), _DECODER.decode(f.read())
+        except msgspec.DecodeError as e:  # ValidationError is a DecodeError
+            raise TokenFileError(f"{path} is not a valid tokens file: {e}") from None
+
+
+class TokenBook:
+    """Active tokens by hash, reloaded when the file changes (rule 5)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / TOKENS_FILENAME
+        self._state: tuple[_Key | None, dict[str, _Entry]] = (None, {})
+        self._refresh()  # a corrupt file fails hub startup, not the first request
+
+    def _refresh(self) -> dict[str, _Entry]:
+        try:
+            current: _Key | None = _key(self.path.stat())
+        except FileNotFoundError:
+            current = None
+        if current != self._state[0]:  # (None, {}) is already right for a missing file
+            key, book = _load(self.path)
+            # One assignment: threads calling lookup see the old pair or the new one.
+            self._state = (key, {t.sha256: t for t in book.tokens if t.revoked_at is None})
+        return self._state[1]
+
+    def lookup(self, raw: str) -> tuple[str, str] | None:
+        # Keyed by the hash, so timing reveals nothing about the raw token.
+        entry = self._refresh().get(_sha256(raw))
+        return None if entry is None else (entry.name, entry.role)
+
+
+def authenticate(book: TokenBook, header: str | None, need: str) -> tuple[str, str]:
+    """``(name, role)`` for ``Authorization: Bearer <token>`` with at least ``need``."""
+    if header is None or not header.startswith(_BEARER):
+        raise AuthError(401, "unauthorized", "missing Authorization: Bearer <token>")
+    found = book.lookup(header[len(_BEARER):].strip())
+    if found is None:
+        raise AuthError(401, "unauthorized", "unknown token")
+    if not role_allows(found[1], need):
+        raise AuthError(403, "forbidden", f"token role `{found[1]}` below required `{need}`")
+    return found
+
+
+@contextlib.contextmanager
+def _locked(data_dir: Path) -> Iterator[int]:
+    """The data directory, created 0700, opened and exclusively locked (rule 3)."""
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(data_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _save(data_dir: Path, dir_fd: int, book: _File) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".hub-tokens.", suffix=".tmp", dir=data_dir)  # 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(msgspec.json.format(_ENCODER.encode(book)) + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, data_dir / TOKENS_FILENAME)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    os.fsync(dir_fd)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def create_token(data_dir: Path, *, role: str, name: str) -> str:
+    """Add a token and return it raw; the caller shows it once."""
+    if not _is_role(role):
+        raise ValueError(f"role: {role!r} is not one of {', '.join(ROLE_RANK)}")
+    if not name or len(name) > MAX_NAME_LEN or not name.isprintable():
+        raise ValueError(f"name: {name!r} must be 1-{MAX_NAME_LEN} printable characters")
+    with _locked(data_dir) as dir_fd:
+        _, book = _load(data_dir / TOKENS_FILENAME)
+        if any(t.name == name and t.revoked_at is None for t in book.tokens):
+            raise ValueError(f"name: an active token is already named {name!r}")
+        raw = "syncd_" + secrets.token_urlsafe(32)
+        book.tokens.append(_Entry(name=name, role=role, sha256=_sha256(raw), created_at=_now()))
+        _save(data_dir, dir_fd, book)
+    return raw
+
+
+def revoke_token(data_dir: Path, name: str) -> bool:
+    """Revoke the active token called ``name``; False when there is none."""
+    with _locked(data_dir) as dir_fd:
+        _, book = _load(data_dir / TOKENS_FILENAME)
+        active = [t for t in book.tokens if t.name == name and t.revoked_at is None]
+        for t in active:
+            t.revoked_at = _now()
+        if active:
+            _save(data_dir, dir_fd, book)
+    return bool(active)
+
+
+def list_tokens(data_dir: Path) -> list[dict[str, str | None]]:
+    _, book = _load(data_dir / TOKENS_FILENAME)
+    return [{"name": t.name, "role": t.role, "created_at": t.created_at,
+             "revoked_at": t.revoked_at} for t in book.tokens]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="syncd hub token", description="Manage hub API tokens.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command, help_ in [("create", "add a token and print it once"),
+                           ("list", "show tokens (never their values)"),
+                           ("revoke", "revoke the active token with this name")]:
+        p = sub.add_parser(command, help=help_)
+        p.add_argument("--data-dir", type=Path, required=True)
+        if command == "create":
+            p.add_argument("--role", required=True, help="read, write or admin")
+        if command != "list":
+            p.add_argument("--name", required=True)
+    return parser
+
+
+def _print_table(rows: list[dict[str, str | None]]) -> None:
+    cols = ["name", "role", "created_at", "revoked_at"]
+    cells = [[c.upper() for c in cols]] + [[row[c] or "-" for c in cols] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cols))]
+    for r in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
+
+
+def token_main(argv: list[str]) -> int:
+    """``syncd hub token create|list|revoke``. Exit 0 done, 1 not found or I/O error, 2 bad input."""
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as e:  # argparse already wrote the usage error (2) or the help (0)
+        return e.code if isinstance(e.code, int) else 2
+    try:
+        if args.command == "create":
+            print(create_token(args.data_dir, role=args.role, name=args.name))
+            print("this token is shown only once; store it now", file=sys.stderr)
+        elif args.command == "list":
+            _print_table(list_tokens(args.data_dir))
+        elif not revoke_token(args.data_dir, args.name):
+            print(f"syncd hub token: name: no active token named {args.name!r}", file=sys.stderr)
+            return 1
+    except (ValueError, OSError) as e:  # ValueError includes TokenFileError
+        print(f"syncd hub token: {e}", file=sys.stderr)
+        return 2 if isinstance(e, ValueError) else 1
+    return 0

@@ -1,0 +1,421 @@
+"""The sync engine: one pass at a time — pull, push, pull again if anything was pushed, and a
+full anti-entropy diff when it is due or a reset is suspected (ARCHITECTURE §5.3).
+
+Rules:
+  * Pull ``changes?since=`` the stored cursor minus the overlap window (none against a hub
+    that says its feed follows ingest order). Each page's rows and its verbatim ``until`` commit
+    in one transaction (``Store.pull``). A page with a row that cannot be applied does not
+    advance the cursor; after ``BAD_ROW_PASSES`` passes with the same failure the cursor moves
+    past it and the rows are reported as skipped, so one poisoned row cannot stall sync forever.
+  * Push stages the outbox (re-stamped at push time, after the pull), packs batches under
+    ``push_batch_bytes``, halves a batch on 413, clears entries only on 2xx with no errors (per
+    row when the plane reports rows), and stops the pass on any failure.
+  * Clock: each response's ``Date`` (and a plane's ``until``) estimates this machine's offset to
+    the plane; an offset over ``OFFSET_MIN_NS`` is applied to every later stamp.
+  * A reset is suspected when the plane's ``store_id`` changes or ``until`` goes backwards: the
+    cursor restarts from the beginning and anti-entropy runs in the same pass.
+  * Errors: 401/403 stop and block scheduled passes until a manual run; other failures back
+    off exponentially (capped, jittered, at least ``Retry-After``). A cursor is never reset
+    because of a transient error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import msgspec
+
+from local_store import Store
+from protocol.rows import EdgeRow, NodeRow
+from protocol.timestamp import format_ns, parse_ns
+from syncd.sync.plane import (
+    AuthFailed,
+    PlaneClient,
+    PlaneError,
+    TooLarge,
+)
+
+log = logging.getLogger("syncd.sync")
+PAGE_ROWS = 2000
+STAGE_ROWS = 2000
+BAD_ROW_PASSES = 3
+OFFSET_MIN_NS = 2_000_000_000  # Date has 1 s resolution: smaller offsets are noise
+BACKOFF_BASE_SECS = 1.0
+BACKOFF_CAP_SECS = 600.0
+LOG_EVERY_SECS = 60.0
+PLANE_DIM = 384
+_encoder = msgspec.json.Encoder()
+
+
+@dataclass(slots=True)
+class SyncOptions:
+    realm: str | None = None
+    plane_model: str = "bge-small-en-v1.5"
+    overlap_secs: float = 120.0
+    push_batch_bytes: int = 3 * 1024 * 1024 // 2
+    anti_entropy_secs: float = 3600.0
+
+
+@dataclass(slots=True)
+class PassReport:
+    trigger: str
+    started_at: str
+    ok: bool = False
+    pulled_nodes: int = 0
+    pulled_edges: int = 0
+    pull_pages: int = 0
+    pull_problems: int = 0
+    pushed_nodes: int = 0
+    pushed_edges: int = 0
+    push_requests: int = 0
+    push_splits: int = 0
+    push_row_errors: int = 0
+    anti_entropy: bool = False
+    requeued: int = 0
+    reset: str | None = None
+    future_rows: int = 0
+    clock_rewound: bool = False
+    requests: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    took_ms: float = 0.0
+    error: str | None = None
+    error_kind: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class SyncStatus:
+    url: str
+    realm: str | None
+    passes: int = 0
+    failures: int = 0
+    consecutive_failures: int = 0
+    last_success: str | None = None
+    last_error: str | None = None
+    last_error_at: str | None = None
+    auth_blocked: bool = False
+    next_attempt_in_secs: float = 0.0
+    clock_offset_ms: float = 0.0
+    future_rows: int = 0
+    drift_rejections: int = 0
+    egress_refusals: int = 0
+    skipped_rows: list[str] = field(default_factory=list)
+    totals: dict[str, int] = field(default_factory=dict)
+    last_pass: dict[str, Any] | None = None
+
+
+class SyncEngine:
+    def __init__(self, store: Store, client: PlaneClient, options: SyncOptions, *,
+                 wall: Callable[[], int] = time.time_ns) -> None:
+        self.store, self.client, self.options = store, client, options
+        self.status = SyncStatus(url=client.url, realm=options.realm)
+        self._flight = asyncio.Lock()
+        self._wall = wall
+        self._not_before = 0.0  # monotonic seconds
+        self._bad_streak: tuple[str, int] | None = None
+        self._last_log = 0.0
+
+    async def start(self) -> None:
+        """Restore the clock offset learnt by an earlier run (before the first pass)."""
+        state = await self.store.sync_state()
+        offset = int(state.get("clock_offset_ns", "0") or 0)
+        if offset:
+            await self.store.correct_clock(offset)
+            self.status.clock_offset_ms = offset / 1e6
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    # ------------------------------------------------------------------ scheduling
+
+    async def scheduled(self) -> PassReport | None:
+        """The scheduler's tick: skipped while backing off or blocked on auth."""
+        if self.status.auth_blocked or time.monotonic() < self._not_before:
+            return None
+        return await self.run_pass("schedule")
+
+    async def run_pass(self, trigger: str = "manual") -> PassReport:
+        """One full pass; concurrent callers queue behind the pass in flight."""
+        async with self._flight:
+            return await self._pass(trigger)
+
+    async def _pass(self, trigger: str) -> PassReport:
+        report = PassReport(trigger=trigger, started_at=format_ns(self._wall()))
+        started = time.perf_counter()
+        before = (self.client.requests, self.client.bytes_in, self.client.bytes_out)
+        try:
+            state = await self.store.sync_state()
+            if "plane_model" not in state:
+                state = await self._learn_plane_model()
+            reset = await self._pull(report, state)
+            if await self._push(report):
+                await self._pull(report, await self.store.sync_state())
+            if reset or self._anti_entropy_due(state):
+                await self._anti_entropy(report)
+            report.ok = True
+        except PlaneError as exc:
+            report.error, report.error_kind = str(exc), exc.kind
+            self._failed(exc)
+        finally:
+            report.requests = self.client.requests - before[0]
+            report.bytes_in = self.client.bytes_in - before[1]
+            report.bytes_out = self.client.bytes_out - before[2]
+            report.took_ms = round((time.perf_counter() - started) * 1000, 3)
+            self._record(report)
+        return report
+
+    def _failed(self, exc: PlaneError) -> None:
+        status = self.status
+        status.failures += 1
+        status.consecutive_failures += 1
+        status.last_error, status.last_error_at = str(exc), format_ns(self._wall())
+        if isinstance(exc, AuthFailed):
+            status.auth_blocked = True
+            log.error("sync stopped: the control plane refused the token (%s); fix "
+                      "control_plane.token_file, then run `syncd sync`", exc.status)
+            return
+        delay = min(BACKOFF_CAP_SECS, BACKOFF_BASE_SECS * 2 ** (status.consecutive_failures - 1))
+        delay = random.uniform(delay / 2, delay)
+        if exc.retry_after is not None:
+            delay = max(delay, exc.retry_after)
+        self._not_before = time.monotonic() + delay
+        status.next_attempt_in_secs = round(delay, 3)
+        now = time.monotonic()
+        if now - self._last_log >= LOG_EVERY_SECS:  # rate-limited: one line a minute at most
+            self._last_log = now
+            log.warning("sync pass failed (%s), retrying in %.1f s: %s", exc.kind, delay, exc)
+
+    def _record(self, report: PassReport) -> None:
+        status = self.status
+        status.passes += 1
+        if report.ok:
+            status.consecutive_failures = 0
+            status.auth_blocked = False
+            status.last_success = report.started_at
+            status.next_attempt_in_secs = 0.0
+            self._not_before = 0.0
+        status.future_rows += report.future_rows
+        status.drift_rejections = self.store.clock.drift_rejections
+        status.egress_refusals = self.client.egress_refusals
+        for key in ("pulled_nodes", "pulled_edges", "pushed_nodes", "pushed_edges",
+                    "requeued", "requests", "bytes_in", "bytes_out", "push_splits"):
+            status.totals[key] = status.totals.get(key, 0) + int(getattr(report, key))
+        status.last_pass = report.as_dict()
+
+    # ------------------------------------------------------------------ pull
+
+    async def _pull(self, report: PassReport, state: dict[str, str]) -> bool:
+        """Pull every page; True when a reset of the plane was detected (cursor restarted)."""
+        reset = False
+        cursor = state.get("cursor")
+        since = self._since(cursor, state.get("feed"))
+        while True:
+            page = await self.client.changes(since, self.options.realm, PAGE_ROWS)
+            report.pull_pages += 1
+            await self._estimate_offset(report, page.until if page.feed != "ingest" else None)
+            suspicion = self._reset_suspected(state, cursor, page.until, page.store_id)
+            if suspicion and not reset:
+                log.warning("control plane reset suspected (%s): full resync", suspicion)
+                report.reset, reset = suspicion, True
+                await self.store.set_sync_state({"cursor": None, "plane_store_id": None})
+                state, cursor, since = {}, None, None
+                continue
+            new_state: dict[str, str | None] = {
+                "cursor": page.until, "feed": page.feed or "", "plane_store_id": page.store_id}
+            result = await self.store.pull(page.memory_nodes, page.memory_edges,
+                                           model=self._plane_model(state), state=new_state,
+                                           until=page.until)
+            report.pulled_nodes += result.applied_nodes
+            report.pulled_edges += result.applied_edges
+            report.future_rows += len(result.beyond_drift)
+            if result.problems:
+                report.pull_problems += len(result.problems)
+                if not self._give_up_on(result.problems):
+                    return reset
+                await self.store.set_sync_state({"cursor": page.until})
+            cursor, state = page.until, {**state, "cursor": page.until}
+            if not page.has_more:
+                return reset
+            since = page.until
+
+    def _since(self, cursor: str | None, feed: str | None) -> str | None:
+        if cursor is None or feed == "ingest":
+            return cursor
+        try:
+            return format_ns(max(0, parse_ns(cursor) - int(self.options.overlap_secs * 1e9)))
+        except ValueError:
+            return None
+
+    def _reset_suspected(self, state: dict[str, str], cursor: str | None, until: str,
+                         store_id: str | None) -> str | None:
+        known = state.get("plane_store_id")
+        if known and store_id and known != store_id:
+            return "store_id changed"
+        if cursor:
+            try:
+                if parse_ns(until) < parse_ns(cursor):
+                    return "until went backwards"
+            except ValueError:
+                return None
+        return None
+
+    def _give_up_on(self, problems: list[Any]) -> bool:
+        """After the same rows failed ``BAD_ROW_PASSES`` times, skip them (and say so)."""
+        key = ";".join(f"{p.kind}:{p.id}:{p.field}" for p in problems)
+        streak = self._bad_streak[1] + 1 if self._bad_streak and self._bad_streak[0] == key else 1
+        self._bad_streak = (key, streak)
+        if streak < BAD_ROW_PASSES:
+            return False
+        self.status.skipped_rows.extend(f"{p.kind} {p.id}: {p.field}: {p.message}"
+                                        for p in problems)
+        log.error("skipping %d rows the plane keeps sending that cannot be applied: %s",
+                  len(problems), key)
+        self._bad_streak = None
+        return True
+
+    def _plane_model(self, state: dict[str, str]) -> str:
+        return state.get("plane_model") or self.options.plane_model
+
+    async def _estimate_offset(self, report: PassReport, until: str | None) -> None:
+        timing = self.client.last_timing
+        if timing is None or timing.date_ns is None:
+            return
+        midpoint = (timing.sent_ns + timing.received_ns) // 2
+        server = timing.date_ns + 500_000_000
+        if until is not None:  # a plane's `until` is its clock, to the nanosecond
+            try:
+                exact = parse_ns(until)
+                if timing.date_ns <= exact < timing.date_ns + 1_000_000_000:
+                    server = exact
+            except ValueError:
+                pass
+        offset = server - midpoint
+        offset = offset if abs(offset) >= OFFSET_MIN_NS else 0
+        if offset == 0 and self.store.clock.offset_ns == 0:
+            return
+        if abs(offset - self.store.clock.offset_ns) < OFFSET_MIN_NS // 2 and offset != 0:
+            return
+        report.clock_rewound = await self.store.correct_clock(offset) or report.clock_rewound
+        self.status.clock_offset_ms = offset / 1e6
+
+    # ------------------------------------------------------------------ push
+
+    async def _push(self, report: PassReport) -> bool:
+        state = await self.store.sync_state()
+        model = self._plane_model(state)
+        dim = self.store.embedder.dim if model == self.store.embedder.model_id else PLANE_DIM
+        rounds = (await self.store.stats())["outbox"] // STAGE_ROWS + 2
+        pushed = False
+        for _ in range(rounds):
+            entries, nodes, edges = await self.store.stage_push(
+                STAGE_ROWS, model=model, dim=dim, realm=self.options.realm)
+            if not entries:
+                break
+            items = [(e, _encoder.encode(n)) for e, n in zip(
+                [e for e in entries if e[0] == "node"], nodes, strict=True)]
+            items += [(e, _encoder.encode(x)) for e, x in zip(
+                [e for e in entries if e[0] == "edge"], edges, strict=True)]
+            for batch in _pack(items, self.options.push_batch_bytes):
+                await self._send(batch, report)
+                pushed = True
+            if len(entries) < STAGE_ROWS:
+                break
+        return pushed
+
+    async def _send(self, batch: list[tuple[tuple[str, str, int], bytes]],
+                    report: PassReport) -> None:
+        nodes = [raw for (kind, _, _), raw in batch if kind == "node"]
+        edges = [raw for (kind, _, _), raw in batch if kind == "edge"]
+        body = b'{"memory_nodes":[' + b",".join(nodes) + b'],"memory_edges":[' + \
+            b",".join(edges) + b"]}"
+        try:
+            result = await self.client.import_rows(body)
+        except TooLarge:
+            if len(batch) == 1:
+                raise
+            report.push_splits += 1
+            half = len(batch) // 2
+            await self._send(batch[:half], report)
+            await self._send(batch[half:], report)
+            return
+        report.push_requests += 1
+        if result.error:
+            raise PlaneError(f"import: {result.error}")
+        node_entries = [e for e, _ in batch if e[0] == "node"]
+        edge_entries = [e for e, _ in batch if e[0] == "edge"]
+        refused: set[tuple[str, int]] = set()
+        if result.errors:
+            if not result.row_errors:  # the plane's all-or-nothing: keep every entry
+                raise PlaneError(f"import reported errors: {'; '.join(result.errors)[:300]}")
+            refused = {(r.kind, r.index) for r in result.row_errors}
+            report.push_row_errors += len(refused)
+        accepted = [e for i, e in enumerate(node_entries) if ("node", i) not in refused]
+        accepted += [e for i, e in enumerate(edge_entries) if ("edge", i) not in refused]
+        await self.store.ack_push(accepted)
+        report.pushed_nodes += sum(1 for e in accepted if e[0] == "node")
+        report.pushed_edges += sum(1 for e in accepted if e[0] == "edge")
+        if refused:
+            raise PlaneError(f"import refused {len(refused)} rows: {result.errors[0][:200]}")
+
+    # ------------------------------------------------------------------ anti-entropy
+
+    def _anti_entropy_due(self, state: dict[str, str]) -> bool:
+        last = int(state.get("anti_entropy_ns", "0") or 0)
+        return self._wall() - last >= self.options.anti_entropy_secs * 1e9
+
+    async def _learn_plane_model(self) -> dict[str, str]:
+        """A hub names its embedding model in its settings; the plane does not (then the
+        configured ``control_plane.embedding_model`` is assumed)."""
+        settings = await self.client.settings()
+        model = settings.embedding_model or self.options.plane_model
+        await self.store.set_sync_state({"plane_model": model})
+        return await self.store.sync_state()
+
+    async def _anti_entropy(self, report: PassReport) -> None:
+        model = (await self._learn_plane_model())["plane_model"]
+        nodes: list[NodeRow] = []
+        edges: list[EdgeRow] = []
+        cursor: str | None = None
+        while True:
+            page = await self.client.export(self.options.realm, PAGE_ROWS, cursor)
+            nodes.extend(page.memory_nodes)
+            edges.extend(page.memory_edges)
+            if not page.has_more or page.next_cursor is None:
+                break
+            cursor = page.next_cursor
+        done = await self.store.reconcile(nodes, edges, model=model, realm=self.options.realm,
+                                          state={"anti_entropy_ns": str(self._wall())})
+        report.anti_entropy = True
+        report.requeued += done.requeued_nodes + done.requeued_edges
+        report.pulled_nodes += done.applied.applied_nodes
+        report.pulled_edges += done.applied.applied_edges
+        if report.requeued:
+            await self._push(report)
+
+
+def _pack(items: list[tuple[tuple[str, str, int], bytes]],
+          budget: int) -> list[list[tuple[tuple[str, str, int], bytes]]]:
+    """Greedy batches whose encoded body stays under ``budget`` bytes (a lone row that is
+    bigger goes alone: the plane answers 413 and the row stays queued, reported)."""
+    batches: list[list[tuple[tuple[str, str, int], bytes]]] = []
+    current: list[tuple[tuple[str, str, int], bytes]] = []
+    size = 64
+    for item in items:
+        if current and size + len(item[1]) + 1 > budget:
+            batches.append(current)
+            current, size = [], 64
+        current.append(item)
+        size += len(item[1]) + 1
+    if current:
+        batches.append(current)
+    return batches
+

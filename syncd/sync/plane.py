@@ -1,0 +1,188 @@
+"""``PlaneClient``: the control plane's sync routes over HTTP, and how their failures are told
+apart.
+
+Rules:
+  * ``since`` goes in the query string URL-encoded (a raw ``+`` would decode to a space).
+  * Failures are classified once, here: ``AuthFailed`` (401/403 — never retried in a loop),
+    ``TooLarge`` (413 — the caller splits the batch), ``Transient`` (timeouts, resets, 5xx, 429
+    with its ``Retry-After``, truncated or malformed JSON — back off and retry), ``Rejected``
+    (any other 4xx — surfaced; retried only on the slow schedule).
+  * Every outbound body passes the egress guard: one still holding ``<private`` is refused
+    before it is sent (RELIABILITY P6) and counted.
+  * Each response records the server's ``Date`` and the local send/receive instants, so the
+    engine can estimate the offset between this machine's clock and the plane's.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import time
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import aiohttp
+import msgspec
+
+from protocol.rows import (
+    ChangesResponse,
+    ExportBody,
+    ImportResult,
+    changes_decoder,
+    export_decoder,
+    import_result_decoder,
+)
+from protocol.settings import MemorySettings, settings_decoder
+
+T = TypeVar("T")
+IMPORT_PATH = "/v1/agent/memory/import"
+
+
+class PlaneError(Exception):
+    kind = "error"
+
+    def __init__(self, message: str, status: int | None = None,
+                 retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.status, self.retry_after = status, retry_after
+
+
+class AuthFailed(PlaneError):
+    kind = "auth"
+
+
+class TooLarge(PlaneError):
+    kind = "too_large"
+
+
+class Transient(PlaneError):
+    kind = "transient"
+
+
+class Rejected(PlaneError):
+    kind = "rejected"
+
+
+class EgressRefused(PlaneError):
+    kind = "egress_refused"
+
+
+@dataclass(slots=True)
+class Timing:
+    sent_ns: int
+    received_ns: int
+    date_ns: int | None  # the server's Date header (1 s resolution), if any
+
+
+class PlaneClient:
+    def __init__(self, url: str, token: str | None, *, timeout: float = 30.0,
+                 wall: Any = time.time_ns) -> None:
+        self.url = url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=min(timeout, 10.0))
+        self._session: aiohttp.ClientSession | None = None
+        self._wall = wall
+        self.requests = 0
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.egress_refusals = 0
+        self.last_timing: Timing | None = None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
+        return self._session
+
+    async def changes(self, since: str | None, realm: str | None,
+                      limit: int | None) -> ChangesResponse:
+        params = {"since": since or ""}
+        if realm is not None:
+            params["realm"] = realm
+        if limit is not None:
+            params["limit"] = str(limit)
+        return await self._get("/v1/agent/memory/changes", params, changes_decoder)
+
+    async def export(self, realm: str | None, limit: int | None,
+                     cursor: str | None) -> ExportBody:
+        params: dict[str, str] = {}
+        if realm is not None:
+            params["realm"] = realm
+        if limit is not None:
+            params["limit"] = str(limit)
+        if cursor is not None:
+            params["cursor"] = cursor
+        return await self._get("/v1/agent/memory/export", params, export_decoder)
+
+    async def settings(self) -> MemorySettings:
+        return await self._get("/v1/agent/memory/settings", {}, settings_decoder)
+
+    async def import_rows(self, body: bytes) -> ImportResult:
+        if b"<private" in body.lower():
+            self.egress_refusals += 1
+            raise EgressRefused("an outbound body still contains <private: refused to send")
+        data = await self._request("POST", IMPORT_PATH, {}, body)
+        try:
+            return import_result_decoder.decode(data)
+        except msgspec.DecodeError as exc:
+            raise Transient(f"import: malformed response: {exc}") from None
+
+    async def _get(self, path: str, params: dict[str, str],
+                   decoder: msgspec.json.Decoder[T]) -> T:
+        data = await self._request("GET", path, params, None)
+        try:
+            return decoder.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise Transient(f"{path}: malformed response: {exc}") from None
+
+    async def _request(self, method: str, path: str, params: dict[str, str],
+                       body: bytes | None) -> bytes:
+        session = self._open()
+        headers = {"Content-Type": "application/json"} if body is not None else None
+        sent = self._wall()
+        self.requests += 1
+        try:
+            async with session.request(method, self.url + path, params=params, data=body,
+                                       headers=headers) as resp:
+                data = await resp.read()
+                self.last_timing = Timing(sent, self._wall(), _date_ns(resp.headers.get("Date")))
+                status, retry_after = resp.status, _retry_after(resp.headers.get("Retry-After"))
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise Transient(f"{method} {path}: {type(exc).__name__}: {exc}") from None
+        self.bytes_out += len(body or b"")
+        self.bytes_in += len(data)
+        if 200 <= status < 300:
+            return data
+        detail = f"{method} {path}: HTTP {status}: {data[:200].decode(errors='replace')}"
+        if status in (401, 403):
+            raise AuthFailed(detail, status)
+        if status == 413:
+            raise TooLarge(detail, status)
+        if status in (408, 425, 429) or status >= 500:
+            raise Transient(detail, status, retry_after)
+        raise Rejected(detail, status)
+
+
+def _date_ns(header: str | None) -> int | None:
+    if not header:
+        return None
+    try:
+        return int(email.utils.parsedate_to_datetime(header).timestamp()) * 1_000_000_000
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
+def _retry_after(header: str | None) -> float | None:
+    if not header:
+        return None
+    try:
+        return max(0.0, float(header))
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(header).timestamp()
+        except (TypeError, ValueError, IndexError):
+            return None
+        return max(0.0, when - time.time())

@@ -1,0 +1,88 @@
+"""``SyncRunner``: the daemon's sync schedule — one APScheduler 3.x interval job with jitter,
+``max_instances=1`` and ``coalesce=True`` (never two passes at once, missed ticks merged), over
+an engine that is itself single-flight (a manual ``POST /v1/agent/sync/run`` queues behind a
+scheduled pass instead of overlapping it).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+from local_store import Store
+from syncd.sync.engine import PassReport, SyncEngine, SyncOptions
+from syncd.sync.plane import PlaneClient
+
+log = logging.getLogger("syncd.sync")
+
+
+class SyncSetupError(ValueError):
+    pass
+
+
+def read_plane_token(path: Path | None) -> str | None:
+    """The bearer token from ``control_plane.token_file`` (first line, trimmed)."""
+    if path is None:
+        return None
+    try:
+        token = path.expanduser().read_text().strip()
+    except OSError as exc:
+        raise SyncSetupError(f"control_plane.token_file = {str(path)!r}: {exc.strerror}") \
+            from None
+    if not token:
+        raise SyncSetupError(f"control_plane.token_file = {str(path)!r}: the file is empty")
+    return token
+
+
+class SyncRunner:
+    def __init__(self, engine: SyncEngine, *, interval: float, jitter: float) -> None:
+        self.engine = engine
+        self.interval, self.jitter = interval, jitter
+        self._scheduler: AsyncIOScheduler | None = None
+
+    @classmethod
+    def create(cls, store: Store, *, url: str, token: str | None, options: SyncOptions,
+               interval: float, jitter: float, timeout: float = 30.0) -> SyncRunner:
+        return cls(SyncEngine(store, PlaneClient(url, token, timeout=timeout), options),
+                   interval=interval, jitter=jitter)
+
+    async def start(self) -> None:
+        await self.engine.start()
+        scheduler = AsyncIOScheduler()
+        scheduler.add_job(self.engine.scheduled, "interval", seconds=self.interval,
+                          jitter=self.interval * self.jitter if self.jitter else None,
+                          max_instances=1, coalesce=True, next_run_time=datetime.now(),
+                          id="sync", misfire_grace_time=None)
+        scheduler.start()
+        self._scheduler = scheduler
+
+    async def stop(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=False)
+            self._scheduler = None
+        await self.engine.close()
+
+    async def run_now(self) -> PassReport:
+        return await self.engine.run_pass("manual")
+
+    async def status(self) -> dict[str, Any]:
+        status = self.engine.status
+        state = await self.engine.store.sync_state()
+        stats = await self.engine.store.stats()
+        return {"configured": True, "url": status.url, "realm": status.realm,
+                "interval_secs": self.interval, "cursor": state.get("cursor"),
+                "plane_store_id": state.get("plane_store_id"),
+                "plane_model": state.get("plane_model"), "outbox": stats["outbox"],
+                "passes": status.passes, "failures": status.failures,
+                "consecutive_failures": status.consecutive_failures,
+                "last_success": status.last_success, "last_error": status.last_error,
+                "last_error_at": status.last_error_at, "auth_blocked": status.auth_blocked,
+                "next_attempt_in_secs": status.next_attempt_in_secs,
+                "clock_offset_ms": status.clock_offset_ms, "future_rows": status.future_rows,
+                "drift_rejections": status.drift_rejections,
+                "egress_refusals": status.egress_refusals, "skipped_rows": status.skipped_rows,
+                "totals": status.totals, "last_pass": status.last_pass}

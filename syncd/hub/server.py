@@ -19,6 +19,7 @@ from local_store.embed import Embedder
 from syncd.daemon import EXIT_CONFIG, EXIT_OK, EXIT_TEMPFAIL, StartupError
 from syncd.hub.app import create_hub_app
 from syncd.hub.tokens import TokenBook, TokenFileError, list_tokens
+from syncd.notify import notify, watchdog_interval
 
 log = logging.getLogger("syncd.hub")
 
@@ -67,12 +68,26 @@ class Hub:
                      self.cursor, store.store_id, self.embedder.model_id)
             if ready is not None:
                 ready(self.url)
-            await self._wait_for_stop()
+            notify(f"READY=1\nSTATUS=serving {self.url}")
+            watchdog = asyncio.create_task(self._watchdog(), name="watchdog")
+            try:
+                await self._wait_for_stop()
+            finally:
+                watchdog.cancel()
+                await asyncio.gather(watchdog, return_exceptions=True)
+            notify("STOPPING=1")
             return EXIT_OK
         finally:
             if runner is not None:
                 await runner.cleanup()
             await store.close()
+
+    async def _watchdog(self) -> None:
+        """``WATCHDOG=1`` at half systemd's interval, from the event loop itself."""
+        interval = watchdog_interval()
+        while interval:
+            await asyncio.sleep(interval / 2)
+            notify("WATCHDOG=1")
 
     async def _wait_for_stop(self) -> None:
         loop = asyncio.get_running_loop()

@@ -1,0 +1,123 @@
+"""The whole product as processes: `syncd hub token create`, `syncd hub`, two `syncd run`
+daemons configured with a control plane, and `syncd save/sync/recall/status` between them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.syncd.test_daemon import env_for, finish, wait_ready
+
+
+async def cli(home: Path, *args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "syncd", *args, env=env_for(home),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    async with asyncio.timeout(60):
+        out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def spawn(home: Path, *args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "syncd", *args, env=env_for(home),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+
+
+async def write(path: Path, text: str) -> None:
+    await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
+    await asyncio.to_thread(path.write_text, text)
+
+
+@pytest.mark.parametrize("cursor", ["ingest", "origin"])
+async def test_two_daemons_sync_through_a_hub_process(tmp_path: Path, cursor: str) -> None:
+    """A save on laptop A is recallable on laptop B after `syncd sync` on both."""
+    hub_dir = tmp_path / "hub"
+    code, token, err = await cli(tmp_path, "hub", "token", "create", "--data-dir", str(hub_dir),
+                                 "--role", "write", "--name", "laptops")
+    assert code == 0, err
+    assert token.strip().startswith("syncd_") and "once" in err
+    code, _, err = await cli(tmp_path, "hub", "token", "create", "--data-dir", str(hub_dir),
+                             "--role", "superuser", "--name", "x")
+    assert code == 2 and "role" in err
+    hub = await spawn(tmp_path, "hub", "--data-dir", str(hub_dir), "--listen", "127.0.0.1:0",
+                      "--cursor", cursor)
+    procs = [hub]
+    try:
+        hub_url = await wait_ready(hub)
+        await write(tmp_path / "plane-token", token)
+        laptops = {}
+        for name in ("a", "b"):
+            config = tmp_path / f"{name}.toml"
+            await write(config, f'[control_plane]\nurl = "{hub_url}"\n'
+                        f'token_file = "{tmp_path / "plane-token"}"\n'
+                        'embedding_model = "hashing-384"\n[sync]\ninterval_secs = 3600\n')
+            data = tmp_path / name
+            proc = await spawn(tmp_path, "--config", str(config), "--data-dir", str(data),
+                               "run", "--listen", "127.0.0.1:0")
+            procs.append(proc)
+            await wait_ready(proc)
+            laptops[name] = (config, data)
+
+        def args(name: str, *rest: str) -> list[str]:
+            config, data = laptops[name]
+            return ["--config", str(config), "--data-dir", str(data), *rest]
+
+        code, out, err = await cli(tmp_path, *args("a", "save", "rotate the staging keys monthly",
+                                                   "--type", "procedure"))
+        assert code == 0, err
+        code, out, err = await cli(tmp_path, *args("a", "sync"))
+        assert code == 0, err + out
+        assert json.loads(out)["pushed_nodes"] == 1
+        code, out, err = await cli(tmp_path, *args("b", "sync"))
+        assert code == 0, err + out
+        assert json.loads(out)["pulled_nodes"] == 1
+        code, out, err = await cli(tmp_path, *args("b", "recall", "staging keys"))
+        assert code == 0 and "rotate the staging keys monthly" in out, err + out
+        code, out, err = await cli(tmp_path, *args("b", "status", "--json"))
+        status = json.loads(out)["sync"]
+        assert status["configured"] and status["url"] == hub_url
+        assert status["last_success"] and status["outbox"] == 0 and status["cursor"]
+        code, out, _ = await cli(tmp_path, *args("b", "status"))
+        assert "last_success" in out and hub_url in out
+    finally:
+        for proc in reversed(procs):
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in reversed(procs):
+            code, err = await finish(proc)
+            assert code == 0, err
+
+
+async def test_a_daemon_whose_plane_token_file_is_missing_refuses_to_start(
+        tmp_path: Path) -> None:
+    """A broken sync setup is a configuration error (exit 2) naming the field."""
+    config = tmp_path / "a.toml"
+    await write(config, '[control_plane]\nurl = "http://127.0.0.1:9"\n'
+                f'token_file = "{tmp_path / "nope"}"\n')
+    code, _, err = await cli(tmp_path, "--config", str(config), "--data-dir",
+                             str(tmp_path / "a"), "run", "--listen", "127.0.0.1:0")
+    assert code == 2
+    assert "control_plane.token_file" in err
+
+
+async def test_sync_without_a_control_plane_says_so(tmp_path: Path) -> None:
+    """`syncd sync` on a daemon without a control plane fails with a clear message."""
+    proc = await spawn(tmp_path, "--data-dir", str(tmp_path / "a"), "run", "--listen",
+                       "127.0.0.1:0")
+    try:
+        await wait_ready(proc)
+        code, out, err = await cli(tmp_path, "--data-dir", str(tmp_path / "a"), "sync")
+        assert code == 1 and "control_plane.url" in err, err + out
+        code, out, _ = await cli(tmp_path, "--data-dir", str(tmp_path / "a"), "status")
+        assert "sync             off" in out
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code, err = await finish(proc)
+        assert code == 0, err

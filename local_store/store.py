@@ -500,6 +500,10 @@ class Store:
         nodes = [wire_node(row, vectors.get(row["id"]) or zeros) for row in staged.nodes]
         return staged.entries, nodes, [wire_edge(row) for row in staged.edges]
 
+    async def outbox_depth(self) -> int:
+        (row,) = await self._fetch("SELECT count(*) FROM outbox")
+        return int(row[0])
+
     async def ack_push(self, entries: Sequence[replica.Entry]) -> int:
         items = list(entries)
         return await self._write(lambda w: replica.ack(w, items))

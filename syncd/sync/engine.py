@@ -231,6 +231,9 @@ class SyncEngine:
                 continue
             new_state: dict[str, str | None] = {
                 "cursor": page.until, "feed": page.feed or "", "plane_store_id": page.store_id}
+            if not page.memory_nodes and not page.memory_edges and all(
+                    state.get(k) == v for k, v in new_state.items()):
+                return reset  # nothing new and nothing to record: no write transaction
             result = await self.store.pull(page.memory_nodes, page.memory_edges,
                                            model=self._plane_model(state), state=new_state,
                                            until=page.until)
@@ -313,7 +316,10 @@ class SyncEngine:
         state = await self.store.sync_state()
         model = self._plane_model(state)
         dim = self.store.embedder.dim if model == self.store.embedder.model_id else PLANE_DIM
-        rounds = (await self.store.stats())["outbox"] // STAGE_ROWS + 2
+        depth = await self.store.outbox_depth()
+        if not depth:
+            return False
+        rounds = depth // STAGE_ROWS + 2
         pushed = False
         for _ in range(rounds):
             entries, nodes, edges = await self.store.stage_push(

@@ -1,0 +1,142 @@
+"""The hub's wire surface: roles, the ingest feed's paging and `until`, paged export, settings
+naming the model, and the verbatim cursor (R19)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from protocol.rows import NodeRow
+from tests.sync.harness import MODEL, Hub, start_hub, start_laptop
+
+
+@pytest.fixture
+async def hub(tmp_path: Path) -> AsyncIterator[Hub]:
+    h = await start_hub(tmp_path / "hub", "ingest")
+    try:
+        yield h
+    finally:
+        await h.close()
+
+
+async def call(hub: Hub, method: str, path: str, token: str | None,
+               **kw: Any) -> tuple[int, Any]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession() as s, s.request(method, hub.url + path,
+                                                       headers=headers, **kw) as resp:
+        return resp.status, await resp.json(content_type=None)
+
+
+def node(i: int) -> dict[str, Any]:
+    return {"id": f"memory:00000000-0000-4000-8000-{i:012d}", "content": f"row {i}",
+            "updated_at": f"2026-01-01T00:00:{i % 60:02d}.{i:06d}+00:00",
+            "embedding": [0.0] * 384}
+
+
+async def test_roles_gate_import_and_settings(hub: Hub) -> None:
+    """read < write: a read token can pull but not import or change settings; none → 401."""
+    body = {"memory_nodes": [node(1)]}
+    status, err = await call(hub, "POST", "/v1/agent/memory/import", hub.read_token, json=body)
+    assert status == 403 and err["error"]["code"] == "forbidden"
+    status, err = await call(hub, "PUT", "/v1/agent/memory/settings", hub.read_token,
+                             json={"w_graph": 0.7})
+    assert status == 403
+    status, _ = await call(hub, "GET", "/v1/agent/memory/changes", None)
+    assert status == 401
+    status, _ = await call(hub, "GET", "/v1/agent/memory/changes", "syncd_wrong")
+    assert status == 401
+    assert (await hub.store.stats())["memories"] == 0
+    status, result = await call(hub, "POST", "/v1/agent/memory/import", hub.token, json=body)
+    assert status == 200 and result["applied_nodes"] == 1 and result["errors"] == []
+    status, settings = await call(hub, "GET", "/v1/agent/memory/settings", hub.read_token)
+    assert status == 200 and settings["embedding_model"] == MODEL
+
+
+async def test_import_reports_each_bad_row_and_applies_the_rest(hub: Hub) -> None:
+    """Per-row import errors name the row and field; good rows land."""
+    bad = {"content": "no id", "updated_at": "2026-01-01T00:00:00+00:00"}
+    status, result = await call(hub, "POST", "/v1/agent/memory/import", hub.token,
+                                json={"memory_nodes": [node(1), bad, node(2)]})
+    assert status == 200 and result["applied_nodes"] == 2
+    assert result["row_errors"] == [{"kind": "node", "index": 1, "id": None, "field": "id",
+                                     "message": "is required and must be a non-empty string"}]
+
+
+async def test_feed_pages_on_import_boundaries_and_never_skips_a_late_row(hub: Hub) -> None:
+    """Ingest order: rows stamped long ago but imported later still follow the cursor."""
+    for batch in range(3):
+        rows = [node(batch * 10 + i) for i in range(5)]
+        status, _ = await call(hub, "POST", "/v1/agent/memory/import", hub.token,
+                               json={"memory_nodes": rows})
+        assert status == 200
+    seen: list[str] = []
+    since = ""
+    while True:
+        status, page = await call(hub, "GET", "/v1/agent/memory/changes", hub.read_token,
+                                  params={"since": since, "limit": "3"})
+        assert status == 200 and page["feed"] == "ingest"
+        assert len(page["memory_nodes"]) in (5, 0)  # one whole import per page
+        seen += [n["id"] for n in page["memory_nodes"]]
+        since = page["until"]
+        if not page["has_more"]:
+            break
+    assert len(seen) == len(set(seen)) == 15
+    late = node(99) | {"updated_at": "2001-01-01T00:00:00+00:00"}  # an old offline edit
+    await call(hub, "POST", "/v1/agent/memory/import", hub.token, json={"memory_nodes": [late]})
+    status, page = await call(hub, "GET", "/v1/agent/memory/changes", hub.read_token,
+                              params={"since": since})
+    assert [n["id"] for n in page["memory_nodes"]] == [late["id"]]
+    status, idle = await call(hub, "GET", "/v1/agent/memory/changes", hub.read_token,
+                              params={"since": page["until"]})
+    assert idle["memory_nodes"] == [] and idle["until"] == page["until"]
+
+
+async def test_export_pages_include_tombstones(hub: Hub) -> None:
+    """Paged export (limit/next_cursor) returns every row once, deletes included."""
+    await call(hub, "POST", "/v1/agent/memory/import", hub.token,
+               json={"memory_nodes": [node(i) for i in range(7)]})
+    await hub.store.delete(node(3)["id"])
+    ids: list[str] = []
+    cursor = None
+    while True:
+        params = {"limit": "3", **({"cursor": cursor} if cursor else {})}
+        status, page = await call(hub, "GET", "/v1/agent/memory/export", hub.read_token,
+                                  params=params)
+        assert status == 200 and page["store_id"] == hub.store.store_id
+        ids += [n["id"] for n in page["memory_nodes"]]
+        if any(n.get("deleted") for n in page["memory_nodes"]):
+            assert node(3)["id"] in [n["id"] for n in page["memory_nodes"] if n.get("deleted")]
+        if not page["has_more"]:
+            break
+        cursor = page["next_cursor"]
+    assert sorted(ids) == sorted(node(i)["id"] for i in range(7))
+    status, err = await call(hub, "GET", "/v1/agent/memory/export", hub.read_token,
+                             params={"limit": "0"})
+    assert status == 422 and err["error"]["field"] == "limit"
+
+
+@pytest.mark.parametrize("cursor", ["ingest", "origin"])
+async def test_the_cursor_is_the_planes_until_byte_for_byte(tmp_path: Path,
+                                                            cursor: str) -> None:
+    """R19: `until` is stored verbatim, whatever its form."""
+    hub = await start_hub(tmp_path / "hub", cursor)
+    laptop = await start_laptop("a", tmp_path / "a", hub.url, hub.token)
+    try:
+        await hub.store.apply([NodeRow(**node(1))], [], model=MODEL)
+        report = await laptop.sync()
+        assert report.ok, report.error
+        state = await laptop.store.sync_state()
+        async with aiohttp.ClientSession() as s, s.get(
+                hub.url + "/v1/agent/memory/changes", params={"since": state["cursor"]},
+                headers={"Authorization": f"Bearer {hub.token}"}) as resp:
+            page = await resp.json()
+        assert state["cursor"].endswith("+00:00") and "Z" not in state["cursor"]
+        if cursor == "ingest":
+            assert page["until"] == state["cursor"]
+    finally:
+        await laptop.close()
+        await hub.close()

@@ -3,9 +3,12 @@
 Rules:
   * A pulled batch and the sync state it advances (the cursor) commit in one transaction, so a
     crash can never keep rows without their cursor or a cursor without its rows (R4).
-  * Staging a push re-stamps each queued item with the current HLC — which has just received
-    the plane's clock — so a version made offline, or under a slow clock, sorts after every
-    other client's cursor. The content hash does not change; the item stays queued.
+  * Staging a push re-stamps each queued item older than ``keep_within_ns`` with the current
+    HLC — which has just received the plane's clock — so a version made offline, or under a
+    slow clock, sorts after every other client's cursor. A recent version keeps its stamp:
+    every reader's overlap window still sees it, and a concurrent edit made later elsewhere
+    still beats it (re-stamping it would make "pushed last" win instead of "written last").
+    The content hash does not change; the item stays queued.
   * An outbox entry is cleared only by ``ack`` with the seq it was staged at: a write that
     lands while the push is in flight bumps the entry's seq, so it is pushed again (R7).
   * Reconciling an export applies every remote version (LWW) and re-queues every local item
@@ -24,6 +27,7 @@ from local_store.errors import ValidationError
 from local_store.records import parse_timestamp
 from local_store.writes import Row, Writer
 from protocol.rows import EdgeRow, NodeRow
+from protocol.timestamp import format_ns
 
 SYNC_PREFIX = "sync."
 Entry = tuple[str, str, int]  # (kind, item_id, local_seq it was staged at)
@@ -56,23 +60,27 @@ def set_state(writer: Writer, state: Mapping[str, str | None]) -> None:
             writer.set_meta(SYNC_PREFIX + key, value)
 
 
-def stage(writer: Writer, limit: int, realm: str | None) -> Staged:
-    """Re-stamp up to ``limit`` queued items (oldest first) and return their rows."""
+def stage(writer: Writer, limit: int, realm: str | None, keep_within_ns: int = 0) -> Staged:
+    """Stage up to ``limit`` queued items (oldest first), re-stamping those whose version is
+    more than ``keep_within_ns`` older than the clock, and return their rows."""
     realm_sql, params = _realm_filter(realm)
+    bound = format_ns(max(0, writer.clock.physical_ns() - keep_within_ns))
     queued = writer.conn.execute(
-        "SELECT o.kind, o.item_id FROM outbox o "
+        "SELECT o.kind, o.item_id, o.local_seq FROM outbox o "
         "LEFT JOIN memories m ON o.kind = 'node' AND m.id = o.item_id "
         "LEFT JOIN edges e ON o.kind = 'edge' AND e.id = o.item_id "
         f"WHERE (m.id IS NOT NULL OR e.id IS NOT NULL) {realm_sql} "
         "ORDER BY o.local_seq LIMIT ?", (*params, limit)).fetchall()
     staged = Staged([], [], [])
-    for kind, item_id in queued:
+    for kind, item_id, seq in queued:
         table = "memories" if kind == "node" else "edges"
-        stamp, seq = writer.stamp_after(writer.version(table, item_id)), writer.next_seq()
-        writer.conn.execute(f"UPDATE {table} SET updated_at = ?, origin = ?, local_seq = ? "
-                            "WHERE id = ?", (stamp, writer.replica_id, seq, item_id))
-        writer.conn.execute("UPDATE outbox SET local_seq = ? WHERE kind = ? AND item_id = ?",
-                            (seq, kind, item_id))
+        current = writer.version(table, item_id)
+        if current is None or current < bound:
+            stamp, seq = writer.stamp_after(current), writer.next_seq()
+            writer.conn.execute(f"UPDATE {table} SET updated_at = ?, origin = ?, local_seq = ? "
+                                "WHERE id = ?", (stamp, writer.replica_id, seq, item_id))
+            writer.conn.execute("UPDATE outbox SET local_seq = ? WHERE kind = ? AND item_id = ?",
+                                (seq, kind, item_id))
         staged.entries.append((kind, item_id, seq))
         if kind == "node":
             row = writer.node(item_id)

@@ -490,11 +490,13 @@ class Store:
         return await self._write(run)
 
     async def stage_push(self, limit: int, *, model: str, dim: int, realm: str | None = None,
+                         keep_within_ns: int = 0,
                          ) -> tuple[list[replica.Entry], list[NodeRow], list[EdgeRow]]:
-        """Re-stamp up to ``limit`` queued items and return them as wire rows. Each node carries
+        """Stage up to ``limit`` queued items (re-stamping those older than ``keep_within_ns``)
+        and return them as wire rows. Each node carries
         its ``model`` vector, or zeros when there is none (the plane requires a vector and
         skips a zero one in its semantic leg)."""
-        staged = await self._write(lambda w: replica.stage(w, limit, realm))
+        staged = await self._write(lambda w: replica.stage(w, limit, realm, keep_within_ns))
         vectors = await self._vectors([row["id"] for row in staged.nodes], model)
         zeros = [0.0] * dim
         nodes = [wire_node(row, vectors.get(row["id"]) or zeros) for row in staged.nodes]

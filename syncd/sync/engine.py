@@ -7,7 +7,8 @@ Rules:
     in one transaction (``Store.pull``). A page with a row that cannot be applied does not
     advance the cursor; after ``BAD_ROW_PASSES`` passes with the same failure the cursor moves
     past it and the rows are reported as skipped, so one poisoned row cannot stall sync forever.
-  * Push stages the outbox (re-stamped at push time, after the pull), packs batches under
+  * Push stages the outbox (versions older than half the overlap window are re-stamped at
+    push time, after the pull — see ``local_store/replica.py``), packs batches under
     ``push_batch_bytes``, halves a batch on 413, clears entries only on 2xx with no errors (per
     row when the plane reports rows), and stops the pass on any failure.
   * Clock: each response's ``Date`` (and a plane's ``until``) estimates this machine's offset to
@@ -323,7 +324,8 @@ class SyncEngine:
         pushed = False
         for _ in range(rounds):
             entries, nodes, edges = await self.store.stage_push(
-                STAGE_ROWS, model=model, dim=dim, realm=self.options.realm)
+                STAGE_ROWS, model=model, dim=dim, realm=self.options.realm,
+                keep_within_ns=int(self.options.overlap_secs * 1e9) // 2)
             if not entries:
                 break
             items = [(e, _encoder.encode(n)) for e, n in zip(

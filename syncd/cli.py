@@ -108,8 +108,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
                         "%(message)s", stream=sys.stderr)
     if args.command == "demo":
-        print("syncd demo: not yet — the demo arrives with the sync issue (hub + two laptops).")
-        return EXIT_OK
+        from syncd.demo import run_demo
+        code: int = asyncio.run(run_demo())
+        return code
     try:
         settings = _settings(args)
     except ValueError as exc:

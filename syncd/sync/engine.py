@@ -23,10 +23,11 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -144,6 +145,12 @@ class SyncEngine:
             return None
         return await self.run_pass("schedule")
 
+    @contextlib.asynccontextmanager
+    async def idle(self) -> AsyncIterator[None]:
+        """Hold the single-flight lock: no pass runs inside (waits for one in flight)."""
+        async with self._flight:
+            yield
+
     async def run_pass(self, trigger: str = "manual") -> PassReport:
         """One full pass; concurrent callers queue behind the pass in flight."""
         async with self._flight:
@@ -160,7 +167,7 @@ class SyncEngine:
             reset = await self._pull(report, state)
             if await self._push(report):
                 await self._pull(report, await self.store.sync_state())
-            if reset or self._anti_entropy_due(state):
+            if reset or self._anti_entropy_due(await self.store.sync_state()):
                 await self._anti_entropy(report)
             report.ok = True
         except PlaneError as exc:
@@ -218,6 +225,7 @@ class SyncEngine:
         """Pull every page; True when a reset of the plane was detected (cursor restarted)."""
         reset = False
         cursor = state.get("cursor")
+        cursor_was_empty = cursor is None
         since = self._since(cursor, state.get("feed"))
         while True:
             page = await self.client.changes(since, self.options.realm, PAGE_ROWS)
@@ -226,7 +234,7 @@ class SyncEngine:
             suspicion = self._reset_suspected(state, cursor, page.until, page.store_id)
             if suspicion and not reset:
                 log.warning("control plane reset suspected (%s): full resync", suspicion)
-                report.reset, reset = suspicion, True
+                report.reset, reset, cursor_was_empty = suspicion, True, False
                 await self.store.set_sync_state({"cursor": None, "plane_store_id": None})
                 state, cursor, since = {}, None, None
                 continue
@@ -248,6 +256,9 @@ class SyncEngine:
                 await self.store.set_sync_state({"cursor": page.until})
             cursor, state = page.until, {**state, "cursor": page.until}
             if not page.has_more:
+                if cursor_was_empty and not reset and not report.pull_problems:
+                    # a bootstrap from the beginning is a full export: no diff due for a while
+                    await self.store.set_sync_state({"anti_entropy_ns": str(self._wall())})
                 return reset
             since = page.until
 

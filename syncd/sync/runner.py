@@ -6,6 +6,8 @@ scheduled pass instead of overlapping it).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from datetime import datetime
 from pathlib import Path
@@ -18,6 +20,7 @@ from syncd.sync.engine import PassReport, SyncEngine, SyncOptions
 from syncd.sync.plane import PlaneClient
 
 log = logging.getLogger("syncd.sync")
+STOP_GRACE_SECS = 5.0
 
 
 class SyncSetupError(ValueError):
@@ -60,10 +63,16 @@ class SyncRunner:
         scheduler.start()
         self._scheduler = scheduler
 
-    async def stop(self) -> None:
-        if self._scheduler is not None:
-            self._scheduler.shutdown(wait=False)
-            self._scheduler = None
+    async def stop(self, grace: float = STOP_GRACE_SECS) -> None:
+        """No new tick; a pass in flight gets ``grace`` seconds to finish before the scheduler
+        cancels it (safe either way: every store write is one transaction)."""
+        scheduler, self._scheduler = self._scheduler, None
+        if scheduler is not None:
+            scheduler.pause()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(grace), self.engine.idle():
+                    pass
+            scheduler.shutdown(wait=False)
         await self.engine.close()
 
     async def run_now(self) -> PassReport:

@@ -7,8 +7,9 @@ Rules:
     a version pushed late, or stamped by a slow clock, is never skipped.
   * A page ends on a transaction boundary (one import is never split), so ``until`` is always
     the stamp of a mark. A page may exceed ``limit`` by the rest of one transaction.
-  * When nothing is new, ``until`` is the mark at or before ``since``: it goes backwards only
-    if the feed itself went backwards (a hub restored from an older backup).
+  * When nothing is new, ``until`` is ``since`` itself. A ``since`` that is no mark's stamp
+    was served by a feed that is gone (a hub restored from an older backup): the answer is
+    the mark before it and no rows, so ``until`` goes backwards and the client resyncs.
   * One read transaction per page, so the rows and ``until`` come from one snapshot.
 """
 
@@ -46,7 +47,14 @@ def feed_page(fetch: Fetch, since: str | None, limit: int | None,
 def _page(fetch: Fetch, since: str | None, limit: int | None, realm: str | None) -> FeedPage:
     start = 0
     if since is not None:
-        start = fetch("SELECT max(seq) FROM feed WHERE stamp <= ?", (since,))[0][0] or 0
+        found = fetch("SELECT seq, stamp FROM feed WHERE stamp <= ? ORDER BY seq DESC LIMIT 1",
+                      (since,))
+        start, mark = (found[0][0], found[0][1]) if found else (0, EPOCH)
+        if mark != since and since != EPOCH:
+            # Every `until` this feed serves is a mark's stamp: a `since` that is none was
+            # served by a feed that is gone (a hub restored from an older backup). Answer the
+            # mark before it and no rows: `until` goes backwards and the client resyncs.
+            return FeedPage([], [], mark, False)
     last_mark = fetch("SELECT max(seq) FROM feed", ())[0][0] or 0
     end = last_mark
     if limit is not None:

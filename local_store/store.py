@@ -525,15 +525,19 @@ class Store:
         return [wire_node(d, vectors.get(d["id"])) for d in dicts]
 
     async def _vectors(self, ids: list[str], model: str) -> dict[str, list[float]]:
-        out: dict[str, list[float]] = {}
+        """Stored vectors of ``model`` as wire lists (same-width ones converted in one batch)."""
+        found: list[tuple[str, bytes]] = []
         for start in range(0, len(ids), 500):
             chunk = ids[start:start + 500]
             marks = ",".join("?" * len(chunk))
-            for mid, blob in await self._fetch(
-                    f"SELECT memory_id, vec FROM vectors WHERE model = ? AND memory_id IN ({marks})",
-                    [model, *chunk]):
-                out[mid] = wire_vector(from_blob(blob))
-        return out
+            found += [(r[0], r[1]) for r in await self._fetch(
+                f"SELECT memory_id, vec FROM vectors WHERE model = ? AND memory_id IN ({marks})",
+                [model, *chunk])]
+        widths = {len(blob) for _, blob in found}
+        if len(widths) == 1:
+            matrix = from_blob(b"".join(blob for _, blob in found)).reshape(len(found), -1)
+            return dict(zip([mid for mid, _ in found], wire_vectors(matrix), strict=True))
+        return {mid: wire_vectors(from_blob(blob).reshape(1, -1))[0] for mid, blob in found}
 
     # ------------------------------------------------------------------ recall and settings
 
@@ -697,11 +701,11 @@ def _put_embedded(items: list[tuple[str, str, Vector]], w: Writer) -> None:
 WIRE_DECIMALS = 8
 
 
-def wire_vector(values: npt.NDArray[np.float32]) -> list[float]:
-    """A stored float32 vector as JSON numbers, rounded to 8 decimals: a float32's exact
+def wire_vectors(matrix: npt.NDArray[np.float32]) -> list[list[float]]:
+    """Stored float32 vectors (rows) as JSON numbers, rounded to 8 decimals: a float32's exact
     float64 text takes ~19 characters, the rounded one ~10 (half the bytes on the wire) while
     staying within float32 precision of a unit vector's components."""
-    return np.round(values.astype(np.float64), WIRE_DECIMALS).tolist()  # type: ignore[no-any-return]
+    return np.round(matrix.astype(np.float64), WIRE_DECIMALS).tolist()  # type: ignore[no-any-return]
 
 
 def _mark_unfed(w: Writer) -> None:

@@ -58,6 +58,7 @@ class Writer:
         self._seq = 0
         self._start_seq = 0
         self.feed = False  # a hub: mark each transaction in the change feed (0003_feed.sql)
+        self.purge_index = False  # a hard delete in this transaction: rewrite the FTS index
         # (memory_id, model or None for "every model", values or None for removal), collected
         # per transaction so the store can update its in-RAM index after the commit.
         self.vector_events: list[tuple[str, str | None, npt.NDArray[np.float32] | None]] = []
@@ -68,8 +69,13 @@ class Writer:
         self.conn.execute("BEGIN IMMEDIATE")
         self._seq = self._start_seq = int(self.meta("local_seq") or 0)
         self.vector_events = []
+        self.purge_index = False
 
     def commit(self) -> None:
+        if self.purge_index:
+            # FTS5 keeps a removed row's terms in its segments until they are merged: merge
+            # them all now, so a hard-deleted text leaves no trace in the index (R13).
+            self.conn.execute("INSERT INTO memories_fts (memories_fts) VALUES ('optimize')")
         self.set_meta("local_seq", str(self._seq))
         if self.feed and self._seq > self._start_seq:
             self.conn.execute("INSERT INTO feed (seq, stamp) VALUES (?, ?)",
@@ -251,6 +257,7 @@ class Writer:
         """Soft delete keeps the text locally; hard delete purges it. Both leave a tombstone."""
         changes: dict[str, object] = {"deleted": 1}
         if hard:
+            self.purge_index = True
             changes.update(title=None, content="", content_preview="", tags="",
                            provenance=None, source_uris=None, mentions=None, dedupe_key=None)
         row = self.mutate(memory_id, changes)
@@ -273,6 +280,9 @@ class Writer:
         for row, _ in winners:
             row["local_seq"] = self.next_seq()
         ids = [row["id"] for row, _ in winners]
+        purged = [row["id"] for row, _ in winners if row["deleted"] and not row["content"]]
+        if purged and self.any_live(purged):
+            self.purge_index = True  # a hard delete's tombstone replaces indexed text
         self.fts_remove(ids)
         self.conn.executemany(NODE_UPSERT, [node_params(row) for row, _ in winners])
         self.fts_add(ids)
@@ -306,6 +316,11 @@ class Writer:
         self.conn.execute(EDGE_UPSERT, edge_params(row))
         self.conn.execute("DELETE FROM outbox WHERE kind = 'edge' AND item_id = ?", (row["id"],))
         return True
+
+    def any_live(self, ids: list[str]) -> bool:
+        return any(self.conn.execute(
+            f"SELECT 1 FROM memories WHERE deleted = 0 AND id IN ({marks(chunk)}) LIMIT 1",
+            chunk).fetchone() for chunk in chunks(ids))
 
     def fts_remove(self, ids: list[str]) -> None:
         """Drop the FTS entries of these ids' current live rows (call before overwriting)."""

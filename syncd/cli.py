@@ -197,7 +197,8 @@ def _sync_factory(config: Any) -> Any:
                           overlap_secs=sync.overlap_secs, push_batch_bytes=sync.push_batch_bytes,
                           anti_entropy_secs=sync.anti_entropy_secs)
     return lambda store: SyncRunner.create(store, url=plane.url, token=token, options=options,
-                                           interval=sync.interval_secs, jitter=sync.jitter)
+                                           interval=sync.interval_secs, jitter=sync.jitter,
+                                           token_file=plane.token_file)
 
 
 def _hub(args: argparse.Namespace, settings: dict[str, Any]) -> int:

@@ -34,7 +34,7 @@ from typing import Any
 import msgspec
 
 from local_store import Store
-from protocol.rows import EdgeRow, NodeRow
+from protocol.rows import ChangesResponse, EdgeRow, NodeRow
 from protocol.timestamp import format_ns, parse_ns
 from syncd.sync.plane import (
     AuthFailed,
@@ -188,8 +188,9 @@ class SyncEngine:
         status.last_error, status.last_error_at = str(exc), format_ns(self._wall())
         if isinstance(exc, AuthFailed):
             status.auth_blocked = True
-            log.error("sync stopped: the control plane refused the token (%s); fix "
-                      "control_plane.token_file, then run `syncd sync`", exc.status)
+            log.error("sync stopped: the control plane refused the token (%s); fix the file "
+                      "named by control_plane.token_file, then run `syncd sync` (it re-reads "
+                      "the file)", exc.status)
             return
         delay = min(BACKOFF_CAP_SECS, BACKOFF_BASE_SECS * 2 ** (status.consecutive_failures - 1))
         delay = random.uniform(delay / 2, delay)
@@ -222,45 +223,64 @@ class SyncEngine:
     # ------------------------------------------------------------------ pull
 
     async def _pull(self, report: PassReport, state: dict[str, str]) -> bool:
-        """Pull every page; True when a reset of the plane was detected (cursor restarted)."""
+        """Pull every page; True when a reset of the plane was detected (cursor restarted).
+        The next page is fetched while this one is applied (the apply runs on the writer
+        thread); a page is applied only after the one before it committed."""
         reset = False
         cursor = state.get("cursor")
         cursor_was_empty = cursor is None
-        since = self._since(cursor, state.get("feed"))
-        while True:
-            page = await self.client.changes(since, self.options.realm, PAGE_ROWS)
-            report.pull_pages += 1
-            await self._estimate_offset(report, page.until if page.feed != "ingest" else None)
-            suspicion = self._reset_suspected(state, cursor, page.until, page.store_id)
-            if suspicion and not reset:
-                log.warning("control plane reset suspected (%s): full resync", suspicion)
-                report.reset, reset, cursor_was_empty = suspicion, True, False
-                await self.store.set_sync_state({"cursor": None, "plane_store_id": None})
-                state, cursor, since = {}, None, None
-                continue
-            new_state: dict[str, str | None] = {
-                "cursor": page.until, "feed": page.feed or "", "plane_store_id": page.store_id}
-            if not page.memory_nodes and not page.memory_edges and all(
-                    state.get(k) == v for k, v in new_state.items()):
-                return reset  # nothing new and nothing to record: no write transaction
-            result = await self.store.pull(page.memory_nodes, page.memory_edges,
-                                           model=self._plane_model(state), state=new_state,
-                                           until=page.until)
-            report.pulled_nodes += result.applied_nodes
-            report.pulled_edges += result.applied_edges
-            report.future_rows += len(result.beyond_drift)
-            if result.problems:
-                report.pull_problems += len(result.problems)
-                if not self._give_up_on(result.problems):
+        fetch = asyncio.ensure_future(self._fetch_page(self._since(cursor, state.get("feed"))))
+        try:
+            while True:
+                page = await fetch
+                report.pull_pages += 1
+                await self._estimate_offset(report, page.until if page.feed != "ingest" else None)
+                suspicion = self._reset_suspected(state, cursor, page.until, page.store_id)
+                if suspicion and not reset:
+                    log.warning("control plane reset suspected (%s): full resync", suspicion)
+                    report.reset, reset, cursor_was_empty = suspicion, True, False
+                    await self.store.set_sync_state({"cursor": None, "plane_store_id": None})
+                    state, cursor = {}, None
+                    fetch = asyncio.ensure_future(self._fetch_page(None))
+                    continue
+                if page.has_more:
+                    fetch = asyncio.ensure_future(self._fetch_page(page.until))
+                if not await self._apply_page(report, state, page):
                     return reset
-                await self.store.set_sync_state({"cursor": page.until})
-            cursor, state = page.until, {**state, "cursor": page.until}
-            if not page.has_more:
-                if cursor_was_empty and not reset and not report.pull_problems:
-                    # a bootstrap from the beginning is a full export: no diff due for a while
-                    await self.store.set_sync_state({"anti_entropy_ns": str(self._wall())})
-                return reset
-            since = page.until
+                cursor, state = page.until, {**state, "cursor": page.until}
+                if not page.has_more:
+                    if cursor_was_empty and not reset and not report.pull_problems:
+                        # a bootstrap from the beginning is a full export: no diff due for now
+                        await self.store.set_sync_state({"anti_entropy_ns": str(self._wall())})
+                    return reset
+        finally:
+            if not fetch.done():
+                fetch.cancel()
+                await asyncio.gather(fetch, return_exceptions=True)
+
+    async def _fetch_page(self, since: str | None) -> ChangesResponse:
+        return await self.client.changes(since, self.options.realm, PAGE_ROWS)
+
+    async def _apply_page(self, report: PassReport, state: dict[str, str],
+                          page: ChangesResponse) -> bool:
+        """Apply one page with its cursor; False when the cursor must not move past it."""
+        new_state: dict[str, str | None] = {
+            "cursor": page.until, "feed": page.feed or "", "plane_store_id": page.store_id}
+        if not page.memory_nodes and not page.memory_edges and all(
+                state.get(k) == v for k, v in new_state.items()):
+            return True  # nothing new and nothing to record: no write transaction
+        result = await self.store.pull(page.memory_nodes, page.memory_edges,
+                                       model=self._plane_model(state), state=new_state,
+                                       until=page.until)
+        report.pulled_nodes += result.applied_nodes
+        report.pulled_edges += result.applied_edges
+        report.future_rows += len(result.beyond_drift)
+        if result.problems:
+            report.pull_problems += len(result.problems)
+            if not self._give_up_on(result.problems):
+                return False
+            await self.store.set_sync_state({"cursor": page.until})
+        return True
 
     def _since(self, cursor: str | None, feed: str | None) -> str | None:
         if cursor is None or feed == "ingest":

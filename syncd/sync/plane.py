@@ -87,6 +87,11 @@ class PlaneClient:
         self.egress_refusals = 0
         self.last_timing: Timing | None = None
 
+    async def set_token(self, token: str | None) -> None:
+        """Use another bearer token from the next request on (a rotated token file)."""
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        await self.close()
+
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -42,23 +42,25 @@ def read_plane_token(path: Path | None) -> str | None:
 
 
 class SyncRunner:
-    def __init__(self, engine: SyncEngine, *, interval: float, jitter: float) -> None:
+    def __init__(self, engine: SyncEngine, *, interval: float, jitter: float,
+                 token_file: Path | None = None) -> None:
         self.engine = engine
-        self.interval, self.jitter = interval, jitter
+        self.interval, self.jitter, self.token_file = interval, jitter, token_file
         self._scheduler: AsyncIOScheduler | None = None
 
     @classmethod
     def create(cls, store: Store, *, url: str, token: str | None, options: SyncOptions,
-               interval: float, jitter: float, timeout: float = 30.0) -> SyncRunner:
+               interval: float, jitter: float, timeout: float = 30.0,
+               token_file: Path | None = None) -> SyncRunner:
         return cls(SyncEngine(store, PlaneClient(url, token, timeout=timeout), options),
-                   interval=interval, jitter=jitter)
+                   interval=interval, jitter=jitter, token_file=token_file)
 
     async def start(self) -> None:
         await self.engine.start()
-        scheduler = AsyncIOScheduler()
+        scheduler = AsyncIOScheduler(timezone=UTC)  # no tzlocal file probing on the loop
         scheduler.add_job(self.engine.scheduled, "interval", seconds=self.interval,
                           jitter=self.interval * self.jitter if self.jitter else None,
-                          max_instances=1, coalesce=True, next_run_time=datetime.now(),
+                          max_instances=1, coalesce=True, next_run_time=datetime.now(UTC),
                           id="sync", misfire_grace_time=None)
         scheduler.start()
         self._scheduler = scheduler
@@ -76,6 +78,15 @@ class SyncRunner:
         await self.engine.close()
 
     async def run_now(self) -> PassReport:
+        """A pass now. After the plane refused the token, the token file is read again first,
+        so fixing the file and running ``syncd sync`` is enough (no restart)."""
+        if self.engine.status.auth_blocked and self.token_file is not None:
+            try:
+                token = await asyncio.to_thread(read_plane_token, self.token_file)
+            except SyncSetupError as exc:
+                log.error("%s", exc)
+            else:
+                await self.engine.client.set_token(token)
         return await self.engine.run_pass("manual")
 
     async def status(self) -> dict[str, Any]:

@@ -15,9 +15,10 @@ store, on 127.0.0.1 port 0 in temporary directories. What is measured:
     on A, a manual pass on B and one recall on B (``POST /v1/agent/sync/run``) — the sync path
     without the schedule's wait. HashingEmbedder by default; ``--minilm`` uses all-MiniLM-L6-v2
     (the default model) for the saves and the queries.
-  * bootstrap: a hub holding N memories with 384-d embeddings (filled through ``Store.apply`` in
-    imports of 1,000 synthetic rows, untimed), then one ``SyncEngine.run_pass`` on a fresh
-    laptop: the paged pull and the first anti-entropy (a full export) it includes. rows/s = N /
+  * bootstrap: a ``syncd hub`` process (its own process and CPU, as in production) over a store
+    holding N memories with 384-d embeddings (filled through ``Store.apply`` in imports of 1,000
+    synthetic rows, untimed), then one ``SyncEngine.run_pass`` on a fresh laptop in this
+    process: the paged pull (a bootstrap from no cursor counts as the first anti-entropy). rows/s = N /
     pass time; every pulled vector must be stored. Baseline: ``Store.apply`` of the same rows
     into a fresh store in-process (no HTTP, no JSON). Peak-RSS growth of the process too.
   * idle pass: then M passes on that laptop with nothing to do: p50/p95, requests and bytes per
@@ -219,18 +220,48 @@ async def apply_baseline(root: Path, memories: int, seed: int, start_ns: int) ->
     return memories / spent
 
 
+@contextlib.asynccontextmanager
+async def hub_process(root: Path, fill: int, seed: int, start_ns: int) -> AsyncIterator[Served]:
+    """A ``syncd hub`` process (as in production: its own process, its own CPU) over a store
+    filled here first with ``fill`` synthetic rows in imports of 1,000 (untimed)."""
+    async with await Store.open(root, embedder=HashingEmbedder(), feed=True) as store:
+        for offset in range(0, fill, FILL_ROWS):
+            n = min(FILL_ROWS, fill - offset)
+            rows = synthetic_rows(n, seed + offset, start_ns + offset * 1_000_000)
+            await store.apply(rows, [], model=store.embedder.model_id)
+    token = create_token(root, role="write", name="laptops")
+    env = {**os.environ, "SYNCD_EMBEDDING_MODEL": "hashing", "PYTHONPATH": str(ROOT)}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "syncd", "hub", "--data-dir", str(root), "--listen",
+        "127.0.0.1:0", env=env, stderr=asyncio.subprocess.PIPE)
+    drain: asyncio.Future[bytes] | None = None
+    try:
+        assert proc.stderr is not None
+        url = ""
+        while not url:
+            line = (await proc.stderr.readline()).decode()
+            if not line:
+                raise RuntimeError("syncd hub exited before it was ready")
+            if "ready on " in line:
+                url = line.split("ready on ", 1)[1].strip()
+        drain = asyncio.ensure_future(proc.stderr.read())
+        yield Served(url, token, store)
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+        await proc.wait()
+        if drain is not None:
+            await drain
+
+
 async def plane_sections(root: Path, memories: int, idle: int) -> dict[str, Any]:
     embedder = HashingEmbedder()
     model = embedder.model_id
     seed, start_ns = 11, Clock().take(memories)
     out: dict[str, Any] = {"apply": await apply_baseline(root / "baseline", memories, seed,
                                                          start_ns)}
-    async with hub(root / "plane", embedder) as plane, \
+    async with hub_process(root / "plane", memories, seed, start_ns) as plane, \
             await Store.open(root / "fresh", embedder=embedder) as laptop:
-        for offset in range(0, memories, FILL_ROWS):  # one import per 1,000 rows, untimed
-            n = min(FILL_ROWS, memories - offset)
-            rows = synthetic_rows(n, seed + offset, start_ns + offset * 1_000_000)
-            await plane.store.apply(rows, [], model=model)
         engine = SyncEngine(laptop, PlaneClient(plane.url, plane.token, timeout=120),
                             SyncOptions(plane_model=model))
         try:
@@ -332,8 +363,7 @@ def notes(found: dict[str, Any], embedder: str) -> list[str]:
     return [
         f"save → recallable: {embedder} on the hub and both laptops; B's recall polled every "
         f"{POLL_SECS * 1000:.0f} ms (the p50 includes up to that much polling lag)",
-        "bootstrap and push: the hub and the laptop share this process (and its GIL), so the "
-        "times include the hub's side of every request",
+        "bootstrap, idle and push: the hub is a `syncd hub` process; the laptop is this one",
         f"bootstrap pass: {boot.pull_pages} pull pages, anti-entropy {boot.anti_entropy}, "
         f"{boot.requests} requests, {boot.bytes_in / 2**20:.1f} MiB in, "
         f"{boot.took_ms / 1000:.2f} s; peak RSS grew {found['bootstrap'].rss_growth_mib:.0f} MiB",

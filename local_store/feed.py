@@ -11,6 +11,9 @@ Rules:
     was served by a feed that is gone (a hub restored from an older backup): the answer is
     the mark before it and no rows, so ``until`` goes backwards and the client resyncs.
   * One read transaction per page, so the rows and ``until`` come from one snapshot.
+  * A client may ask to leave out the versions it minted itself (``exclude_origin``): after a
+    push, the next pull would otherwise download every pushed row again. Its anti-entropy
+    ``export`` still carries them, which repairs a client restored from an old backup.
 """
 
 from __future__ import annotations
@@ -35,16 +38,18 @@ class FeedPage:
 
 
 def feed_page(fetch: Fetch, since: str | None, limit: int | None,
-              realm: str | None) -> FeedPage:
-    """Run on the reader thread. ``since`` is canonical (or None for the beginning)."""
+              realm: str | None, exclude_origin: str | None = None) -> FeedPage:
+    """Run on the reader thread. ``since`` is canonical (or None for the beginning).
+    ``exclude_origin`` leaves out versions that replica minted (it holds them already)."""
     fetch("BEGIN", ())
     try:
-        return _page(fetch, since, limit, realm)
+        return _page(fetch, since, limit, realm, exclude_origin)
     finally:
         fetch("COMMIT", ())
 
 
-def _page(fetch: Fetch, since: str | None, limit: int | None, realm: str | None) -> FeedPage:
+def _page(fetch: Fetch, since: str | None, limit: int | None, realm: str | None,
+          exclude_origin: str | None) -> FeedPage:
     start = 0
     if since is not None:
         found = fetch("SELECT seq, stamp FROM feed WHERE stamp <= ? ORDER BY seq DESC LIMIT 1",
@@ -68,12 +73,18 @@ def _page(fetch: Fetch, since: str | None, limit: int | None, realm: str | None)
     end = max(end, start)
     node_sql = NODE_SELECT + " WHERE local_seq > ? AND local_seq <= ?"
     node_params: list[object] = [start, end]
+    edge_sql = EDGE_SELECT + " WHERE local_seq > ? AND local_seq <= ?"
+    edge_params: list[object] = [start, end]
     if realm is not None:
         node_sql += " AND realm = ?"
         node_params.append(realm)
+    if exclude_origin:
+        node_sql += " AND origin <> ?"
+        node_params.append(exclude_origin)
+        edge_sql += " AND origin <> ?"
+        edge_params.append(exclude_origin)
     nodes = fetch(node_sql + " ORDER BY local_seq", node_params)
-    edges = fetch(EDGE_SELECT + " WHERE local_seq > ? AND local_seq <= ? ORDER BY local_seq",
-                  (start, end))
+    edges = fetch(edge_sql + " ORDER BY local_seq", edge_params)
     more = fetch("SELECT EXISTS (SELECT 1 FROM memories WHERE local_seq > ?) "
                  "OR EXISTS (SELECT 1 FROM edges WHERE local_seq > ?)", (end, end))[0][0]
     mark = fetch("SELECT stamp FROM feed WHERE seq <= ? ORDER BY seq DESC LIMIT 1", (end,))

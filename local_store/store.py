@@ -448,6 +448,7 @@ class Store:
 
     async def feed(self, since: str | None, *, limit: int | None = None,
                    realm: str | None = None, model: str | None = None,
+                   exclude_origin: str | None = None,
                    ) -> tuple[list[NodeRow], list[EdgeRow], str, bool]:
         """A hub's ``changes``: versions ingested after ``since`` (a previous ``until``), in
         commit order; returns rows, ``until`` and ``has_more`` (see ``feed.py``)."""
@@ -456,7 +457,7 @@ class Store:
             raise ValidationError("limit", f"must be >= 1, got {limit}")
         loop = asyncio.get_running_loop()
         page = await loop.run_in_executor(self._recall_reader.pool, functools.partial(
-            feed_page, self._recall_reader.fetch, stamp, limit, realm))
+            feed_page, self._recall_reader.fetch, stamp, limit, realm, exclude_origin))
         nodes = await self._wire_nodes(page.node_rows, model or self.embedder.model_id)
         edges = [wire_edge(dict(zip(EDGE_ALL, r, strict=True))) for r in page.edge_rows]
         return nodes, edges, page.until, page.has_more

@@ -7,7 +7,7 @@ Rules:
     lets ``read`` change settings and write through MCP; the hub does not).
   * ``cursor="ingest"`` (default): ``changes`` follows the hub's commit order (``feed.py``), with
     ``limit``/``has_more`` pagination and ``"feed": "ingest"`` in the body, so a late push is
-    never skipped. ``cursor="origin"`` reproduces the plane: nodes filtered on their own
+    never skipped; ``exclude_origin=<replica id>`` leaves out the caller's own versions. ``cursor="origin"`` reproduces the plane: nodes filtered on their own
     ``updated_at``, edges on ``created_at``, and ``until`` read after the queries.
   * ``export`` takes the extensions ``limit`` and ``cursor`` (``has_more``/``next_cursor`` in
     the body) and includes tombstones, so a client's anti-entropy sees deletes.
@@ -116,7 +116,9 @@ async def changes(request: web.Request) -> web.Response:
         until = format_ns(store.clock.physical_ns())  # after the queries, as the plane does
         return reply(ChangesResponse(since=echo, until=until, memory_nodes=nodes,
                                      memory_edges=edges, store_id=store.store_id))
-    nodes, edges, until, more = await store.feed(since, limit=_limit(request), realm=realm)
+    nodes, edges, until, more = await store.feed(
+        since, limit=_limit(request), realm=realm,
+        exclude_origin=request.query.get("exclude_origin") or None)
     return reply(ChangesResponse(since=echo, until=until, memory_nodes=nodes,
                                  memory_edges=edges, store_id=store.store_id,
                                  has_more=more, feed="ingest"))

@@ -259,7 +259,10 @@ class SyncEngine:
                 await asyncio.gather(fetch, return_exceptions=True)
 
     async def _fetch_page(self, since: str | None) -> ChangesResponse:
-        return await self.client.changes(since, self.options.realm, PAGE_ROWS)
+        """An ingest-feed hub leaves out this replica's own versions (a plane ignores the
+        parameter, and already-held rows are skipped cheaply when they come back)."""
+        return await self.client.changes(since, self.options.realm, PAGE_ROWS,
+                                         self.store.replica_id)
 
     async def _apply_page(self, report: PassReport, state: dict[str, str],
                           page: ChangesResponse) -> bool:

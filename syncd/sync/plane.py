@@ -102,9 +102,11 @@ class PlaneClient:
             self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
         return self._session
 
-    async def changes(self, since: str | None, realm: str | None,
-                      limit: int | None) -> ChangesResponse:
+    async def changes(self, since: str | None, realm: str | None, limit: int | None,
+                      exclude_origin: str | None = None) -> ChangesResponse:
         params = {"since": since or ""}
+        if exclude_origin is not None:
+            params["exclude_origin"] = exclude_origin
         if realm is not None:
             params["realm"] = realm
         if limit is not None:

@@ -140,3 +140,18 @@ async def test_the_cursor_is_the_planes_until_byte_for_byte(tmp_path: Path,
     finally:
         await laptop.close()
         await hub.close()
+
+
+async def test_feed_leaves_out_the_callers_own_versions_on_request(hub: Hub) -> None:
+    """`exclude_origin` drops the caller's echo from `changes`; others still see it."""
+    mine = node(1) | {"origin": "replica-a"}
+    theirs = node(2) | {"origin": "replica-b"}
+    await call(hub, "POST", "/v1/agent/memory/import", hub.token,
+               json={"memory_nodes": [mine, theirs]})
+    status, page = await call(hub, "GET", "/v1/agent/memory/changes", hub.read_token,
+                              params={"since": "", "exclude_origin": "replica-a"})
+    assert status == 200 and [n["id"] for n in page["memory_nodes"]] == [theirs["id"]]
+    status, full = await call(hub, "GET", "/v1/agent/memory/changes", hub.read_token,
+                              params={"since": ""})
+    assert {n["id"] for n in full["memory_nodes"]} == {mine["id"], theirs["id"]}
+    assert full["until"] == page["until"]

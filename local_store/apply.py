@@ -15,6 +15,7 @@ Rules:
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import operator
@@ -228,13 +229,18 @@ def apply_batch(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow],
     """Run inside the writer's transaction. Nodes first, then edges (endpoints may be absent)."""
     result = ApplyResult(bound=format_ns(writer.clock.physical_ns() + writer.clock.max_drift_ns))
     known = writer.current_keys("memories", [n.id for n in nodes if isinstance(n.id, str)])
+    held = [current is not None and already_held(wire, current)
+            for wire in nodes for current in (known.get(wire.id) if isinstance(wire.id, str)
+                                              else None,)]
+    batch = vectors_from_wires([wire for wire, h in zip(nodes, held, strict=True) if not h])
     winners: dict[str, tuple[Row, Vector | None]] = {}
+    fresh = 0
     for index, wire in enumerate(nodes):
-        current = known.get(wire.id) if isinstance(wire.id, str) else None
-        if current is not None and already_held(wire, current):
-            _note_version(writer, result, current[0])
+        if held[index]:
+            _note_version(writer, result, known[wire.id][0])  # type: ignore[index]
             result.skipped_nodes += 1
             continue
+        fresh += 1
         try:
             row = node_from_wire(wire)
             key = (row["updated_at"], row["origin"], row["content_hash"])
@@ -242,7 +248,7 @@ def apply_batch(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow],
             if not wins(key, known.get(row["id"])):
                 result.skipped_nodes += 1
                 continue
-            values = vector_from_wire(wire)
+            values = batch[fresh - 1] if batch is not None else vector_from_wire(wire)
         except ValidationError as exc:
             result.problems.append(RowProblem("node", index, _safe_id(wire.id), exc.field, exc.message))
             continue
@@ -263,6 +269,33 @@ def apply_batch(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow],
             result.skipped_edges += 1
     _receive_versions(writer, result)
     return result
+
+
+def vectors_from_wires(wires: list[NodeRow]) -> list[npt.NDArray[np.float32] | None] | None:
+    """``vector_from_wire`` for a whole page in one pack and one check — or None when any
+    embedding is malformed or the widths differ (the caller then goes row by row, so each bad
+    row is reported on its own)."""
+    present = [i for i, w in enumerate(wires) if w.embedding is not None and not w.deleted]
+    out: list[npt.NDArray[np.float32] | None] = [None] * len(wires)
+    if not present:
+        return out
+    dims = {len(wires[i].embedding or ()) for i in present}
+    if len(dims) != 1:
+        return None
+    dim = dims.pop()
+    flat = list(itertools.chain.from_iterable(wires[i].embedding or () for i in present))
+    try:
+        packed = struct.pack(f"<{len(flat)}f", *flat)
+    except (struct.error, TypeError, OverflowError):
+        return None
+    matrix = np.frombuffer(packed, dtype="<f4").reshape(len(present), dim)
+    if dim == 0 or not np.isfinite(matrix).all():
+        return None
+    nonzero: npt.NDArray[np.bool_] = np.asarray(matrix.any(axis=1))
+    for row, i in enumerate(present):
+        if nonzero[row]:
+            out[i] = matrix[row]
+    return out
 
 
 def _note_version(writer: Writer, result: ApplyResult, version: str) -> None:

@@ -45,6 +45,7 @@ from syncd.sync.plane import (
 
 log = logging.getLogger("syncd.sync")
 PAGE_ROWS = 2000
+FIRST_PAGE_ROWS = 250  # small, so applying starts early while the next page streams in
 STAGE_ROWS = 2000
 BAD_ROW_PASSES = 3
 OFFSET_MIN_NS = 2_000_000_000  # Date has 1 s resolution: smaller offsets are noise
@@ -229,7 +230,8 @@ class SyncEngine:
         reset = False
         cursor = state.get("cursor")
         cursor_was_empty = cursor is None
-        fetch = asyncio.ensure_future(self._fetch_page(self._since(cursor, state.get("feed"))))
+        fetch = asyncio.ensure_future(self._fetch_page(self._since(cursor, state.get("feed")),
+                                                       FIRST_PAGE_ROWS))
         try:
             while True:
                 page = await fetch
@@ -241,7 +243,7 @@ class SyncEngine:
                     report.reset, reset, cursor_was_empty = suspicion, True, False
                     await self.store.set_sync_state({"cursor": None, "plane_store_id": None})
                     state, cursor = {}, None
-                    fetch = asyncio.ensure_future(self._fetch_page(None))
+                    fetch = asyncio.ensure_future(self._fetch_page(None, FIRST_PAGE_ROWS))
                     continue
                 if page.has_more:
                     fetch = asyncio.ensure_future(self._fetch_page(page.until))
@@ -258,10 +260,10 @@ class SyncEngine:
                 fetch.cancel()
                 await asyncio.gather(fetch, return_exceptions=True)
 
-    async def _fetch_page(self, since: str | None) -> ChangesResponse:
+    async def _fetch_page(self, since: str | None, limit: int = PAGE_ROWS) -> ChangesResponse:
         """An ingest-feed hub leaves out this replica's own versions (a plane ignores the
         parameter, and already-held rows are skipped cheaply when they come back)."""
-        return await self.client.changes(since, self.options.realm, PAGE_ROWS,
+        return await self.client.changes(since, self.options.realm, limit,
                                          self.store.replica_id)
 
     async def _apply_page(self, report: PassReport, state: dict[str, str],

@@ -125,6 +125,7 @@ class SyncEngine:
         self._wall = wall
         self._not_before = 0.0  # monotonic seconds
         self._bad_streak: tuple[str, int] | None = None
+        self._skipped: set[str] = set()  # rows given up on: they no longer hold the cursor
         self._last_log = 0.0
 
     async def start(self) -> None:
@@ -309,12 +310,18 @@ class SyncEngine:
         return None
 
     def _give_up_on(self, problems: list[Any]) -> bool:
-        """After the same rows failed ``BAD_ROW_PASSES`` times, skip them (and say so)."""
-        key = ";".join(f"{p.kind}:{p.id}:{p.field}" for p in problems)
+        """After the same rows failed ``BAD_ROW_PASSES`` times, skip them (and say so once);
+        a plane that keeps serving them (an origin-ordered one does) no longer holds the
+        cursor back."""
+        keys = {f"{p.kind}:{p.id}:{p.field}" for p in problems}
+        if keys <= self._skipped:
+            return True
+        key = ";".join(sorted(keys))
         streak = self._bad_streak[1] + 1 if self._bad_streak and self._bad_streak[0] == key else 1
         self._bad_streak = (key, streak)
         if streak < BAD_ROW_PASSES:
             return False
+        self._skipped |= keys
         self.status.skipped_rows.extend(f"{p.kind} {p.id}: {p.field}: {p.message}"
                                         for p in problems)
         log.error("skipping %d rows the plane keeps sending that cannot be applied: %s",

@@ -27,6 +27,10 @@ soak: $(STAMP)
 	SYNCD_CRASH_ITERATIONS=200 SYNCD_CONCURRENT_WRITERS=200 SYNCD_PROPERTY_EXAMPLES=500 \
 		$(PY) -m pytest -q tests/local_store/test_crash.py tests/local_store/test_concurrency.py \
 		tests/local_store/test_apply.py
+	SYNCD_CRASH_ITERATIONS=40 SYNCD_STATEFUL_EXAMPLES=100 SYNCD_STATEFUL_STEPS=50 \
+		SYNCD_PROPERTY_EXAMPLES=300 SYNCD_SYNC_PASSES=20 SYNCD_BOOTSTRAP_ROWS=3000 \
+		$(PY) -m pytest -q tests/sync/test_stateful.py tests/sync/test_crash_pull.py \
+		tests/sync/test_semantics.py
 
 bench: $(STAMP)
 	$(PY) bench/store.py
@@ -34,6 +38,7 @@ bench: $(STAMP)
 	$(PY) bench/recall_speed.py
 	$(PY) bench/embed.py
 	$(PY) bench/http.py
+	$(PY) bench/sync.py
 
 demo: $(STAMP)
 	$(PY) -m syncd demo

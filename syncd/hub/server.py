@@ -22,6 +22,7 @@ from syncd.hub.tokens import TokenBook, TokenFileError, list_tokens
 from syncd.notify import notify, watchdog_interval
 
 log = logging.getLogger("syncd.hub")
+REEMBED_SECS = 30.0
 
 
 class Hub:
@@ -69,12 +70,14 @@ class Hub:
             if ready is not None:
                 ready(self.url)
             notify(f"READY=1\nSTATUS=serving {self.url}")
-            watchdog = asyncio.create_task(self._watchdog(), name="watchdog")
+            tasks = [asyncio.create_task(self._watchdog(), name="watchdog"),
+                     asyncio.create_task(self._reembed(store), name="reembed")]
             try:
                 await self._wait_for_stop()
             finally:
-                watchdog.cancel()
-                await asyncio.gather(watchdog, return_exceptions=True)
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
             notify("STOPPING=1")
             return EXIT_OK
         finally:
@@ -88,6 +91,18 @@ class Hub:
         while interval:
             await asyncio.sleep(interval / 2)
             notify("WATCHDOG=1")
+
+    async def _reembed(self, store: Store) -> None:
+        """Rows pushed by laptops on another model arrive with zero vectors: embed them with
+        the hub's model, so the hub's semantic recall covers them."""
+        while True:
+            try:
+                count = await store.reembed_missing()
+                if count:
+                    log.info("embedded %d memories with %s", count, store.embedder.model_id)
+            except Exception:  # background work must never take the hub down
+                log.exception("re-embedding failed")
+            await asyncio.sleep(REEMBED_SECS)
 
     async def _wait_for_stop(self) -> None:
         loop = asyncio.get_running_loop()

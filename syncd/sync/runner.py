@@ -41,12 +41,18 @@ def read_plane_token(path: Path | None) -> str | None:
     return token
 
 
+def _log_failure(task: asyncio.Task[int]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("re-embedding pulled memories failed: %s", task.exception())
+
+
 class SyncRunner:
     def __init__(self, engine: SyncEngine, *, interval: float, jitter: float,
                  token_file: Path | None = None) -> None:
         self.engine = engine
         self.interval, self.jitter, self.token_file = interval, jitter, token_file
         self._scheduler: AsyncIOScheduler | None = None
+        self._reembed: asyncio.Task[int] | None = None
 
     @classmethod
     def create(cls, store: Store, *, url: str, token: str | None, options: SyncOptions,
@@ -58,12 +64,25 @@ class SyncRunner:
     async def start(self) -> None:
         await self.engine.start()
         scheduler = AsyncIOScheduler(timezone=UTC)  # no tzlocal file probing on the loop
-        scheduler.add_job(self.engine.scheduled, "interval", seconds=self.interval,
+        scheduler.add_job(self._tick, "interval", seconds=self.interval,
                           jitter=self.interval * self.jitter if self.jitter else None,
                           max_instances=1, coalesce=True, next_run_time=datetime.now(UTC),
                           id="sync", misfire_grace_time=None)
         scheduler.start()
         self._scheduler = scheduler
+
+    async def _tick(self) -> None:
+        self._after(await self.engine.scheduled())
+
+    def _after(self, report: PassReport | None) -> None:
+        """Pulled rows carry the plane's model's vectors: embed them with the local model in the
+        background (one task at a time), so semantic recall covers them without a restart."""
+        store = self.engine.store
+        if report is None or not report.pulled_nodes or (
+                self._reembed is not None and not self._reembed.done()):
+            return
+        self._reembed = asyncio.create_task(store.reembed_missing(), name="reembed")
+        self._reembed.add_done_callback(_log_failure)
 
     async def stop(self, grace: float = STOP_GRACE_SECS) -> None:
         """No new tick; a pass in flight gets ``grace`` seconds to finish before the scheduler
@@ -75,6 +94,9 @@ class SyncRunner:
                 async with asyncio.timeout(grace), self.engine.idle():
                     pass
             scheduler.shutdown(wait=False)
+        if self._reembed is not None:
+            self._reembed.cancel()
+            await asyncio.gather(self._reembed, return_exceptions=True)
         await self.engine.close()
 
     async def run_now(self) -> PassReport:
@@ -87,7 +109,9 @@ class SyncRunner:
                 log.error("%s", exc)
             else:
                 await self.engine.client.set_token(token)
-        return await self.engine.run_pass("manual")
+        report = await self.engine.run_pass("manual")
+        self._after(report)
+        return report
 
     async def status(self) -> dict[str, Any]:
         status = self.engine.status

@@ -14,7 +14,7 @@ from syncd.sync.runner import SyncRunner
 from tests.sync.harness import MODEL, start_hub
 
 
-async def hub_vector(hub_store: Store, memory_id: str) -> list[float] | None:
+async def hub_vector(hub_store: Store, memory_id: str | None) -> list[float] | None:
     nodes, _ = await hub_store.export(include_deleted=True)
     return next(n.embedding for n in nodes if n.id == memory_id)
 

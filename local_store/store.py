@@ -92,6 +92,9 @@ class Store:
         self.index = VectorIndex(embedder.model_id, embedder.dim)
         self._recall_reader = SyncReader(data_dir / db.DB_FILENAME)
         self._settings = DEFAULT_SETTINGS
+        # Set by the daemon: None when graph expansion may run, else the reason it may not
+        # (recall then runs with expand_hops = 0 and says so in ``gated``/``gate_reason``).
+        self.graph_gate: Callable[[], str | None] | None = None
         self.writer_info: dict[str, object] = {
             "host": socket.gethostname(), "source": "syncd", "client": None,
             "client_version": None,
@@ -470,6 +473,14 @@ class Store:
     async def set_sync_state(self, state: Mapping[str, str | None]) -> None:
         await self._write(lambda w: replica.set_state(w, state))
 
+    async def next_counter(self, name: str) -> int:
+        """A durable counter (``meta`` key ``counter.<name>``): 1, 2, 3, … across restarts."""
+        def run(w: Writer) -> int:
+            value = int(w.meta(f"counter.{name}") or 0) + 1
+            w.set_meta(f"counter.{name}", str(value))
+            return value
+        return await self._write(run)
+
     async def pull(self, nodes: Sequence[NodeRow], edges: Sequence[EdgeRow], *, model: str,
                    state: Mapping[str, str | None], until: str | None = None) -> ApplyResult:
         """Apply a pulled batch, let the HLC receive ``until``, and store ``state`` (the new
@@ -554,9 +565,13 @@ class Store:
         if request.as_of is not None:
             parse_timestamp(request.as_of, "as_of")
         started = time.perf_counter()
+        gated = self.graph_gate() if graph and self.graph_gate is not None else None
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._recall_reader.pool, functools.partial(
-            self._recall_on_reader, request, mode, graph, started))
+        response = await loop.run_in_executor(self._recall_reader.pool, functools.partial(
+            self._recall_on_reader, request, mode, graph and gated is None, started))
+        if gated is not None:
+            response.gated, response.gate_reason = ["graph"], gated
+        return response
 
     def _recall_on_reader(self, request: QueryRequest, mode: Mode, graph: bool,
                           started: float) -> QueryResponse:

@@ -90,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     hub.add_argument("--cursor", choices=["ingest", "origin"],
                      help="changes feed order: ingest (default) or origin (as Kyma)")
 
+    license_ = sub.add_parser("license", help="install an offline licence (an entitlement "
+                              "token signed by a pinned key)")
+    license_.add_argument("action", choices=["install"])
+    license_.add_argument("file", type=Path)
+
     sub.add_parser("demo", help="run the embedded demo: a hub and two laptops on loopback")
     return parser
 
@@ -99,6 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "hub" in argv and argv[argv.index("hub") + 1:argv.index("hub") + 2] == ["token"]:
         from syncd.hub.tokens import token_main
         return token_main(argv[argv.index("hub") + 2:])
+    if "hub" in argv and argv[argv.index("hub") + 1:argv.index("hub") + 2] == ["key"]:
+        return _hub_key(argv[argv.index("hub") + 2:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "recall" and args.hook:
@@ -120,6 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args, settings)
     if args.command == "hub":
         return _hub(args, settings)
+    if args.command == "license":
+        return _license(args, settings)
     if args.command == "backup":
         return _backup(settings["data_dir"], args.dest)
     if args.command == "mcp":
@@ -167,7 +176,7 @@ def _run(args: argparse.Namespace, settings: dict[str, Any]) -> int:
             plane_model=config.control_plane.embedding_model,
             shutdown_timeout=config.daemon.shutdown_timeout_secs,
             allow_non_loopback=args.allow_non_loopback or config.daemon.allow_non_loopback,
-            sync=_sync_factory(config))
+            sync=_sync_factory(config), entitlement=_entitlement_setup(config))
         return asyncio.run(daemon.run(ready=lambda url: print(f"syncd: ready on {url}",
                                                               file=sys.stderr, flush=True)))
     except StartupError as exc:
@@ -201,6 +210,77 @@ def _sync_factory(config: Any) -> Any:
                                            token_file=plane.token_file)
 
 
+def _entitlement_setup(config: Any) -> Any:
+    from syncd.daemon import EXIT_CONFIG as CONFIG_EXIT
+    from syncd.daemon import EntitlementSetup, StartupError
+    from syncd.entitlement.token import pin
+    try:
+        pinned = pin(config.entitlement.public_keys)
+    except ValueError as exc:
+        raise StartupError(str(exc), CONFIG_EXIT) from None
+    return EntitlementSetup(pinned=pinned, license_file=config.entitlement.license_file,
+                            refresh_secs=config.entitlement.refresh_secs)
+
+
+def _hub_key(argv: list[str]) -> int:
+    """``syncd hub key --data-dir DIR``: the public key laptops pin (created if missing)."""
+    from syncd.entitlement.token import key_id, public_key_text
+    from syncd.hub.keys import KeyFileError, load_or_create_key
+    parser = argparse.ArgumentParser(prog="syncd hub key", description="Print the hub's "
+                                     "entitlement public key, for [entitlement] public_keys.")
+    parser.add_argument("--data-dir", type=Path, required=True)
+    args = parser.parse_args(argv)
+    try:
+        public = load_or_create_key(args.data_dir.expanduser()).public_key()
+    except (KeyFileError, OSError) as exc:
+        print(f"syncd hub key: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(public_key_text(public))
+    print(f"key id {key_id(public)}; pin it with: [entitlement] public_keys = "
+          f'["{public_key_text(public)}"]', file=sys.stderr)
+    return EXIT_OK
+
+
+def _license(args: argparse.Namespace, settings: dict[str, Any]) -> int:
+    """Verify a licence against the pinned keys and this install's device id, install it,
+    and ask a running daemon to re-check now."""
+    from syncd.entitlement.gate import Gate
+    from syncd.entitlement.token import TokenError, pin
+    config, data_dir = settings["config"], settings["data_dir"]
+    try:
+        pinned = pin(config.entitlement.public_keys)
+        raw = args.file.read_bytes()
+        device = _device_id(data_dir)
+        claims = Gate(data_dir, pinned, device,
+                      license_file=config.entitlement.license_file).install_license(raw)
+    except TokenError as exc:
+        print(f"syncd license: {args.file}: {exc.reason}: {exc.message}", file=sys.stderr)
+        return EXIT_FAILED
+    except (ValueError, OSError, sqlite3.Error) as exc:
+        print(f"syncd license: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"licence installed: plan {claims.plan}, features {', '.join(claims.features)}, "
+          f"valid until {claims.exp} (device {device})")
+    try:
+        Client.for_data_dir(data_dir, settings["url"], timeout=5).call(
+            "POST", "/v1/agent/entitlement/check", {})
+    except ClientError:
+        pass  # not running: it reads the licence when it starts
+    return EXIT_OK
+
+
+def _device_id(data_dir: Path) -> str:
+    """This install's device id: the store's replica id (read-only; the daemon may run)."""
+    db = data_dir / "memory.db"
+    if not db.exists():
+        raise ValueError(f"no store in {data_dir}: run `syncd run` once first")
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'replica_id'").fetchone()
+    if row is None:
+        raise ValueError(f"{db} has no replica id")
+    return str(row[0])
+
+
 def _hub(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     from syncd.daemon import StartupError, make_embedder
     from syncd.hub.server import Hub
@@ -211,7 +291,8 @@ def _hub(args: argparse.Namespace, settings: dict[str, Any]) -> int:
                   embedder=make_embedder(config.embedding.model, config.embedding.cache_dir,
                                          config.embedding.threads),
                   cursor=args.cursor or config.hub.cursor,
-                  shutdown_timeout=config.daemon.shutdown_timeout_secs)
+                  shutdown_timeout=config.daemon.shutdown_timeout_secs,
+                  token_lifetime_days=config.hub.token_lifetime_days)
         return asyncio.run(hub.run(ready=lambda url: print(f"syncd hub: ready on {url}",
                                                            file=sys.stderr, flush=True)))
     except StartupError as exc:
@@ -290,6 +371,13 @@ def _status(client: Client, args: argparse.Namespace) -> int:
     for key in ("data_dir", "store_id", "replica_id", "embedder", "memories", "tombstones",
                 "edges", "outbox", "indexed_vectors"):
         print(f"  {key:16} {status.get(key)}")
+    gate = status.get("entitlement") or {}
+    if gate.get("entitled"):
+        print(f"  {'entitlement':16} plan {gate.get('plan')} ({gate.get('source')}), sync "
+              f"{gate.get('sync')}, graph {gate.get('graph')}, expires {gate.get('exp')}")
+    else:
+        print(f"  {'entitlement':16} paid features paused ({gate.get('reason')}); saving, "
+              "recall and export work as always")
     sync = status.get("sync") or {}
     if not sync.get("configured"):
         print("  sync             off (no control_plane.url)")

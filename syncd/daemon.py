@@ -22,14 +22,17 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from local_store import HashingEmbedder, Store, StoreLockedError
 from local_store.embed import Embedder
 from syncd.config import is_loopback_host
+from syncd.entitlement.keeper import Keeper, attach_gate
 from syncd.http import create_app
 from syncd.notify import notify, watchdog_interval
 from syncd.state import state_path
@@ -41,6 +44,13 @@ CHECKPOINT_SECS = 300  # truncate the WAL every 5 minutes (a long reader may hav
 HEARTBEAT_SECS = 1.0  # in-process heartbeat without a service-manager watchdog (launchd)
 BLOCKED_WARN_SECS = 5.0  # a heartbeat this late means the event loop was blocked
 log = logging.getLogger("syncd.daemon")
+
+
+@dataclass(frozen=True)
+class EntitlementSetup:
+    pinned: dict[str, Ed25519PublicKey] = field(default_factory=dict)
+    license_file: Path | None = None
+    refresh_secs: float = 3600.0
 
 
 class StartupError(Exception):
@@ -79,12 +89,14 @@ class Daemon:
                  unix_socket: Path | None = None, extra_hosts: tuple[str, ...] = (),
                  max_body: int = 4 * 1024 * 1024, plane_model: str = "bge-small-en-v1.5",
                  shutdown_timeout: float = 10.0, allow_non_loopback: bool = False,
-                 sync: Callable[[Store], SyncRunner] | None = None) -> None:
+                 sync: Callable[[Store], SyncRunner] | None = None,
+                 entitlement: EntitlementSetup | None = None) -> None:
         self.data_dir, self.host, self.port = data_dir, host, port
         self.embedder, self.unix_socket = embedder, unix_socket
         self.extra_hosts, self.max_body, self.plane_model = extra_hosts, max_body, plane_model
         self.shutdown_timeout, self.allow_non_loopback = shutdown_timeout, allow_non_loopback
         self.sync_factory = sync
+        self.entitlement = entitlement or EntitlementSetup()
         self.url = ""
         self._stop = asyncio.Event()
         self._background: set[asyncio.Task[Any]] = set()
@@ -100,18 +112,25 @@ class Daemon:
             raise StartupError(str(exc), EXIT_TEMPFAIL) from None
         runner: web.AppRunner | None = None
         sync: SyncRunner | None = None
+        keeper: Keeper | None = None
         try:
             token = await asyncio.get_running_loop().run_in_executor(
                 None, ensure_token, self.data_dir)
             sync = self.sync_factory(store) if self.sync_factory is not None else None
+            keeper = self._gate(store, sync)
             app = create_app(store, token=token, extra_hosts=self.extra_hosts,
-                             max_body=self.max_body, plane_model=self.plane_model, sync=sync)
+                             max_body=self.max_body, plane_model=self.plane_model, sync=sync,
+                             keeper=keeper)
             runner = web.AppRunner(app, shutdown_timeout=self.shutdown_timeout,
                                    access_log=None, handle_signals=False)
             await runner.setup()
             await self._bind(runner)
             await self._write_state()
             self._start_background(store)
+            await keeper.start()
+            decision = keeper.gate.decision
+            log.info("entitlement: %s", "sync and graph on until " + str(decision.exp)
+                     if decision.entitled else f"paid features paused ({decision.reason})")
             if sync is not None:
                 await sync.start()
                 log.info("syncing with %s every %.0f s", sync.engine.client.url, sync.interval)
@@ -124,6 +143,8 @@ class Daemon:
             log.info("stopping: draining requests (up to %.0f s)", self.shutdown_timeout)
             return EXIT_OK
         finally:
+            if keeper is not None:
+                await keeper.stop()
             if sync is not None:
                 await sync.stop()
             for task in self._background:
@@ -135,6 +156,11 @@ class Daemon:
                 await asyncio.get_running_loop().run_in_executor(
                     None, state_path(self.data_dir).unlink)
             await store.close()
+
+    def _gate(self, store: Store, sync: SyncRunner | None) -> Keeper:
+        setup = self.entitlement
+        return attach_gate(store, sync, self.data_dir, setup.pinned,
+                           license_file=setup.license_file, refresh_secs=setup.refresh_secs)
 
     async def _bind(self, runner: web.AppRunner) -> None:
         try:

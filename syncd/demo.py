@@ -36,8 +36,11 @@ from aiohttp import web
 from local_store import Store
 from local_store.embed_minilm import EmbedderUnavailable, MiniLMEmbedder
 from syncd.config import DEFAULT_SYNC_JITTER
+from syncd.entitlement.keeper import attach_gate
+from syncd.entitlement.token import key_id, pin, public_key_text
 from syncd.http import create_app
 from syncd.hub.app import create_hub_app
+from syncd.hub.keys import load_or_create_key
 from syncd.hub.tokens import TokenBook, create_token
 from syncd.sync.engine import SyncOptions
 from syncd.sync.runner import SyncRunner
@@ -149,8 +152,13 @@ async def start(stack: contextlib.AsyncExitStack, root: Path) -> tuple[Node, Nod
     write = await asyncio.to_thread(create_token, root / "hub", role="write", name="laptops")
     read = await asyncio.to_thread(create_token, root / "hub", role="read", name="auditor")
     book = await asyncio.to_thread(TokenBook, root / "hub")
-    hub = await serve(stack, "hub", hub_store, create_hub_app(hub_store, book), read)
+    key = await asyncio.to_thread(load_or_create_key, root / "hub")
+    hub = await serve(stack, "hub", hub_store,
+                      create_hub_app(hub_store, book, signing_key=key), read)
     say(f"   hub       {hub.url}  reference control plane, model {model}")
+    pinned = pin([public_key_text(key.public_key())])
+    say(f"   pinned    the hub's entitlement key {key_id(key.public_key())} "
+        "([entitlement] public_keys): sync and graph recall are paid features")
     laptops = []
     for name in ("A", "B"):
         store = await Store.open(root / name, embedder=embedder)
@@ -159,10 +167,19 @@ async def start(stack: contextlib.AsyncExitStack, root: Path) -> tuple[Node, Nod
                                  options=SyncOptions(plane_model=model),
                                  interval=INTERVAL_SECS, jitter=DEFAULT_SYNC_JITTER)
         token = secrets.token_urlsafe(24)
+        keeper = attach_gate(store, sync, root / name, pinned)
+        await keeper.start()  # fetches a signed entitlement for this device from the hub
+        stack.push_async_callback(keeper.stop)
+        gate = keeper.status()
+        check(gate["entitled"] and gate["sync"] == "on" and gate["graph"] == "on",
+              f"laptop {name} is not entitled: {gate['reason']}")
         laptop = await serve(stack, f"laptop {name}", store, create_app(
-            store, token=token, plane_model=model, sync=sync), token, sync)
+            store, token=token, plane_model=model, sync=sync, keeper=keeper), token, sync)
         say(f"   laptop {name}  {laptop.url}  daemon API; syncs with the hub every "
             f"{INTERVAL_SECS:.0f} s")
+        say(f"             gate on: plan {gate['plan']}, sync {gate['sync']}, graph "
+            f"{gate['graph']}, signed for device {store.replica_id}, valid "
+            f"{(gate['exp'] - time.time()) / 86400:.0f} days offline")
         laptops.append(laptop)
     return hub, laptops[0], laptops[1]
 

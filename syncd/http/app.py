@@ -29,6 +29,7 @@ METRICS = web.AppKey("metrics", Metrics)
 PLANE_MODEL = web.AppKey("plane_model", str)
 MCP = web.AppKey("mcp", object)
 SYNC = web.AppKey("sync", object)  # a syncd.sync.runner.SyncRunner, or None
+KEEPER = web.AppKey("keeper", object)  # a syncd.entitlement.keeper.Keeper, or None
 
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
 EXPORT_HINT = ("Re-import on another instance via POST /v1/agent/memory/import with this same "
@@ -38,7 +39,7 @@ _encoder = msgspec.json.Encoder()
 
 def create_app(store: Store, *, token: str, extra_hosts: tuple[str, ...] = (),
                max_body: int = DEFAULT_MAX_BODY, plane_model: str = "bge-small-en-v1.5",
-               mcp: Any = True, sync: Any = None) -> web.Application:
+               mcp: Any = True, sync: Any = None, keeper: Any = None) -> web.Application:
     """``mcp=True`` serves ``/mcp/v1`` with the same tool surfacer as the tool routes (so a
     conversation's surfaced memories are shared); pass a server to use it, False for none."""
     metrics = Metrics()
@@ -47,6 +48,7 @@ def create_app(store: Store, *, token: str, extra_hosts: tuple[str, ...] = (),
     app[STORE], app[SURFACER], app[METRICS], app[PLANE_MODEL] = store, Surfacer(), metrics, \
         plane_model
     app[SYNC] = sync
+    app[KEEPER] = keeper
     if mcp is True:
         mcp = McpServer(store, app[SURFACER])
     if mcp:
@@ -187,15 +189,30 @@ async def status(request: web.Request) -> web.Response:
     return reply({"version": __version__, "data_dir": str(store.data_dir),
                    "store_id": store.store_id, "replica_id": store.replica_id,
                    "embedder": store.embedder.model_id, "indexed_vectors": len(store.index),
-                   **stats, "sync": sync})
+                   **stats, "sync": sync, "entitlement": _entitlement(request)})
+
+
+def _entitlement(request: web.Request) -> dict[str, Any] | None:
+    keeper = request.app[KEEPER]
+    return None if keeper is None else keeper.status()  # type: ignore[attr-defined]
 
 
 async def sync_status(request: web.Request) -> web.Response:
     runner = request.app[SYNC]
     if runner is None:
-        return reply({"configured": False,
+        return reply({"configured": False, "entitlement": _entitlement(request),
                       "reason": "no control plane: set control_plane.url to sync"})
-    return reply(await runner.status())  # type: ignore[attr-defined]
+    return reply({**await runner.status(),  # type: ignore[attr-defined]
+                  "entitlement": _entitlement(request)})
+
+
+async def entitlement_check(request: web.Request) -> web.Response:
+    """Re-read the licence and token files now (and fetch a token if a plane is set)."""
+    keeper = request.app[KEEPER]
+    if keeper is None:
+        raise HttpError(409, "no_gate", "this server has no entitlement gate")
+    await keeper.check()  # type: ignore[attr-defined]
+    return reply(_entitlement(request))
 
 
 async def sync_run(request: web.Request) -> web.Response:
@@ -242,6 +259,7 @@ ROUTES: list[tuple[str, str, Callable[[web.Request], Awaitable[web.Response]]]] 
     ("GET", "/v1/agent/status", status),
     ("GET", "/v1/agent/sync/status", sync_status),
     ("POST", "/v1/agent/sync/run", sync_run),
+    ("POST", "/v1/agent/entitlement/check", entitlement_check),
     ("GET", "/healthz", healthz),
     ("GET", "/metrics", metrics),
     ("POST", "/mcp/v1", mcp),

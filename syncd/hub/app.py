@@ -12,6 +12,8 @@ Rules:
   * ``export`` takes the extensions ``limit`` and ``cursor`` (``has_more``/``next_cursor`` in
     the body) and includes tombstones, so a client's anti-entropy sees deletes.
   * Every response names the hub's ``store_id``; a wiped hub gets a new one.
+  * ``GET /v1/agent/entitlement?device_id=`` signs an entitlement for that device with the
+    hub's key: ``features`` from the bearer token's plan, ``seq`` from a durable counter.
   * The hub is a network service: no Host allow-list (it sits behind a reverse proxy that
     terminates TLS), but bodies must be JSON and are size-limited.
 """
@@ -19,15 +21,18 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 
 import msgspec
 from aiohttp import web
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from local_store import Store, ValidationError
 from protocol.rows import ChangesResponse, ExportBody
 from protocol.timestamp import format_ns
 from syncd import __version__
+from syncd.entitlement.token import Claims, sign
 from syncd.http.app import (
     DEFAULT_MAX_BODY,
     EXPORT_HINT,
@@ -42,20 +47,24 @@ from syncd.http.app import (
     query,
     reply,
 )
-from syncd.http.errors import error_response
+from syncd.http.errors import HttpError, error_response
 from syncd.http.security import BODY_METHODS
-from syncd.hub.tokens import AuthError, TokenBook, TokenFileError, authenticate
+from syncd.hub.tokens import PLANS, AuthError, TokenBook, TokenFileError, authenticate
 from syncd.mcp import McpServer
 from syncd.tools import Surfacer
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 CURSOR_MODE = web.AppKey("cursor_mode", str)
 TOKENS = web.AppKey("tokens", TokenBook)
+ISSUER = web.AppKey("issuer", tuple)
+NBF_SLACK_SECS = 300  # a token is valid from a little before issue, for clocks slightly behind
 MAX_PAGE = 10_000
 
 
 def create_hub_app(store: Store, book: TokenBook, *, cursor: str = "ingest",
-                   max_body: int = DEFAULT_MAX_BODY) -> web.Application:
+                   max_body: int = DEFAULT_MAX_BODY, signing_key: Ed25519PrivateKey | None = None,
+                   token_lifetime_days: float = 7.0) -> web.Application:
+    """``signing_key`` enables ``GET /v1/agent/entitlement`` (the hub's key, ``keys.py``)."""
     if cursor not in ("ingest", "origin"):
         raise ValueError(f"hub.cursor must be ingest or origin, got {cursor!r}")
     app = web.Application(client_max_size=max_body,
@@ -63,6 +72,7 @@ def create_hub_app(store: Store, book: TokenBook, *, cursor: str = "ingest",
     app[STORE], app[SURFACER], app[TOKENS] = store, Surfacer(), book
     app[PLANE_MODEL], app[CURSOR_MODE] = store.embedder.model_id, cursor
     app[MCP] = McpServer(store, app[SURFACER])
+    app[ISSUER] = (signing_key, token_lifetime_days)
     for method, path, handler, _role in ROUTES:
         app.router.add_route(method, path, handler)
     return app
@@ -139,6 +149,26 @@ async def export(request: web.Request) -> web.Response:
                             store_id=store.store_id, has_more=more, next_cursor=str(last)))
 
 
+async def entitlement(request: web.Request) -> web.Response:
+    """An entitlement for the requesting device: ``features`` from the bearer token's plan."""
+    key, lifetime_days = request.app[ISSUER]
+    if key is None:
+        raise HttpError(404, "not_found", "this hub does not issue entitlements")
+    device = request.query.get("device_id", "")
+    if not 1 <= len(device) <= 128 or not device.isprintable() or device.strip() != device:
+        raise ValidationError("device_id", "must be 1-128 printable characters")
+    raw = request.headers.get("Authorization", "")[len("Bearer "):].strip()
+    book = request.app[TOKENS]
+    name, plan = await asyncio.to_thread(lambda: (book.lookup(raw), book.plan_of(raw)))
+    if name is None or plan is None:
+        raise HttpError(401, "unauthorized", "unknown token")
+    now = int(time.time())
+    claims = Claims(sub=name[0], device_id=device, plan=plan, features=list(PLANS[plan]),
+                    iat=now, nbf=now - NBF_SLACK_SECS, exp=now + int(lifetime_days * 86400),
+                    seq=await request.app[STORE].next_counter("entitlement_seq"))
+    return reply({"token": sign(key, claims), "claims": claims})
+
+
 async def get_settings(request: web.Request) -> web.Response:
     settings = request.app[STORE].settings
     return reply(msgspec.structs.replace(settings, embedding_model=request.app[PLANE_MODEL]))
@@ -163,6 +193,7 @@ ROUTES: list[tuple[str, str, Handler, str]] = [
     ("GET", "/v1/agent/memory/settings", get_settings, "read"),
     ("PUT", "/v1/agent/memory/settings", put_settings, "write"),
     ("GET", "/v1/agent/status", status, "read"),
+    ("GET", "/v1/agent/entitlement", entitlement, "read"),
     ("POST", "/mcp/v1", mcp, "write"),
     ("GET", "/healthz", healthz, "none"),
 ]

@@ -18,6 +18,7 @@ from local_store import Store, StoreLockedError
 from local_store.embed import Embedder
 from syncd.daemon import EXIT_CONFIG, EXIT_OK, EXIT_TEMPFAIL, StartupError
 from syncd.hub.app import create_hub_app
+from syncd.hub.keys import KeyFileError, load_or_create_key
 from syncd.hub.tokens import TokenBook, TokenFileError, list_tokens
 from syncd.notify import notify, watchdog_interval
 
@@ -27,8 +28,10 @@ REEMBED_SECS = 30.0
 
 class Hub:
     def __init__(self, *, data_dir: Path, host: str, port: int, embedder: Embedder,
-                 cursor: str = "ingest", shutdown_timeout: float = 10.0) -> None:
+                 cursor: str = "ingest", shutdown_timeout: float = 10.0,
+                 token_lifetime_days: float = 7.0) -> None:
         self.data_dir, self.host, self.port = data_dir, host, port
+        self.token_lifetime_days = token_lifetime_days
         self.embedder, self.cursor, self.shutdown_timeout = embedder, cursor, shutdown_timeout
         self.url = ""
         self._stop = asyncio.Event()
@@ -48,12 +51,14 @@ class Hub:
                 book = await loop.run_in_executor(None, TokenBook, self.data_dir)
                 active = [t for t in await loop.run_in_executor(None, list_tokens, self.data_dir)
                           if not t["revoked_at"]]
-            except TokenFileError as exc:
+                key = await loop.run_in_executor(None, load_or_create_key, self.data_dir)
+            except (TokenFileError, KeyFileError) as exc:
                 raise StartupError(str(exc), EXIT_CONFIG) from None
             if not active:
                 log.warning("no hub tokens yet: create one with `syncd hub token create "
                             "--data-dir %s --role write --name laptop`", self.data_dir)
-            app = create_hub_app(store, book, cursor=self.cursor)
+            app = create_hub_app(store, book, cursor=self.cursor, signing_key=key,
+                                 token_lifetime_days=self.token_lifetime_days)
             runner = web.AppRunner(app, shutdown_timeout=self.shutdown_timeout,
                                    access_log=None, handle_signals=False)
             await runner.setup()

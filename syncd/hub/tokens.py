@@ -34,6 +34,8 @@ import msgspec
 
 Role = Literal["read", "write", "admin"]
 ROLE_RANK: dict[str, int] = {"read": 0, "write": 1, "admin": 2}
+# A plan names the paid features its entitlements grant.
+PLANS: dict[str, tuple[str, ...]] = {"free": (), "sync": ("sync",), "pro": ("sync", "graph")}
 TOKENS_FILENAME = "hub-tokens.json"
 MAX_NAME_LEN = 64
 _BEARER = "Bearer "
@@ -57,6 +59,7 @@ class _Entry(msgspec.Struct, kw_only=True):
     sha256: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
     created_at: str
     revoked_at: str | None = None
+    plan: str = "pro"  # what entitlements issued to this token's devices grant (PLANS)
 
 
 class _File(msgspec.Struct, kw_only=True):
@@ -126,6 +129,10 @@ class TokenBook:
         entry = self._refresh().get(_sha256(raw))
         return None if entry is None else (entry.name, entry.role)
 
+    def plan_of(self, raw: str) -> str | None:
+        entry = self._refresh().get(_sha256(raw))
+        return None if entry is None else entry.plan
+
 
 def authenticate(book: TokenBook, header: str | None, need: str) -> tuple[str, str]:
     """``(name, role)`` for ``Authorization: Bearer <token>`` with at least ``need``."""
@@ -170,10 +177,12 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def create_token(data_dir: Path, *, role: str, name: str) -> str:
+def create_token(data_dir: Path, *, role: str, name: str, plan: str = "pro") -> str:
     """Add a token and return it raw; the caller shows it once."""
     if not _is_role(role):
         raise ValueError(f"role: {role!r} is not one of {', '.join(ROLE_RANK)}")
+    if plan not in PLANS:
+        raise ValueError(f"plan: {plan!r} is not one of {', '.join(PLANS)}")
     if not name or len(name) > MAX_NAME_LEN or not name.isprintable():
         raise ValueError(f"name: {name!r} must be 1-{MAX_NAME_LEN} printable characters")
     with _locked(data_dir) as dir_fd:
@@ -181,7 +190,8 @@ def create_token(data_dir: Path, *, role: str, name: str) -> str:
         if any(t.name == name and t.revoked_at is None for t in book.tokens):
             raise ValueError(f"name: an active token is already named {name!r}")
         raw = "syncd_" + secrets.token_urlsafe(32)
-        book.tokens.append(_Entry(name=name, role=role, sha256=_sha256(raw), created_at=_now()))
+        book.tokens.append(_Entry(name=name, role=role, sha256=_sha256(raw), created_at=_now(),
+                                  plan=plan))
         _save(data_dir, dir_fd, book)
     return raw
 
@@ -200,7 +210,7 @@ def revoke_token(data_dir: Path, name: str) -> bool:
 
 def list_tokens(data_dir: Path) -> list[dict[str, str | None]]:
     _, book = _load(data_dir / TOKENS_FILENAME)
-    return [{"name": t.name, "role": t.role, "created_at": t.created_at,
+    return [{"name": t.name, "role": t.role, "plan": t.plan, "created_at": t.created_at,
              "revoked_at": t.revoked_at} for t in book.tokens]
 
 
@@ -214,13 +224,15 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--data-dir", type=Path, required=True)
         if command == "create":
             p.add_argument("--role", required=True, help="read, write or admin")
+            p.add_argument("--plan", default="pro",
+                           help=f"entitlement plan: {', '.join(PLANS)} (default pro)")
         if command != "list":
             p.add_argument("--name", required=True)
     return parser
 
 
 def _print_table(rows: list[dict[str, str | None]]) -> None:
-    cols = ["name", "role", "created_at", "revoked_at"]
+    cols = ["name", "role", "plan", "created_at", "revoked_at"]
     cells = [[c.upper() for c in cols]] + [[row[c] or "-" for c in cols] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(cols))]
     for r in cells:
@@ -235,7 +247,7 @@ def token_main(argv: list[str]) -> int:
         return e.code if isinstance(e.code, int) else 2
     try:
         if args.command == "create":
-            print(create_token(args.data_dir, role=args.role, name=args.name))
+            print(create_token(args.data_dir, role=args.role, name=args.name, plan=args.plan))
             print("this token is shown only once; store it now", file=sys.stderr)
         elif args.command == "list":
             _print_table(list_tokens(args.data_dir))

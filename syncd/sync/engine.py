@@ -106,6 +106,7 @@ class SyncStatus:
     last_error: str | None = None
     last_error_at: str | None = None
     auth_blocked: bool = False
+    gated: str | None = None
     next_attempt_in_secs: float = 0.0
     clock_offset_ms: float = 0.0
     future_rows: int = 0
@@ -118,8 +119,11 @@ class SyncStatus:
 
 class SyncEngine:
     def __init__(self, store: Store, client: PlaneClient, options: SyncOptions, *,
-                 wall: Callable[[], int] = time.time_ns) -> None:
+                 wall: Callable[[], int] = time.time_ns,
+                 gate: Callable[[], str | None] | None = None) -> None:
+        """``gate`` answers None while sync may run, else why not (the entitlement gate)."""
         self.store, self.client, self.options = store, client, options
+        self.gate = gate
         self.status = SyncStatus(url=client.url, realm=options.realm)
         self._flight = asyncio.Lock()
         self._wall = wall
@@ -160,6 +164,14 @@ class SyncEngine:
 
     async def _pass(self, trigger: str) -> PassReport:
         report = PassReport(trigger=trigger, started_at=format_ns(self._wall()))
+        gated = self.gate() if self.gate is not None else None
+        if gated is not None:  # paused, not failed: no request, no backoff; writes queue up
+            report.error, report.error_kind = f"sync is paused: {gated}", "gated"
+            self.status.gated = gated
+            self.status.passes += 1
+            self.status.last_pass = report.as_dict()
+            return report
+        self.status.gated = None
         started = time.perf_counter()
         before = (self.client.requests, self.client.bytes_in, self.client.bytes_out)
         try:

@@ -37,6 +37,13 @@ T = TypeVar("T")
 IMPORT_PATH = "/v1/agent/memory/import"
 
 
+class _Entitlement(msgspec.Struct):
+    token: str
+
+
+_entitlement_decoder = msgspec.json.Decoder(_Entitlement)
+
+
 class PlaneError(Exception):
     kind = "error"
 
@@ -123,6 +130,18 @@ class PlaneClient:
         if cursor is not None:
             params["cursor"] = cursor
         return await self._get("/v1/agent/memory/export", params, export_decoder)
+
+    async def entitlement(self, device_id: str) -> tuple[str, int | None]:
+        """An entitlement token for this device, and the server's clock (``Date``) in s."""
+        data = await self._request("GET", "/v1/agent/entitlement", {"device_id": device_id},
+                                   None)
+        try:
+            token = _entitlement_decoder.decode(data).token
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise Transient(f"entitlement: malformed response: {exc}") from None
+        timing = self.last_timing
+        date = None if timing is None or timing.date_ns is None else timing.date_ns // 10**9
+        return token, date
 
     async def settings(self) -> MemorySettings:
         return await self._get("/v1/agent/memory/settings", {}, settings_decoder)

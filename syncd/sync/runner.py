@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ def read_plane_token(path: Path | None) -> str | None:
     return token
 
 
-def _log_failure(task: asyncio.Task[int]) -> None:
+def _log_failure(task: asyncio.Task[Any]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("re-embedding pulled memories failed: %s", task.exception())
 
@@ -50,6 +51,8 @@ class SyncRunner:
     def __init__(self, engine: SyncEngine, *, interval: float, jitter: float,
                  token_file: Path | None = None) -> None:
         self.engine = engine
+        self.after_success: Callable[[], Coroutine[Any, Any, object]] | None = None  # entitlement refresh
+        self._refresh: asyncio.Task[object] | None = None
         self.interval, self.jitter, self.token_file = interval, jitter, token_file
         self._scheduler: AsyncIOScheduler | None = None
         self._reembed: asyncio.Task[int] | None = None
@@ -77,6 +80,9 @@ class SyncRunner:
     def _after(self, report: PassReport | None) -> None:
         """Pulled rows carry the plane's model's vectors: embed them with the local model in the
         background (one task at a time), so semantic recall covers them without a restart."""
+        if report is not None and report.ok and self.after_success is not None and (
+                self._refresh is None or self._refresh.done()):
+            self._refresh = asyncio.create_task(self.after_success(), name="entitlement")
         store = self.engine.store
         if report is None or not report.pulled_nodes or (
                 self._reembed is not None and not self._reembed.done()):
@@ -94,9 +100,10 @@ class SyncRunner:
                 async with asyncio.timeout(grace), self.engine.idle():
                     pass
             scheduler.shutdown(wait=False)
-        if self._reembed is not None:
-            self._reembed.cancel()
-            await asyncio.gather(self._reembed, return_exceptions=True)
+        for task in (self._reembed, self._refresh):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         await self.engine.close()
 
     async def run_now(self) -> PassReport:
@@ -125,6 +132,7 @@ class SyncRunner:
                 "consecutive_failures": status.consecutive_failures,
                 "last_success": status.last_success, "last_error": status.last_error,
                 "last_error_at": status.last_error_at, "auth_blocked": status.auth_blocked,
+                "gated": status.gated,
                 "next_attempt_in_secs": status.next_attempt_in_secs,
                 "clock_offset_ms": status.clock_offset_ms, "future_rows": status.future_rows,
                 "drift_rejections": status.drift_rejections,

@@ -53,7 +53,7 @@ def test_create_stores_only_the_hash_in_a_private_file(tmp_path: Path) -> None:
 def test_list_never_shows_the_hash(tmp_path: Path) -> None:
     create_token(tmp_path, role="admin", name="ops")
     (row,) = list_tokens(tmp_path)
-    assert set(row) == {"name", "role", "created_at", "revoked_at"}
+    assert set(row) == {"name", "role", "plan", "created_at", "revoked_at"}
     assert row["created_at"] is not None and row["created_at"].endswith("Z")
 
 

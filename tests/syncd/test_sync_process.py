@@ -46,6 +46,8 @@ async def test_two_daemons_sync_through_a_hub_process(tmp_path: Path, cursor: st
     code, _, err = await cli(tmp_path, "hub", "token", "create", "--data-dir", str(hub_dir),
                              "--role", "superuser", "--name", "x")
     assert code == 2 and "role" in err
+    code, public_key, err = await cli(tmp_path, "hub", "key", "--data-dir", str(hub_dir))
+    assert code == 0 and len(public_key.strip()) == 43 and "public_keys" in err, err
     hub = await spawn(tmp_path, "hub", "--data-dir", str(hub_dir), "--listen", "127.0.0.1:0",
                       "--cursor", cursor)
     procs = [hub]
@@ -57,7 +59,8 @@ async def test_two_daemons_sync_through_a_hub_process(tmp_path: Path, cursor: st
             config = tmp_path / f"{name}.toml"
             await write(config, f'[control_plane]\nurl = "{hub_url}"\n'
                         f'token_file = "{tmp_path / "plane-token"}"\n'
-                        'embedding_model = "hashing-384"\n[sync]\ninterval_secs = 3600\n')
+                        'embedding_model = "hashing-384"\n[sync]\ninterval_secs = 3600\n'
+                        f'[entitlement]\npublic_keys = ["{public_key.strip()}"]\n')
             data = tmp_path / name
             proc = await spawn(tmp_path, "--config", str(config), "--data-dir", str(data),
                                "run", "--listen", "127.0.0.1:0")
@@ -84,6 +87,9 @@ async def test_two_daemons_sync_through_a_hub_process(tmp_path: Path, cursor: st
         status = json.loads(out)["sync"]
         assert status["configured"] and status["url"] == hub_url
         assert status["last_success"] and status["outbox"] == 0 and status["cursor"]
+        entitlement = json.loads(out)["entitlement"]
+        assert entitlement["entitled"] and entitlement["sync"] == "on", entitlement
+        assert entitlement["plan"] == "pro" and entitlement["source"] == "online"
         code, out, _ = await cli(tmp_path, *args("b", "status"))
         assert "last_success" in out and hub_url in out
     finally:
@@ -117,6 +123,7 @@ async def test_sync_without_a_control_plane_says_so(tmp_path: Path) -> None:
         assert code == 1 and "control_plane.url" in err, err + out
         code, out, _ = await cli(tmp_path, "--data-dir", str(tmp_path / "a"), "status")
         assert "sync             off" in out
+        assert "paused (no_token)" in out
     finally:
         proc.send_signal(signal.SIGTERM)
         code, err = await finish(proc)

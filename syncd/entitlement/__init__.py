@@ -1,0 +1,1 @@
+"""Access gating: signed entitlement tokens and the gate that fails closed."""

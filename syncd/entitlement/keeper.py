@@ -1,0 +1,98 @@
+"""``Keeper``: keeps the gate's decision fresh in the daemon.
+
+  * Every ``LOCAL_CHECK_SECS`` the gate re-reads its files and the clock (a licence installed,
+    ``exp`` passed, the clock stepped back) — off the event loop.
+  * Every ``refresh_secs`` (every ``LOCAL_CHECK_SECS`` while not entitled), and after each
+    successful sync pass, a fresh token is fetched from the control plane, if one is set. The
+    fetch is not sync, so it runs while sync is gated; failures are logged (rate-limited) and
+    leave the current token in place: the offline grace runs until its ``exp``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from local_store import Store
+from syncd.entitlement.gate import Decision, Gate
+from syncd.sync.plane import PlaneClient, PlaneError
+from syncd.sync.runner import SyncRunner
+
+log = logging.getLogger("syncd.entitlement")
+LOCAL_CHECK_SECS = 60.0
+LOG_EVERY_SECS = 600.0
+
+
+class Keeper:
+    def __init__(self, gate: Gate, client: PlaneClient | None, *, refresh_secs: float) -> None:
+        self.gate, self.client, self.refresh_secs = gate, client, refresh_secs
+        self.last_online_error: str | None = None
+        self._last_fetch = 0.0
+        self._last_log = 0.0
+        self._task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        await self.check()
+        self._task = asyncio.create_task(self._loop(), name="entitlement")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def check(self, *, online: bool = True) -> Decision:
+        """Fetch a token if a plane is set (and ``online``), then evaluate."""
+        async with self._lock:
+            if online and self.client is not None:
+                await self._fetch(self.client)
+            return await asyncio.to_thread(self.gate.evaluate)
+
+    async def _fetch(self, client: PlaneClient) -> None:
+        self._last_fetch = time.monotonic()
+        try:
+            token, server_now = await client.entitlement(self.gate.device_id)
+        except PlaneError as exc:
+            self.last_online_error = str(exc)
+            if time.monotonic() - self._last_log >= LOG_EVERY_SECS:
+                self._last_log = time.monotonic()
+                log.warning("could not fetch an entitlement from the control plane: %s", exc)
+            return
+        self.last_online_error = None
+        await asyncio.to_thread(self.gate.accept_online, token, server_now)
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(LOCAL_CHECK_SECS)
+            entitled = self.gate.allows("sync") is None or self.gate.allows("graph") is None
+            due = time.monotonic() - self._last_fetch >= (
+                self.refresh_secs if entitled else LOCAL_CHECK_SECS)
+            try:
+                await self.check(online=due)
+            except Exception:  # the keeper must never die; the gate stays as it was
+                log.exception("entitlement check failed")
+
+    def status(self) -> dict[str, Any]:
+        return {**self.gate.status(), "last_online_error": self.last_online_error}
+
+
+def attach_gate(store: Store, sync: SyncRunner | None, data_dir: Path,
+                pinned: dict[str, Ed25519PublicKey], *, license_file: Path | None = None,
+                refresh_secs: float = 3600.0) -> Keeper:
+    """The daemon's gate, wired in: graph expansion in every recall and every sync pass ask
+    it first; a successful pass refreshes the token. It always exists (fail closed): no pinned
+    key or no token means the paid features are paused, with the reason in status."""
+    gate = Gate(data_dir, pinned, store.replica_id, license_file=license_file)
+    keeper = Keeper(gate, sync.engine.client if sync is not None else None,
+                    refresh_secs=refresh_secs)
+    store.graph_gate = lambda: gate.allows("graph")
+    if sync is not None:
+        sync.engine.gate = lambda: gate.allows("sync")
+        sync.after_success = keeper.check
+    return keeper

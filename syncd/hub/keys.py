@@ -1,0 +1,51 @@
+"""The hub's entitlement signing key: ``<data-dir>/entitlement-key.pem`` (PKCS#8, 0600),
+created on first use; its public half is what laptops pin (``syncd hub key``)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+KEY_FILENAME = "entitlement-key.pem"
+
+
+class KeyFileError(ValueError):
+    pass
+
+
+def load_or_create_key(data_dir: Path) -> Ed25519PrivateKey:
+    path = data_dir / KEY_FILENAME
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return load_key(path)
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(pem)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        raise
+    return key
+
+
+def load_key(path: Path) -> Ed25519PrivateKey:
+    if os.stat(path).st_mode & 0o077:
+        raise KeyFileError(f"{path} is readable or writable by others; run `chmod 600 {path}`")
+    try:
+        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    except ValueError as exc:
+        raise KeyFileError(f"{path} is not a PEM private key: {exc}") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise KeyFileError(f"{path} is not an Ed25519 key")
+    return key

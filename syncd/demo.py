@@ -168,8 +168,9 @@ async def start(stack: contextlib.AsyncExitStack, root: Path) -> tuple[Node, Nod
                                  interval=INTERVAL_SECS, jitter=DEFAULT_SYNC_JITTER)
         token = secrets.token_urlsafe(24)
         keeper = attach_gate(store, sync, root / name, pinned)
-        await keeper.start()  # fetches a signed entitlement for this device from the hub
+        await keeper.start()
         stack.push_async_callback(keeper.stop)
+        await keeper.check()  # fetch a signed entitlement for this device from the hub now
         gate = keeper.status()
         check(gate["entitled"] and gate["sync"] == "on" and gate["graph"] == "on",
               f"laptop {name} is not entitled: {gate['reason']}")

@@ -38,7 +38,9 @@ class Keeper:
         self._lock = asyncio.Lock()
 
     async def start(self) -> None:
-        await self.check()
+        """Evaluate the files now; the first online fetch runs in the background (start-up
+        never waits for the network)."""
+        await self.check(online=False)
         self._task = asyncio.create_task(self._loop(), name="entitlement")
 
     async def stop(self) -> None:
@@ -68,15 +70,20 @@ class Keeper:
         await asyncio.to_thread(self.gate.accept_online, token, server_now)
 
     async def _loop(self) -> None:
+        if self.client is not None:
+            await self._guarded(online=True)
         while True:
             await asyncio.sleep(LOCAL_CHECK_SECS)
             entitled = self.gate.allows("sync") is None or self.gate.allows("graph") is None
             due = time.monotonic() - self._last_fetch >= (
                 self.refresh_secs if entitled else LOCAL_CHECK_SECS)
-            try:
-                await self.check(online=due)
-            except Exception:  # the keeper must never die; the gate stays as it was
-                log.exception("entitlement check failed")
+            await self._guarded(online=due)
+
+    async def _guarded(self, *, online: bool) -> None:
+        try:
+            await self.check(online=online)
+        except Exception:  # the keeper must never die; the gate stays as it was
+            log.exception("entitlement check failed")
 
     def status(self) -> dict[str, Any]:
         return {**self.gate.status(), "last_online_error": self.last_online_error}

@@ -220,6 +220,10 @@ async def sync_run(request: web.Request) -> web.Response:
     if runner is None:
         raise HttpError(409, "sync_not_configured",
                         "no control plane: set control_plane.url to sync")
+    keeper = request.app[KEEPER]
+    gate = runner.engine.gate  # type: ignore[attr-defined]
+    if keeper is not None and gate is not None and gate() is not None:
+        await keeper.check()  # asked by hand while paused: try for an entitlement first
     report = await runner.run_now()  # type: ignore[attr-defined]
     return reply(report.as_dict())
 

@@ -227,16 +227,21 @@ class Daemon:
             task.add_done_callback(self._background.discard)
 
     async def _wait_for_stop(self) -> None:
-        loop = asyncio.get_running_loop()
+        await wait_for_stop(self._stop, self.stop)
+
+
+async def wait_for_stop(stopped: asyncio.Event, stop: Callable[[], None]) -> None:
+    """Until ``stopped`` is set — by ``stop``, which SIGTERM and SIGINT call meanwhile."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop)
+    try:
+        await stopped.wait()
+    finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(sig, self.stop)
-        try:
-            await self._stop.wait()
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                with contextlib.suppress(NotImplementedError):
-                    loop.remove_signal_handler(sig)
+                loop.remove_signal_handler(sig)
 
 
 def report(message: str) -> None:

@@ -60,13 +60,18 @@ def guards(token: str, extra_hosts: Iterable[str] = ()) -> web.middleware:  # ty
             if not given.startswith("Bearer ") or not hmac.compare_digest(
                     given[7:].strip().encode(), expected):
                 return _unauthorized("missing or wrong Authorization: Bearer <token>")
-        if request.method in BODY_METHODS and request.can_read_body and (
-                request.content_type != "application/json"):
-            return error_response(415, "unsupported_media_type",
-                                  "request bodies must be application/json")
-        return await handler(request)
+        return not_json(request) or await handler(request)
 
     return middleware
+
+
+def not_json(request: web.Request) -> web.Response | None:
+    """415 for a write whose body is not ``application/json`` (rule 4), else None."""
+    if request.method in BODY_METHODS and request.can_read_body and (
+            request.content_type != "application/json"):
+        return error_response(415, "unsupported_media_type",
+                              "request bodies must be application/json")
+    return None
 
 
 def _same_host_origin(origin: str, allowed: frozenset[str] | set[str]) -> bool:

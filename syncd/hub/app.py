@@ -48,7 +48,7 @@ from syncd.http.app import (
     reply,
 )
 from syncd.http.errors import HttpError, error_response
-from syncd.http.security import BODY_METHODS
+from syncd.http.security import not_json
 from syncd.hub.tokens import PLANS, AuthError, TokenBook, TokenFileError, authenticate
 from syncd.mcp import McpServer
 from syncd.tools import Surfacer
@@ -95,11 +95,7 @@ def _auth(book: TokenBook) -> web.middleware:  # type: ignore[valid-type]
                 return error_response(exc.status, exc.code, exc.message, headers=headers)
             except TokenFileError as exc:
                 return error_response(500, "token_file", str(exc))
-        if request.method in BODY_METHODS and request.can_read_body and (
-                request.content_type != "application/json"):
-            return error_response(415, "unsupported_media_type",
-                                  "request bodies must be application/json")
-        return await handler(request)
+        return not_json(request) or await handler(request)
 
     return middleware
 

@@ -6,9 +6,7 @@ tokens → bind → serve → (SIGTERM/SIGINT) → drain → close. Exit codes a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,7 +14,7 @@ from aiohttp import web
 
 from local_store import Store, StoreLockedError
 from local_store.embed import Embedder
-from syncd.daemon import EXIT_CONFIG, EXIT_OK, EXIT_TEMPFAIL, StartupError
+from syncd.daemon import EXIT_CONFIG, EXIT_OK, EXIT_TEMPFAIL, StartupError, wait_for_stop
 from syncd.hub.app import create_hub_app
 from syncd.hub.keys import KeyFileError, load_or_create_key
 from syncd.hub.tokens import TokenBook, TokenFileError, list_tokens
@@ -110,13 +108,4 @@ class Hub:
             await asyncio.sleep(REEMBED_SECS)
 
     async def _wait_for_stop(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(sig, self.stop)
-        try:
-            await self._stop.wait()
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                with contextlib.suppress(NotImplementedError):
-                    loop.remove_signal_handler(sig)
+        await wait_for_stop(self._stop, self.stop)

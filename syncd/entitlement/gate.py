@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import os
+import stat
 import tempfile
 import time
 from collections.abc import Callable
@@ -31,7 +32,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from syncd.entitlement.token import Claims, TokenError, verify
+from syncd.entitlement.token import MAX_TOKEN_BYTES, Claims, TokenError, verify
 
 log = logging.getLogger("syncd.entitlement")
 TOKEN_FILENAME = "entitlement.token"
@@ -51,6 +52,9 @@ class Decision:
     exp: int | None = None
     source: str | None = None  # "online" or "license"
     checked_at: int = 0
+    # feature → until when some entitled source grants it (both sources count: a pro licence
+    # still grants graph beside a longer-lived sync-only online token)
+    grants: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,10 +87,11 @@ class Gate:
         decision = self.decision
         if not decision.entitled:
             return decision.reason or "not_entitled"
-        if decision.exp is not None and self.wall() >= decision.exp:
-            return "expired"  # the offline grace ends exactly at exp
-        if feature not in decision.features:
+        until = decision.grants.get(feature)
+        if until is None:
             return "feature_not_in_plan"
+        if self.wall() >= until:
+            return "expired"  # the offline grace ends exactly at exp
         return None
 
     def status(self) -> dict[str, Any]:
@@ -120,23 +125,26 @@ class Gate:
             state.clock_hwm = now
             self._save_state(state)
         best = Decision(False, "no_token")
+        grants: dict[str, int] = {}
         for source, path in (("online", self.data_dir / TOKEN_FILENAME),
                              ("license", self.license_file)):
             decision = self._check_file(path, source, state, now)
-            if decision.entitled:  # the entitled one that lasts longest
+            if decision.entitled:  # shown: the entitled one that lasts longest
+                for feature in decision.features:
+                    grants[feature] = max(grants.get(feature, 0), decision.exp or 0)
                 if not best.entitled or (decision.exp or 0) > (best.exp or 0):
                     best = decision
             elif not best.entitled and best.reason == "no_token":
                 best = decision  # otherwise the first real reason stays
+        best.grants = grants
         return best
 
     def _check_file(self, path: Path, source: str, state: GateState, now: int) -> Decision:
         try:
-            raw = path.read_bytes()
+            raw = read_small(path)
+            claims = verify(raw, self.pinned)
         except FileNotFoundError:
             return Decision(False, "no_token")
-        try:
-            claims = verify(raw, self.pinned)
         except TokenError as exc:
             return Decision(False, exc.reason, source=source)
         reason = self.check_claims(claims, state, now, source)
@@ -169,12 +177,14 @@ class Gate:
             claims = verify(token, self.pinned)
             now = int(self.wall())
             state = self._load_state()
+            if self.check_claims(claims, state, now, "online") is not None:
+                return self.evaluate()  # refused: not an online check, the clock stays as it was
             reference = server_now if server_now is not None else claims.iat
-            if abs(reference - now) <= ONLINE_SKEW_SECS:
+            fresh = claims.seq > state.seq_hwm.get("online", 0)  # a replay proves nothing
+            if fresh and abs(reference - now) <= ONLINE_SKEW_SECS:
                 state.clock_untrusted, state.clock_hwm, state.online_ok_at = False, now, now
                 self._save_state(state)
-            if self.check_claims(claims, state, now, "online") is None:
-                self._write_atomic(self.data_dir / TOKEN_FILENAME, token.encode() + b"\n")
+            self._write_atomic(self.data_dir / TOKEN_FILENAME, token.encode() + b"\n")
         except TokenError as exc:
             log.warning("the control plane sent an entitlement that does not verify: %s",
                         exc.reason)
@@ -193,6 +203,7 @@ class Gate:
         return claims
 
     # ------------------------------------------------------------------ state file
+
 
     def _load_state(self) -> GateState:
         path = self.data_dir / STATE_FILENAME
@@ -234,3 +245,15 @@ class Gate:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+def read_small(path: Path) -> bytes:
+    """A token file's bytes: a regular file, read without blocking and at most one byte past
+    the token limit (a FIFO or ``/dev/zero`` put there cannot hang or exhaust the daemon)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise TokenError("unreadable", f"{path} is not a regular file")
+        return os.read(fd, MAX_TOKEN_BYTES + 1)
+    finally:
+        os.close(fd)

@@ -95,7 +95,7 @@ def verify(token: str | bytes, pinned: dict[str, Ed25519PublicKey]) -> Claims:
             token = token.decode("ascii")
         except UnicodeDecodeError:
             raise TokenError("malformed", "token is not ASCII") from None
-    token = token.strip()
+    token = token.strip(" \t\r\n")  # ASCII whitespace only, as for bytes
     if len(token) > MAX_TOKEN_BYTES or not _FRAME.fullmatch(token):
         raise TokenError("malformed", "token is not <kid>.<payload>.<signature>")
     kid, payload_text, signature_text = token.split(".")

@@ -48,6 +48,8 @@ async def test_two_daemons_sync_through_a_hub_process(tmp_path: Path, cursor: st
     assert code == 2 and "role" in err
     code, public_key, err = await cli(tmp_path, "hub", "key", "--data-dir", str(hub_dir))
     assert code == 0 and len(public_key.strip()) == 43 and "public_keys" in err, err
+    mode = (await asyncio.to_thread((hub_dir / "entitlement-key.pem").stat)).st_mode
+    assert mode & 0o777 == 0o600
     hub = await spawn(tmp_path, "hub", "--data-dir", str(hub_dir), "--listen", "127.0.0.1:0",
                       "--cursor", cursor)
     procs = [hub]

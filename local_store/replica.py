@@ -117,9 +117,24 @@ def reconcile(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow], model:
               realm: str | None, state: Mapping[str, str | None]) -> Reconciled:
     """Apply a full export and re-queue what the plane lacks or holds older (both ways)."""
     applied = apply_batch(writer, nodes, edges, model)
-    remote_nodes = {n.id: _version(n.updated_at) for n in nodes if isinstance(n.id, str)}
-    remote_edges = {e.id: _version(e.updated_at or e.created_at)
-                    for e in edges if isinstance(e.id, str)}
+    remote_nodes, remote_edges = remote_versions(nodes, edges)
+    requeued_nodes, requeued_edges = requeue_unseen(writer, remote_nodes, remote_edges, realm,
+                                                    state)
+    return Reconciled(applied, requeued_nodes, requeued_edges)
+
+
+def remote_versions(nodes: list[NodeRow], edges: list[EdgeRow],
+                    ) -> tuple[dict[str, str], dict[str, str]]:
+    """id → canonical version of export rows (what ``requeue_unseen`` compares against), so a
+    paged export can be applied page by page and only these small maps kept."""
+    return ({n.id: _version(n.updated_at) for n in nodes if isinstance(n.id, str)},
+            {e.id: _version(e.updated_at or e.created_at) for e in edges if isinstance(e.id, str)})
+
+
+def requeue_unseen(writer: Writer, remote_nodes: Mapping[str, str],
+                   remote_edges: Mapping[str, str], realm: str | None,
+                   state: Mapping[str, str | None]) -> tuple[int, int]:
+    """Queue every local item the plane's export lacked or held an older version of."""
     node_sql = "SELECT id, updated_at, local_seq FROM memories"
     local_nodes = writer.conn.execute(
         node_sql + (" WHERE realm = ?" if realm is not None else ""),
@@ -128,7 +143,7 @@ def reconcile(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow], model:
     local_edges = writer.conn.execute("SELECT id, updated_at, local_seq FROM edges").fetchall()
     requeued_edges = _requeue(writer, "edge", local_edges, remote_edges)
     set_state(writer, state)
-    return Reconciled(applied, requeued_nodes, requeued_edges)
+    return requeued_nodes, requeued_edges
 
 
 def _version(stamp: str | None) -> str:

@@ -531,6 +531,14 @@ class Store:
         return await self._write(lambda w: replica.reconcile(
             w, node_list, edge_list, model, realm, state or {}))
 
+    async def requeue_unseen(self, remote_nodes: Mapping[str, str],
+                             remote_edges: Mapping[str, str], *, realm: str | None = None,
+                             state: Mapping[str, str | None] | None = None) -> tuple[int, int]:
+        """The second half of a paged anti-entropy (after each page went through ``apply``):
+        queue what the plane lacks or holds older; maps from ``replica.remote_versions``."""
+        return await self._write(lambda w: replica.requeue_unseen(
+            w, remote_nodes, remote_edges, realm, state or {}))
+
     async def _wire_nodes(self, rows: list[sqlite3.Row], model: str) -> list[NodeRow]:
         dicts = [dict(zip(NODE_COLUMNS, r, strict=True)) for r in rows]
         vectors = await self._vectors([d["id"] for d in dicts], model)

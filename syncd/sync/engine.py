@@ -34,7 +34,8 @@ from typing import Any
 import msgspec
 
 from local_store import Store
-from protocol.rows import ChangesResponse, EdgeRow, NodeRow
+from local_store.replica import remote_versions
+from protocol.rows import ChangesResponse
 from protocol.timestamp import format_ns, parse_ns
 from syncd.sync.plane import (
     AuthFailed,
@@ -444,23 +445,28 @@ class SyncEngine:
         return await self.store.sync_state()
 
     async def _anti_entropy(self, report: PassReport) -> None:
+        """Apply the plane's export page by page (only id → version maps are kept, not the
+        rows), then queue whatever the plane lacks or holds older."""
         model = (await self._learn_plane_model())["plane_model"]
-        nodes: list[NodeRow] = []
-        edges: list[EdgeRow] = []
+        remote_nodes: dict[str, str] = {}
+        remote_edges: dict[str, str] = {}
         cursor: str | None = None
         while True:
             page = await self.client.export(self.options.realm, PAGE_ROWS, cursor)
-            nodes.extend(page.memory_nodes)
-            edges.extend(page.memory_edges)
+            applied = await self.store.apply(page.memory_nodes, page.memory_edges, model=model)
+            report.pulled_nodes += applied.applied_nodes
+            report.pulled_edges += applied.applied_edges
+            nodes, edges = remote_versions(page.memory_nodes, page.memory_edges)
+            remote_nodes.update(nodes)
+            remote_edges.update(edges)
             if not page.has_more or page.next_cursor is None:
                 break
             cursor = page.next_cursor
-        done = await self.store.reconcile(nodes, edges, model=model, realm=self.options.realm,
-                                          state={"anti_entropy_ns": str(self._wall())})
+        requeued = await self.store.requeue_unseen(
+            remote_nodes, remote_edges, realm=self.options.realm,
+            state={"anti_entropy_ns": str(self._wall())})
         report.anti_entropy = True
-        report.requeued += done.requeued_nodes + done.requeued_edges
-        report.pulled_nodes += done.applied.applied_nodes
-        report.pulled_edges += done.applied.applied_edges
+        report.requeued += sum(requeued)
         if report.requeued:
             await self._push(report)
 

@@ -187,13 +187,9 @@ class Store:
             raise StoreClosedError("the store is closed")
         loop = asyncio.get_running_loop()
         result, events = await loop.run_in_executor(self._pool, _transaction, self._writer, fn)
-        for memory_id, model, values in events:
-            if model is not None and model != self.index.model:
-                continue
-            if values is None or values.shape[0] != self.index.dim:
-                self.index.remove(memory_id)
-            else:
-                self.index.upsert(memory_id, values)
+        if events:
+            self.index.apply([(memory_id, values) for memory_id, model, values in events
+                              if model is None or model == self.index.model])
         return result
 
     async def _embed(self, texts: list[str]) -> list[Vector]:

@@ -79,6 +79,16 @@ class VectorIndex:
             self._rows[memory_id] = row
         self._matrix[row] = values
 
+    def apply(self, changes: list[tuple[str, npt.NDArray[np.float32] | None]]) -> None:
+        """Upserts (a vector) and removals (None) in order, under one lock acquisition — what a
+        committed transaction hands over, thousands at a time for a pulled page."""
+        with self._lock:
+            for memory_id, values in changes:
+                if values is None or values.shape[0] != self.dim:
+                    self._remove(memory_id)
+                else:
+                    self._upsert(memory_id, values)
+
     def remove(self, memory_id: str) -> None:
         with self._lock:
             self._remove(memory_id)

@@ -15,7 +15,6 @@ Rules:
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import operator
@@ -283,9 +282,9 @@ def vectors_from_wires(wires: list[NodeRow]) -> list[npt.NDArray[np.float32] | N
     if len(dims) != 1:
         return None
     dim = dims.pop()
-    flat = list(itertools.chain.from_iterable(wires[i].embedding or () for i in present))
-    try:
-        packed = struct.pack(f"<{len(flat)}f", *flat)
+    packer = _PACKERS.get(dim) or _PACKERS.setdefault(dim, struct.Struct(f"<{dim}f"))
+    try:  # one precompiled Struct per row, then one join: the fastest way from lists of floats
+        packed = b"".join([packer.pack(*(wires[i].embedding or ())) for i in present])
     except (struct.error, TypeError, OverflowError):
         return None
     matrix = np.frombuffer(packed, dtype="<f4").reshape(len(present), dim)

@@ -139,6 +139,8 @@ class Writer:
             if row["created_at"] is None:  # a new memory: created = valid = this stamp
                 row["created_at"] = row["updated_at"]
                 row["valid_at"] = row["valid_at"] or row["updated_at"]
+            if row["deleted"] and row["invalid_at"] is None:
+                row["invalid_at"] = row["updated_at"]  # Kyma's soft delete (see ``delete``)
         row["content_hash"] = content_hash(row, NODE_HASHED)
         row["local_seq"] = self.next_seq()
         if local and vector is not None:
@@ -255,7 +257,9 @@ class Writer:
 
     def delete(self, memory_id: str, *, hard: bool) -> Row:
         """Soft delete keeps the text locally; hard delete purges it. Both leave a tombstone."""
-        changes: dict[str, object] = {"deleted": 1}
+        # A tombstone is also the plane's own soft delete — archived and invalidated — so a
+        # plane that drops the ``deleted`` extension (Kyma does) still hides it everywhere.
+        changes: dict[str, object] = {"deleted": 1, "status": "archived"}
         if hard:
             self.purge_index = True
             changes.update(title=None, content="", content_preview="", tags="",

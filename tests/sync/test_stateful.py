@@ -338,7 +338,8 @@ class ReplicationMachine(RuleBasedStateMachine):
     @rule(who=LAPTOP, pick=PICK, hard=st.booleans())
     @step
     def delete(self, who: int, pick: int, hard: bool) -> None:
-        """Soft or hard delete: a tombstone, and every live edge of the memory tombstoned."""
+        """Soft or hard delete: a tombstone (archived, invalidated), and every live edge of the
+        memory tombstoned."""
         store, mid = self.laptops[who].store, self.pick(pick)
         op = store.delete(mid, hard=hard)
         before = self.live(who, mid)
@@ -348,8 +349,14 @@ class ReplicationMachine(RuleBasedStateMachine):
         edges = {r[0]: self.read(who, "edge", r[0]) for r in self.run(store._fetch(
             "SELECT id FROM edges WHERE (src = ? OR dst = ?) AND deleted = 0", (mid, mid)))}
         self.run(op)
+        after = self.read(who, "node", mid)
+        assert after is not None
         fields = list(before[0])
         fields[FIELD["deleted"]] = 1
+        # a tombstone is also the plane's soft delete: archived, and invalid from its stamp on
+        # (unless it was invalidated before)
+        fields[FIELD["status"]] = "archived"
+        fields[FIELD["invalid_at"]] = fields[FIELD["invalid_at"]] or after[1][0]
         if hard:
             fields[FIELD["content"]], fields[FIELD["title"]], fields[FIELD["tags"]] = "", None, ""
         self.wrote(who, "node", mid, tuple(fields), before)

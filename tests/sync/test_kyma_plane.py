@@ -1,0 +1,116 @@
+"""Against a plane that behaves like Kyma as it is: rows stored verbatim minus every column it
+does not know (so syncd's `origin` and `deleted` extensions are dropped), latest-wins by the
+row's own `updated_at` string, `changes` filtered on it. A small real server, not a mock.
+
+What must still hold: laptops converge, and a delete — whose `deleted` flag the plane drops —
+reaches the other laptop as Kyma's own soft delete (archived and invalidated), so it is hidden
+there instead of coming back to life."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from protocol.rows import EDGE_COLUMNS, NODE_EXPORT_COLUMNS
+from tests.sync.harness import start_laptop
+
+
+class KymaLike:
+    """Append-only tables, latest per id by the string `updated_at`, as contract §1 and §4."""
+
+    def __init__(self) -> None:
+        self.nodes: list[dict[str, Any]] = []
+        self.edges: list[dict[str, Any]] = []
+
+    def latest(self, since: str = "") -> list[dict[str, Any]]:
+        best: dict[str, dict[str, Any]] = {}
+        for row in self.nodes:
+            held = best.get(row["id"])
+            if held is None or row.get("updated_at", "") >= held.get("updated_at", ""):
+                best[row["id"]] = row
+        return [r for r in best.values() if r.get("updated_at", "") > since]
+
+    async def import_(self, request: web.Request) -> web.Response:
+        body = json.loads(await request.read())
+        nodes = body.get("memory_nodes", [])
+        if any(len(n.get("embedding") or []) != 384 for n in nodes):
+            return web.json_response({"applied_nodes": 0, "applied_edges": 0,
+                                      "errors": ["nodes: expected array of 384 floats"]})
+        self.nodes += [{k: v for k, v in n.items() if k in NODE_EXPORT_COLUMNS} for n in nodes]
+        edges = body.get("memory_edges", [])
+        self.edges += [{k: v for k, v in e.items() if k in EDGE_COLUMNS} for e in edges]
+        return web.json_response({"applied_nodes": len(nodes), "applied_edges": len(edges),
+                                  "errors": []})
+
+    async def changes(self, request: web.Request) -> web.Response:
+        since = request.query.get("since", "").strip() or "1970-01-01T00:00:00Z"
+        nodes = self.latest(since)
+        edges = [e for e in self.edges if e.get("created_at", "") > since]
+        until = datetime.now(UTC).isoformat()  # after the queries, as the plane does
+        return web.json_response({"since": since, "until": until, "memory_nodes": nodes,
+                                  "memory_edges": edges})
+
+    async def export(self, request: web.Request) -> web.Response:
+        return web.json_response({"memory_nodes": self.latest(), "memory_edges": self.edges})
+
+    async def settings(self, request: web.Request) -> web.Response:
+        return web.json_response({"default_limit": 8})  # no model named: the config's is used
+
+
+@pytest.fixture
+async def kyma() -> AsyncIterator[tuple[KymaLike, str]]:
+    plane = KymaLike()
+    app = web.Application()
+    app.router.add_post("/v1/agent/memory/import", plane.import_)
+    app.router.add_get("/v1/agent/memory/changes", plane.changes)
+    app.router.add_get("/v1/agent/memory/export", plane.export)
+    app.router.add_get("/v1/agent/memory/settings", plane.settings)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield plane, f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_deletes_reach_the_other_laptop_through_a_plane_that_drops_extensions(
+        kyma: tuple[KymaLike, str], tmp_path: Path) -> None:
+    """A soft and a hard delete arrive as Kyma's soft delete; nothing comes back to life."""
+    plane, url = kyma
+    a = await start_laptop("a", tmp_path / "a", url, "token")
+    b = await start_laptop("b", tmp_path / "b", url, "token")
+    try:
+        kept = (await a.store.save({"content": "the staging cluster is in eu-west-1"}))["node_id"]
+        soft = (await a.store.save({"content": "deploys freeze on Fridays"}))["node_id"]
+        hard = (await a.store.save({"content": "the old vault password rotates weekly"}))[
+            "node_id"]
+        for laptop in (a, b):
+            assert (await laptop.sync()).ok
+        assert {r["id"] for r in (await b.store.list_memories())["rows"]} == {kept, soft, hard}
+        await a.store.delete(soft)
+        await a.store.delete(hard, hard=True)
+        for laptop in (a, b):
+            report = await laptop.sync()
+            assert report.ok, report.error
+        assert all("deleted" not in n and "origin" not in n for n in plane.nodes)
+        assert {r["id"] for r in (await b.store.list_memories())["rows"]} == {kept}
+        for mid in (soft, hard):
+            row = await b.store.get(mid)
+            assert row["status"] == "archived" and row["invalid_at"] is not None
+        assert (await b.store.get(hard))["content"] == ""
+        hits = await b.store.recall({"query": "deploys freeze Fridays vault password"})
+        assert {m.id for m in hits.memories} <= {kept}
+        for laptop in (a, b):  # quiet passes change nothing on either side
+            assert (await laptop.sync()).ok
+        assert {r["id"] for r in (await a.store.list_memories())["rows"]} == {kept}
+        assert {r["id"] for r in (await b.store.list_memories())["rows"]} == {kept}
+    finally:
+        await a.close()
+        await b.close()

@@ -163,18 +163,13 @@ class Daemon:
                            license_file=setup.license_file, refresh_secs=setup.refresh_secs)
 
     async def _bind(self, runner: web.AppRunner) -> None:
-        try:
-            site = web.TCPSite(runner, self.host.strip("[]"), self.port,
-                               shutdown_timeout=self.shutdown_timeout)
-            await site.start()
-            if self.unix_socket is not None:
+        self.url = await listen(runner, self.host, self.port, self.shutdown_timeout)
+        if self.unix_socket is not None:
+            try:
                 await web.UnixSite(runner, str(self.unix_socket)).start()
-        except OSError as exc:
-            raise StartupError(f"cannot listen on {self.host}:{self.port}: {exc.strerror}",
-                               EXIT_TEMPFAIL) from None
-        port = runner.addresses[0][1]
-        host = f"[{self.host.strip('[]')}]" if ":" in self.host.strip("[]") else self.host
-        self.url = f"http://{host}:{port}"
+            except OSError as exc:
+                raise StartupError(f"cannot listen on {self.unix_socket}: {exc.strerror}",
+                                   EXIT_TEMPFAIL) from None
 
     async def _write_state(self) -> None:
         state = {"pid": os.getpid(), "url": self.url}
@@ -228,6 +223,19 @@ class Daemon:
 
     async def _wait_for_stop(self) -> None:
         await wait_for_stop(self._stop, self.stop)
+
+
+async def listen(runner: web.AppRunner, host: str, port: int, shutdown_timeout: float) -> str:
+    """Bind ``host:port`` (port 0: any free one) and return the URL it serves on; a bind
+    failure is a temporary failure (exit 75)."""
+    bare = host.strip("[]")
+    try:
+        await web.TCPSite(runner, bare, port, shutdown_timeout=shutdown_timeout).start()
+    except OSError as exc:
+        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror}",
+                           EXIT_TEMPFAIL) from None
+    shown = f"[{bare}]" if ":" in bare else host
+    return f"http://{shown}:{runner.addresses[0][1]}"
 
 
 async def wait_for_stop(stopped: asyncio.Event, stop: Callable[[], None]) -> None:

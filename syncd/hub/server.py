@@ -14,7 +14,7 @@ from aiohttp import web
 
 from local_store import Store, StoreLockedError
 from local_store.embed import Embedder
-from syncd.daemon import EXIT_CONFIG, EXIT_OK, EXIT_TEMPFAIL, StartupError, wait_for_stop
+from syncd.daemon import EXIT_CONFIG, EXIT_OK, EXIT_TEMPFAIL, StartupError, listen, wait_for_stop
 from syncd.hub.app import create_hub_app
 from syncd.hub.keys import KeyFileError, load_or_create_key
 from syncd.hub.tokens import TokenBook, TokenFileError, list_tokens
@@ -60,14 +60,7 @@ class Hub:
             runner = web.AppRunner(app, shutdown_timeout=self.shutdown_timeout,
                                    access_log=None, handle_signals=False)
             await runner.setup()
-            try:
-                await web.TCPSite(runner, self.host.strip("[]"), self.port).start()
-            except OSError as exc:
-                raise StartupError(f"cannot listen on {self.host}:{self.port}: {exc.strerror}",
-                                   EXIT_TEMPFAIL) from None
-            port = runner.addresses[0][1]
-            host = f"[{self.host.strip('[]')}]" if ":" in self.host.strip("[]") else self.host
-            self.url = f"http://{host}:{port}"
+            self.url = await listen(runner, self.host, self.port, self.shutdown_timeout)
             log.info("syncd hub serving %s (cursor %s, store %s, model %s)", self.url,
                      self.cursor, store.store_id, self.embedder.model_id)
             if ready is not None:

@@ -169,8 +169,7 @@ class SyncEngine:
         if gated is not None:  # paused, not failed: no request, no backoff; writes queue up
             report.error, report.error_kind = f"sync is paused: {gated}", "gated"
             self.status.gated = gated
-            self.status.passes += 1
-            self.status.last_pass = report.as_dict()
+            self._record(report)
             return report
         self.status.gated = None
         started = time.perf_counter()
@@ -370,12 +369,11 @@ class SyncEngine:
     # ------------------------------------------------------------------ push
 
     async def _push(self, report: PassReport) -> bool:
-        state = await self.store.sync_state()
-        model = self._plane_model(state)
-        dim = self.store.embedder.dim if model == self.store.embedder.model_id else PLANE_DIM
         depth = await self.store.outbox_depth()
         if not depth:
-            return False
+            return False  # the idle pass: one count, no state read, no write
+        model = self._plane_model(await self.store.sync_state())
+        dim = self.store.embedder.dim if model == self.store.embedder.model_id else PLANE_DIM
         rounds = depth // STAGE_ROWS + 2
         pushed = False
         for _ in range(rounds):

@@ -5,8 +5,6 @@ issues entitlements on a loopback port, and helpers to run ``syncd`` as real pro
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +21,6 @@ from syncd.hub.app import create_hub_app
 from syncd.hub.keys import load_or_create_key
 from syncd.hub.tokens import TokenBook, create_token
 
-ROOT = Path(__file__).resolve().parents[2]
 DAY = 86_400
 DEVICE = "laptop-0123456789abcdef"
 
@@ -141,48 +138,6 @@ async def start_signing_hub(data_dir: Path, *, lifetime_days: float = 7.0) -> Si
 
 
 # ---------------------------------------------------------------------- processes
-
-
-def env_for(home: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNCD_")}
-    env.update(HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"),
-               XDG_DATA_HOME=str(home / ".local/share"), PYTHONPATH=str(ROOT),
-               SYNCD_EMBEDDING_MODEL="hashing", **extra)
-    return env
-
-
-async def spawn(home: Path, *args: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "syncd", *args, env=env_for(home),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-
-
-async def cli(home: Path, *args: str) -> tuple[int, str, str]:
-    proc = await spawn(home, *args)
-    async with asyncio.timeout(60):
-        out, err = await proc.communicate()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
-async def wait_ready(proc: asyncio.subprocess.Process, deadline: float = 30.0) -> str:
-    assert proc.stderr is not None
-    lines: list[str] = []
-    async with asyncio.timeout(deadline):
-        while True:
-            line = (await proc.stderr.readline()).decode()
-            if not line:
-                raise AssertionError(f"daemon exited before ready: {''.join(lines)}")
-            lines.append(line)
-            if "ready on " in line:
-                return line.split("ready on ", 1)[1].strip()
-
-
-async def finish(proc: asyncio.subprocess.Process, limit: float = 30.0) -> tuple[int, str]:
-    async with asyncio.timeout(limit):
-        _, err = await proc.communicate()
-    assert proc.returncode is not None
-    return proc.returncode, err.decode()
 
 
 def now() -> int:

@@ -7,25 +7,19 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 
 from syncd.entitlement.token import public_key_text
 from tests.entitlement.support import (
     SigningHub,
-    cli,
-    finish,
     flip_in_part,
     license_path,
-    spawn,
-    start_signing_hub,
     token_path,
-    wait_ready,
 )
+from tests.syncd.processes import cli, finish, spawn, wait_ready
 
 
 class Local:
@@ -49,15 +43,6 @@ async def write(path: Path, data: str | bytes) -> None:
 
 async def exists(path: Path) -> bool:
     return await asyncio.to_thread(path.exists)
-
-
-@pytest.fixture
-async def hub(tmp_path: Path) -> AsyncIterator[SigningHub]:
-    h = await start_signing_hub(tmp_path / "hub")
-    try:
-        yield h
-    finally:
-        await h.close()
 
 
 async def run_daemon(home: Path, *args: str) -> tuple[asyncio.subprocess.Process, str]:

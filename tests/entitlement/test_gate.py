@@ -24,11 +24,9 @@ from syncd.sync.runner import SyncRunner
 from tests.entitlement.support import (
     DAY,
     DEVICE,
-    ROOT,
     Clock,
     SigningHub,
     claims,
-    env_for,
     flip_in_part,
     license_path,
     make_gate,
@@ -40,6 +38,7 @@ from tests.entitlement.support import (
     token_path,
 )
 from tests.syncd.faultproxy import FaultProxy
+from tests.syncd.processes import ROOT, env_for
 
 HUB_KEY = Ed25519PrivateKey.generate()
 OTHER_KEY = Ed25519PrivateKey.generate()
@@ -57,15 +56,6 @@ def state(data: Path) -> dict[str, object]:
     loaded = json.loads((data / STATE_FILENAME).read_bytes())
     assert isinstance(loaded, dict)
     return loaded
-
-
-@pytest.fixture
-async def hub(tmp_path: Path) -> AsyncIterator[SigningHub]:
-    h = await start_signing_hub(tmp_path / "hub")
-    try:
-        yield h
-    finally:
-        await h.close()
 
 
 @pytest.fixture

@@ -2,21 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
-
-from tests.sync.harness import Hub, edge_set, live_contents, start_hub, start_laptop
-
-
-@pytest.fixture(params=["ingest", "origin"])
-async def hub(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Hub]:
-    h = await start_hub(tmp_path / "hub", request.param)
-    try:
-        yield h
-    finally:
-        await h.close()
+from tests.sync.harness import Hub, edge_set, live_contents, start_laptop
 
 
 async def test_a_save_on_one_laptop_reaches_the_other(hub: Hub, tmp_path: Path) -> None:

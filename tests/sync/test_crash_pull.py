@@ -26,7 +26,6 @@ import os
 import random
 import signal
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ import pytest
 
 from local_store import Store
 from tests.sync.crash_pull_child import NO_CRASH_EXIT, STAGES
-from tests.sync.harness import Hub, Laptop, edge_set, live_contents, start_hub, start_laptop
+from tests.sync.harness import Hub, Laptop, edge_set, live_contents, start_laptop
 
 ITERATIONS = int(os.environ.get("SYNCD_CRASH_ITERATIONS", str(len(STAGES))))
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -44,15 +43,6 @@ FIRST_BATCH = 200
 ENTITIES = ("entity:repo", "entity:ci", "entity:alice")
 
 State = tuple[dict[str, tuple[Any, ...]], dict[str, tuple[Any, ...]], str | None]
-
-
-@pytest.fixture(params=["ingest", "origin"])
-async def hub(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Hub]:
-    h = await start_hub(tmp_path / "hub", request.param)
-    try:
-        yield h
-    finally:
-        await h.close()
 
 
 async def state_of(store: Store) -> State:

@@ -155,3 +155,22 @@ async def test_feed_leaves_out_the_callers_own_versions_on_request(hub: Hub) -> 
                               params={"since": ""})
     assert {n["id"] for n in full["memory_nodes"]} == {mine["id"], theirs["id"]}
     assert full["until"] == page["until"]
+
+
+@pytest.mark.parametrize(("path", "params", "field"), [
+    ("/v1/agent/memory/changes", {"limit": "ten"}, "limit"),
+    ("/v1/agent/memory/changes", {"limit": "0"}, "limit"),
+    ("/v1/agent/memory/changes", {"limit": "100000"}, "limit"),
+    ("/v1/agent/memory/changes", {"since": "yesterday"}, "since"),
+    ("/v1/agent/memory/export", {"limit": "5", "cursor": "abc"}, "cursor"),
+    ("/v1/agent/memory/export", {"limit": "-1"}, "limit"),
+])
+async def test_bad_query_parameters_name_the_field_and_change_nothing(
+        hub: Hub, path: str, params: dict[str, str], field: str) -> None:
+    """One error shape naming the parameter; the hub's store is exactly as before."""
+    await call(hub, "POST", "/v1/agent/memory/import", hub.token,
+               json={"memory_nodes": [node(1)]})
+    before = await hub.store.dump()
+    status, body = await call(hub, "GET", path, hub.read_token, params=params)
+    assert status == 422 and body["error"]["field"] == field, body
+    assert await hub.store.dump() == before

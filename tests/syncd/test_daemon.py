@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import stat
 import sys
@@ -16,16 +15,7 @@ import aiohttp
 import pytest
 
 from local_store import Store
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def env_for(home: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNCD_")}
-    env.update(HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"),
-               XDG_DATA_HOME=str(home / ".local/share"), PYTHONPATH=str(ROOT),
-               SYNCD_EMBEDDING_MODEL="hashing", **extra)
-    return env
+from tests.syncd.processes import env_for, finish, wait_ready
 
 
 async def start(data: Path, *args: str, **extra: str) -> asyncio.subprocess.Process:
@@ -33,26 +23,6 @@ async def start(data: Path, *args: str, **extra: str) -> asyncio.subprocess.Proc
         sys.executable, "-m", "syncd", "--data-dir", str(data), "run", *args,
         env=env_for(data.parent, **extra), stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE)
-
-
-async def wait_ready(proc: asyncio.subprocess.Process, deadline: float = 30.0) -> str:
-    assert proc.stderr is not None
-    lines = []
-    async with asyncio.timeout(deadline):
-        while True:
-            line = (await proc.stderr.readline()).decode()
-            if not line:
-                raise AssertionError(f"daemon exited before ready: {''.join(lines)}")
-            lines.append(line)
-            if "ready on " in line:
-                return line.split("ready on ", 1)[1].strip()
-
-
-async def finish(proc: asyncio.subprocess.Process, limit: float = 30.0) -> tuple[int, str]:
-    async with asyncio.timeout(limit):
-        _, err = await proc.communicate()
-    assert proc.returncode is not None
-    return proc.returncode, err.decode()
 
 
 def token(data: Path) -> str:

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from syncd.service import Paths, render_systemd
-from tests.syncd.test_daemon import ROOT, cli, env_for, finish, start, wait_ready
+from tests.syncd.processes import ROOT, env_for, finish, wait_ready
+from tests.syncd.test_daemon import cli, start
 
 PLACEHOLDERS = ("{{SYNCD}}", "{{CONFIG}}", "{{DATA_DIR}}", "{{LOG_DIR}}")
 

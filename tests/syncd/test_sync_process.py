@@ -6,28 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.syncd.test_daemon import env_for, finish, wait_ready
-
-
-async def cli(home: Path, *args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "syncd", *args, env=env_for(home),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    async with asyncio.timeout(60):
-        out, err = await proc.communicate()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
-async def spawn(home: Path, *args: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "syncd", *args, env=env_for(home),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+from tests.syncd.processes import cli, finish, spawn, wait_ready
 
 
 async def write(path: Path, text: str) -> None:

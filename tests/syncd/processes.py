@@ -1,0 +1,56 @@
+"""``syncd`` as real processes for tests: a hermetic environment, spawn, run to completion,
+wait for "ready on URL", and a bounded wait for exit."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def env_for(home: Path, **extra: str) -> dict[str, str]:
+    """No inherited SYNCD_* overrides, HOME and XDG dirs under ``home``, the hashing embedder."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNCD_")}
+    env.update(HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"),
+               XDG_DATA_HOME=str(home / ".local/share"), PYTHONPATH=str(ROOT),
+               SYNCD_EMBEDDING_MODEL="hashing", **extra)
+    return env
+
+
+async def spawn(home: Path, *args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "syncd", *args, env=env_for(home),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+
+
+async def cli(home: Path, *args: str) -> tuple[int, str, str]:
+    """``syncd ARGS`` run to completion: (exit code, stdout, stderr)."""
+    proc = await spawn(home, *args)
+    async with asyncio.timeout(60):
+        out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def wait_ready(proc: asyncio.subprocess.Process, deadline: float = 30.0) -> str:
+    """The URL from the process's "ready on URL" line on stderr."""
+    assert proc.stderr is not None
+    lines: list[str] = []
+    async with asyncio.timeout(deadline):
+        while True:
+            line = (await proc.stderr.readline()).decode()
+            if not line:
+                raise AssertionError(f"process exited before ready: {''.join(lines)}")
+            lines.append(line)
+            if "ready on " in line:
+                return line.split("ready on ", 1)[1].strip()
+
+
+async def finish(proc: asyncio.subprocess.Process, limit: float = 30.0) -> tuple[int, str]:
+    async with asyncio.timeout(limit):
+        _, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, err.decode()

@@ -131,6 +131,14 @@ def node_from_wire(wire: NodeRow) -> Row:
     return row
 
 
+def redacted_text(wire: NodeRow, row: Row) -> bool:
+    """Did redaction change the row's text? Then a vector that came with it was computed from
+    the private span (by a writer that does not redact, like the plane) and must not be kept."""
+    return any(value is not None and "<" in value and value != row[name]
+               for name, value in (("content", wire.content), ("title", wire.title),
+                                   ("tags", wire.tags)))
+
+
 def already_held(wire: NodeRow, current: tuple[str, str, str]) -> bool:
     """Re-apply fast path: is ``wire`` exactly the version this replica holds?
 
@@ -248,6 +256,8 @@ def apply_batch(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow],
                 result.skipped_nodes += 1
                 continue
             values = batch[fresh - 1] if batch is not None else vector_from_wire(wire)
+            if values is not None and redacted_text(wire, row):
+                values = None  # embedded from the secret: re-embedded from the redacted text
         except ValidationError as exc:
             result.problems.append(RowProblem("node", index, _safe_id(wire.id), exc.field, exc.message))
             continue

@@ -130,6 +130,19 @@ async def test_imported_text_is_redacted(store: Store) -> None:
     assert "CANARY" not in dump and "[redacted]" in dump
 
 
+async def test_a_vector_that_came_with_private_text_is_not_kept(store: Store) -> None:
+    """A writer that does not redact (the plane) embedded the private span: the vector would
+    answer for the secret, so it is dropped and the redacted text is embedded again later."""
+    clean = NodeRow(id="memory:clean", content="nothing secret", embedding=[0.6, 0.8],
+                    updated_at=format_ns(T0))
+    secret = NodeRow(id="memory:secret", content="pin <private>4321</private>",
+                     embedding=[0.8, 0.6], updated_at=format_ns(T0))
+    await store.apply([clean, secret], [], model=MODEL)
+    nodes, _ = await store.export(model=MODEL)
+    vectors = {n.id: n.embedding for n in nodes}
+    assert vectors["memory:clean"] is not None and vectors["memory:secret"] is None
+
+
 async def test_edges_dedupe_by_id_and_arrive_before_their_endpoints(store: Store) -> None:
     """R18: an edge before its endpoint, three times, from another realm → one edge."""
     edge = EdgeRow(src="memory:later", dst="memory:other", type="RELATES_TO", realm="elsewhere",

@@ -51,13 +51,25 @@ def fts_match(tokens: Sequence[str], *, relaxed: bool) -> str | None:
     Strict: all non-stopword tokens (all tokens if every one is a stopword), AND-ed.
     Relaxed: any non-stopword token (OR). None when nothing is left.
     """
+    words = fts_words(tokens, relaxed=relaxed)
+    if not words:
+        return None
+    quoted = ['"' + t.replace('"', '""') + '"' for t in words]
+    return (" OR " if relaxed else " AND ").join(quoted)
+
+
+def fts_words(tokens: Sequence[str], *, relaxed: bool) -> list[str]:
+    """The words a keyword query looks for (at most 32), by ``fts_match``'s rules."""
     words = [t for t in tokens if t not in STOPWORDS]
     if not words and not relaxed:
         words = list(tokens)
-    if not words:
-        return None
-    quoted = ['"' + t.replace('"', '""') + '"' for t in words[:32]]
-    return (" OR " if relaxed else " AND ").join(quoted)
+    return words[:32]
+
+
+def keyword_words(text: str) -> str:
+    """Text as the words the tokeniser sees (split the same way, lower-cased, repeats kept): what
+    a keyword index must hold for ``tokenize``d queries to find it."""
+    return " ".join(piece for piece in _SPLIT.split(text.lower()) if piece)
 
 
 def rrf(vec_rank: int | None, kw_rank: int | None, k: float) -> float:

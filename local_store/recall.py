@@ -81,9 +81,9 @@ OVERSAMPLE = 8
 QUERY_COSINE_GATE = 0.30
 CANDIDATE_FLOOR = 0.15
 
-_ROW = ("id", "memory_type", "title", "content_preview", "tags", "importance",
+ROW_COLUMNS = ("id", "memory_type", "title", "content_preview", "tags", "importance",
         "realm", "created_at", "valid_at", "invalid_at", "superseded_by", "dedupe_key")
-_ROW_SQL = ", ".join(f"m.{c}" for c in _ROW)
+ROW_SQL = ", ".join(f"m.{c}" for c in ROW_COLUMNS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,10 +229,10 @@ class Recall:
         out: dict[str, dict[str, Any]] = {}
         for start in range(0, len(ids), 500):
             chunk = ids[start:start + 500]
-            for r in self._fetch(f"SELECT {_ROW_SQL} FROM memories m WHERE {where} "
+            for r in self._fetch(f"SELECT {ROW_SQL} FROM memories m WHERE {where} "
                                  f"AND m.id IN ({','.join('?' * len(chunk))})",
                                  [*params, *chunk]):
-                out[r[0]] = dict(zip(_ROW, r, strict=True))
+                out[r[0]] = dict(zip(ROW_COLUMNS, r, strict=True))
         return out
 
     def _keyword_leg(self, tokens: list[str], filters: Filters, mode: Mode,
@@ -260,17 +260,14 @@ class Recall:
             likes.extend([f"%{t}%"] * 3)
         rows = self._fetch(
             f"SELECT id, kw FROM (SELECT m.id AS id, m.importance AS imp, ({terms}) AS kw "
-            f"FROM memories m WHERE {where}) WHERE kw > 0 ORDER BY kw DESC, imp DESC, id "
+            f"FROM memories m WHERE {where}) AS hits WHERE kw > 0 ORDER BY kw DESC, imp DESC, id "
             f"LIMIT {CAND_K}", [*likes, *params])
         return [(r[0], float(r[1]), None) for r in rows]
 
     def _fts_keyword(self, tokens: list[str], where: str, params: list[object],
                      ) -> tuple[list[tuple[str, float, dict[str, Any] | None]], bool]:
         for relaxed in (False, True):
-            match = fts_match(tokens, relaxed=relaxed)
-            if match is None:
-                continue
-            rows = self._fts_rows(match, where, params)
+            rows = self._keyword_rows(tokens, relaxed, where, params)
             if rows:
                 # Relaxed (OR) hits matched only part of the question: coverage counts twice.
                 power = 2 if relaxed else 1
@@ -282,6 +279,13 @@ class Recall:
                     out.append((row["id"], raw, row))
                 return out, not relaxed
         return [], False
+
+    def _keyword_rows(self, tokens: list[str], relaxed: bool, where: str,
+                      params: list[object]) -> list[tuple[float, dict[str, Any]]]:
+        """Best keyword hits (score, row with content) that pass the filters; strict (AND) or
+        relaxed (OR). Another backend overrides this one method (the hub on PostgreSQL)."""
+        match = fts_match(tokens, relaxed=relaxed)
+        return [] if match is None else self._fts_rows(match, where, params)
 
     def _fts_rows(self, match: str, where: str,
                   params: list[object]) -> list[tuple[float, dict[str, Any]]]:
@@ -300,12 +304,12 @@ class Recall:
             for start in range(0, len(rowids), 500):
                 chunk = rowids[start:start + 500]
                 found += self._fetch(
-                    f"SELECT m.rowid, m.content, {_ROW_SQL} FROM memories m WHERE {where} "
+                    f"SELECT m.rowid, m.content, {ROW_SQL} FROM memories m WHERE {where} "
                     f"AND m.rowid IN ({','.join('?' * len(chunk))})", [*params, *chunk])
             found.sort(key=lambda r: (-score[r[0]], r[2]))
             rows = []
             for r in found[:CAND_K]:
-                row = dict(zip(_ROW, r[2:], strict=True))
+                row = dict(zip(ROW_COLUMNS, r[2:], strict=True))
                 row["content"] = r[1]
                 rows.append((score[r[0]], row))
             if len(rows) >= CAND_K or len(hits) < inner or inner >= 1 << 20:
@@ -326,10 +330,10 @@ class Recall:
         for start in range(0, len(missing), 500):
             chunk = missing[start:start + 500]
             rows = self._fetch(
-                f"SELECT {_ROW_SQL} FROM memories m WHERE {where} "
+                f"SELECT {ROW_SQL} FROM memories m WHERE {where} "
                 f"AND m.id IN ({','.join('?' * len(chunk))})", [*params, *chunk])
             for r in rows:
-                cands[r[0]].row = dict(zip(_ROW, r, strict=True))
+                cands[r[0]].row = dict(zip(ROW_COLUMNS, r, strict=True))
 
     def _expand(self, cands: dict[str, Candidate], filters: Filters, hops: int,
                       limit: int, mode: Mode) -> list[Linked]:
@@ -416,11 +420,11 @@ class Recall:
     def _fallback(self, filters: Filters, limit: int) -> list[Candidate]:
         where, params = filters.sql()
         rows = self._fetch(
-            f"SELECT {_ROW_SQL} FROM memories m WHERE {where} "
+            f"SELECT {ROW_SQL} FROM memories m WHERE {where} "
             f"ORDER BY m.importance DESC, m.created_at DESC, m.id LIMIT ?", [*params, limit])
         out = []
         for r in rows:
-            c = Candidate(r[0], row=dict(zip(_ROW, r, strict=True)))
+            c = Candidate(r[0], row=dict(zip(ROW_COLUMNS, r, strict=True)))
             assert c.row is not None
             c.parts = {"rrf": 0.0, "semantic": 0.0, "keyword": 0.0, "graph": 0.0,
                        "importance": float(c.row["importance"] or 0.0), "recency": 0.0,

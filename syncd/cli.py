@@ -89,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     hub.add_argument("--listen", help="HOST:PORT (default: hub.listen, 127.0.0.1:8787)")
     hub.add_argument("--cursor", choices=["ingest", "origin"],
                      help="changes feed order: ingest (default) or origin (as Kyma)")
+    where = hub.add_mutually_exclusive_group()
+    where.add_argument("--store", help="sqlite (default: the data directory) or a PostgreSQL "
+                       "DSN, postgresql://… (default: hub.store)")
+    where.add_argument("--store-file", type=Path, help="a 0600 file holding the PostgreSQL DSN "
+                       "(default: hub.store_file)")
 
     license_ = sub.add_parser("license", help="install an offline licence (an entitlement "
                               "token signed by a pinned key)")
@@ -102,10 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "hub" in argv and argv[argv.index("hub") + 1:argv.index("hub") + 2] == ["token"]:
-        from syncd.hub.tokens import token_main
+        from syncd.hub.admin import token_main
         return token_main(argv[argv.index("hub") + 2:])
     if "hub" in argv and argv[argv.index("hub") + 1:argv.index("hub") + 2] == ["key"]:
-        return _hub_key(argv[argv.index("hub") + 2:])
+        from syncd.hub.admin import key_main
+        return key_main(argv[argv.index("hub") + 2:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "recall" and args.hook:
@@ -222,25 +228,6 @@ def _entitlement_setup(config: Any) -> Any:
                             refresh_secs=config.entitlement.refresh_secs)
 
 
-def _hub_key(argv: list[str]) -> int:
-    """``syncd hub key --data-dir DIR``: the public key laptops pin (created if missing)."""
-    from syncd.entitlement.token import key_id, public_key_text
-    from syncd.hub.keys import KeyFileError, load_or_create_key
-    parser = argparse.ArgumentParser(prog="syncd hub key", description="Print the hub's "
-                                     "entitlement public key, for [entitlement] public_keys.")
-    parser.add_argument("--data-dir", type=Path, required=True)
-    args = parser.parse_args(argv)
-    try:
-        public = load_or_create_key(args.data_dir.expanduser()).public_key()
-    except (KeyFileError, OSError) as exc:
-        print(f"syncd hub key: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    print(public_key_text(public))
-    print(f"key id {key_id(public)}; pin it with: [entitlement] public_keys = "
-          f'["{public_key_text(public)}"]', file=sys.stderr)
-    return EXIT_OK
-
-
 def _license(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     """Verify a licence against the pinned keys and this install's device id, install it,
     and ask a running daemon to re-check now."""
@@ -283,16 +270,26 @@ def _device_id(data_dir: Path) -> str:
 
 def _hub(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     from syncd.daemon import StartupError, make_embedder
+    from syncd.hub.dsn import resolve_dsn
     from syncd.hub.server import Hub
     config = settings["config"]
     data_dir = (args.hub_data_dir or args.data_dir or config.hub.data_dir).expanduser()
     try:
-        hub = Hub(data_dir=data_dir, host=settings["host"], port=settings["port"],
+        if args.store is not None or args.store_file is not None:
+            dsn = resolve_dsn(args.store, args.store_file)
+        else:
+            dsn = resolve_dsn(config.hub.store, config.hub.store_file)
+    except ValueError as exc:
+        print(f"syncd hub: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        hub = Hub(data_dir=data_dir, dsn=dsn, host=settings["host"], port=settings["port"],
                   embedder=make_embedder(config.embedding.model, config.embedding.cache_dir,
                                          config.embedding.threads),
                   cursor=args.cursor or config.hub.cursor,
                   shutdown_timeout=config.daemon.shutdown_timeout_secs,
-                  token_lifetime_days=config.hub.token_lifetime_days)
+                  token_lifetime_days=config.hub.token_lifetime_days,
+                  reembed_secs=config.hub.reembed_secs)
         return asyncio.run(hub.run(ready=lambda url: print(f"syncd hub: ready on {url}",
                                                            file=sys.stderr, flush=True)))
     except StartupError as exc:

@@ -31,6 +31,8 @@ from typing import Any, ClassVar, Literal
 import msgspec
 import msgspec.inspect as mi
 
+from syncd.hub.dsn import check_store
+
 LogLevel = Literal["debug", "info", "warning", "error"]
 EmbeddingModel = Literal["all-MiniLM-L6-v2", "hashing", "bge-small-en-v1.5"]
 HubCursor = Literal["ingest", "origin"]
@@ -62,6 +64,7 @@ DEFAULT_ENTITLEMENT_REFRESH_SECS = 3600.0
 DEFAULT_HUB_LISTEN = "127.0.0.1:8787"
 DEFAULT_HUB_CURSOR: HubCursor = "ingest"
 DEFAULT_HUB_TOKEN_LIFETIME_DAYS = 7.0
+DEFAULT_HUB_REEMBED_SECS = 30.0
 
 
 # --- errors -------------------------------------------------------------------------------------
@@ -381,13 +384,26 @@ class HubConfig(_Section, kw_only=True, forbid_unknown_fields=True, frozen=True)
     listen: str = DEFAULT_HUB_LISTEN
     cursor: HubCursor = DEFAULT_HUB_CURSOR
     token_lifetime_days: float = DEFAULT_HUB_TOKEN_LIFETIME_DAYS
+    # "sqlite" (in data_dir) or a postgresql:// DSN; store_file names a 0600 file holding the
+    # DSN instead, so the password stays out of the config (syncd/hub/dsn.py).
+    store: str = "sqlite"
+    store_file: Path | None = None
+    reembed_secs: float = DEFAULT_HUB_REEMBED_SECS  # 0: never embed pushed rows at the hub
 
     def __post_init__(self) -> None:
         try:
             parse_listen(self.listen)
         except ValueError as exc:
             raise self._error("listen", self.listen, str(exc)) from None
+        try:
+            dsn = check_store(self.store)
+        except ValueError as exc:
+            raise self._error("store", self.store.split("://", 1)[0], str(exc)) from None
+        if dsn is not None and self.store_file is not None:
+            raise self._error("store_file", str(self.store_file),
+                              "set either store (a DSN) or store_file, not both")
         self._check_number("token_lifetime_days", low=0, strict=True)
+        self._check_number("reembed_secs", low=0)
 
 
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):

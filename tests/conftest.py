@@ -1,8 +1,12 @@
-"""Shared fixtures: real SQLite stores in tmp_path, an injectable wall clock."""
+"""Shared fixtures: real SQLite stores in tmp_path, an injectable wall clock, a throwaway
+PostgreSQL server (tests/pgserver.py) with a fresh database per test."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import re
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -10,6 +14,7 @@ import pytest
 from blockbuster import blockbuster_ctx
 
 from local_store import HashingEmbedder, Store
+from tests.pgserver import PgServer, PgServerError, find_bindir
 
 
 class FakeWall:
@@ -46,5 +51,44 @@ def _no_blocking_in_event_loop(request: pytest.FixtureRequest) -> Iterator[None]
     if not asyncio.iscoroutinefunction(getattr(request.node, "function", None)):
         yield
         return
-    with blockbuster_ctx(["local_store", "protocol", "syncd"]):
+    with blockbuster_ctx(["local_store", "protocol", "syncd"]) as buster:
+        # asyncpg stats ~/.pgpass and ~/.postgresql/*.crt when it opens a connection (a few
+        # local metadata calls per new pooled connection, inside the library)
+        for function in buster.functions.values():
+            function.can_block_in("asyncpg/connect_utils.py", "_parse_connect_dsn_and_args")
         yield
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """One throwaway PostgreSQL server for the session (fsync off; stopped and deleted at the
+    end). Skips without PostgreSQL binaries, except in CI, where .ci/run installs them."""
+    if find_bindir() is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(
+                "PostgreSQL binaries not found (no /usr/lib/postgresql/*/bin, pg_config or "
+                "SYNCD_PG_BINDIR); .ci/run installs postgresql, so this should not happen in CI",
+                pytrace=False,
+            )
+        pytest.skip("PostgreSQL binaries not found (install postgresql-15 or set SYNCD_PG_BINDIR)")
+    server = PgServer.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pg_dsn(pg_server: PgServer, request: pytest.FixtureRequest) -> Iterator[str]:
+    """DSN of a fresh, empty database on `pg_server`, named after the test; dropped afterwards
+    (WITH (FORCE): connections the test left open are terminated)."""
+    stem = re.sub(r"[^a-z0-9_]+", "_", request.node.name.lower())[:40].strip("_")
+    name = f"t_{stem}_{uuid.uuid4().hex[:8]}"
+    dsn = pg_server.create_database(name)
+    try:
+        yield dsn
+    finally:
+        try:
+            pg_server.drop_database(name)
+        except PgServerError:
+            pass  # best effort: the server goes away with the session anyway

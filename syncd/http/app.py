@@ -13,6 +13,7 @@ import msgspec
 from aiohttp import web
 
 from local_store import Store, StoreError, ValidationError
+from local_store.apply import ApplyResult
 from protocol.query import QueryRequest
 from protocol.rows import ChangesResponse, ExportBody, ImportRequest, ImportResult, RowError
 from protocol.timestamp import format_ns
@@ -145,12 +146,17 @@ async def import_rows(request: web.Request) -> web.Response:
     body = await read_typed(request, ImportRequest)
     result = await request.app[STORE].apply(body.memory_nodes, body.memory_edges,
                                             model=request.app[PLANE_MODEL])
+    return reply(import_result(result))
+
+
+def import_result(result: ApplyResult) -> ImportResult:
+    """The plane's import answer, with syncd's per-row errors (``row_errors``)."""
     problems = [RowError(kind=p.kind, index=p.index, id=p.id, field=p.field, message=p.message)
                 for p in result.problems]
-    return reply(ImportResult(
+    return ImportResult(
         applied_nodes=result.applied_nodes, applied_edges=result.applied_edges,
         errors=[f"{p.kind}s[{p.index}].{p.field}: {p.message}" for p in problems],
-        row_errors=problems or None))
+        row_errors=problems or None)
 
 
 async def get_settings(request: web.Request) -> web.Response:

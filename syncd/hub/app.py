@@ -14,13 +14,15 @@ Rules:
   * Every response names the hub's ``store_id``; a wiped hub gets a new one.
   * ``GET /v1/agent/entitlement?device_id=`` signs an entitlement for that device with the
     hub's key: ``features`` from the bearer token's plan, ``seq`` from a durable counter.
+  * Everything the hub persists goes through a ``HubStore`` (``store.py``): SQLite in one
+    process, or PostgreSQL behind several processes. A database that cannot be reached is a
+    ``503`` with ``Retry-After``, never a ``500``.
   * The hub is a network service: no Host allow-list (it sits behind a reverse proxy that
     terminates TLS), but bodies must be JSON and are size-limited.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
@@ -29,7 +31,8 @@ from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from local_store import Store, ValidationError
-from protocol.rows import ChangesResponse, ExportBody
+from protocol.query import QueryRequest
+from protocol.rows import ChangesResponse, ExportBody, ImportRequest
 from protocol.timestamp import format_ns
 from syncd import __version__
 from syncd.entitlement.token import Claims, sign
@@ -37,48 +40,65 @@ from syncd.http.app import (
     DEFAULT_MAX_BODY,
     EXPORT_HINT,
     MCP,
-    PLANE_MODEL,
-    STORE,
-    SURFACER,
     errors_middleware,
-    import_rows,
+    import_result,
     mcp,
-    put_settings,
-    query,
+    read_json,
+    read_typed,
     reply,
 )
 from syncd.http.errors import HttpError, error_response
 from syncd.http.security import not_json
-from syncd.hub.tokens import PLANS, AuthError, TokenBook, TokenFileError, authenticate
+from syncd.hub.store import FileTokens, HubStore, SqliteHubStore, StoreUnavailableError
+from syncd.hub.tokens import PLANS, AuthError, TokenBook, TokenFileError
 from syncd.mcp import McpServer
 from syncd.tools import Surfacer
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+HUB = web.AppKey("hub_store", object)
 CURSOR_MODE = web.AppKey("cursor_mode", str)
-TOKENS = web.AppKey("tokens", TokenBook)
 ISSUER = web.AppKey("issuer", tuple)
 NBF_SLACK_SECS = 300  # a token is valid from a little before issue, for clocks slightly behind
 MAX_PAGE = 10_000
+RETRY_AFTER_SECS = 5
 
 
-def create_hub_app(store: Store, book: TokenBook, *, cursor: str = "ingest",
-                   max_body: int = DEFAULT_MAX_BODY, signing_key: Ed25519PrivateKey | None = None,
+def create_hub_app(backend: HubStore | Store, book: TokenBook | None = None, *,
+                   cursor: str = "ingest", max_body: int = DEFAULT_MAX_BODY,
+                   signing_key: Ed25519PrivateKey | None = None,
                    token_lifetime_days: float = 7.0) -> web.Application:
-    """``signing_key`` enables ``GET /v1/agent/entitlement`` (the hub's key, ``keys.py``)."""
+    """``backend`` is a ``HubStore`` (a bare feed ``Store`` is wrapped in ``SqliteHubStore``
+    with the tokens of ``book``). ``signing_key`` enables ``GET /v1/agent/entitlement``."""
     if cursor not in ("ingest", "origin"):
         raise ValueError(f"hub.cursor must be ingest or origin, got {cursor!r}")
+    if isinstance(backend, Store):
+        tokens = FileTokens(backend.data_dir, book) if book is not None else None
+        backend = SqliteHubStore(backend, tokens)
     app = web.Application(client_max_size=max_body,
-                          middlewares=[errors_middleware, _auth(book)])
-    app[STORE], app[SURFACER], app[TOKENS] = store, Surfacer(), book
-    app[PLANE_MODEL], app[CURSOR_MODE] = store.embedder.model_id, cursor
-    app[MCP] = McpServer(store, app[SURFACER])
+                          middlewares=[errors_middleware, _unavailable, _auth(backend)])
+    app[HUB], app[CURSOR_MODE] = backend, cursor
     app[ISSUER] = (signing_key, token_lifetime_days)
+    if isinstance(backend, SqliteHubStore):
+        app[MCP] = McpServer(backend.store, Surfacer())
     for method, path, handler, _role in ROUTES:
         app.router.add_route(method, path, handler)
     return app
 
 
-def _auth(book: TokenBook) -> web.middleware:  # type: ignore[valid-type]
+def hub_of(request: web.Request) -> HubStore:
+    return request.app[HUB]  # type: ignore[return-value]
+
+
+@web.middleware
+async def _unavailable(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except StoreUnavailableError as exc:
+        return error_response(503, "store_unavailable", str(exc),
+                              headers={"Retry-After": str(RETRY_AFTER_SECS)})
+
+
+def _auth(backend: HubStore) -> web.middleware:  # type: ignore[valid-type]
     needs = {(method, path): role for method, path, _, role in ROUTES}
 
     @web.middleware
@@ -87,8 +107,7 @@ def _auth(book: TokenBook) -> web.middleware:  # type: ignore[valid-type]
         need = needs.get((request.method, route.canonical if route else ""), "read")
         if need != "none":
             try:
-                await asyncio.to_thread(authenticate, book,
-                                        request.headers.get("Authorization"), need)
+                await backend.tokens.authenticate(request.headers.get("Authorization"), need)
             except AuthError as exc:
                 headers = {"WWW-Authenticate": 'Bearer realm="syncd-hub"'} \
                     if exc.status == 401 else None
@@ -114,35 +133,43 @@ def _limit(request: web.Request) -> int | None:
 
 
 async def changes(request: web.Request) -> web.Response:
-    store, realm = request.app[STORE], request.query.get("realm")
+    hub, realm = hub_of(request), request.query.get("realm")
     since = request.query.get("since", "")
     echo = since.strip() or "1970-01-01T00:00:00Z"
     if request.app[CURSOR_MODE] == "origin":
-        nodes, edges = await store.changes_since(since, realm, edge_version="created_at")
-        until = format_ns(store.clock.physical_ns())  # after the queries, as the plane does
+        nodes, edges = await hub.changes_since(since, realm, edge_version="created_at")
+        until = format_ns(hub.now_ns())  # after the queries, as the plane does
         return reply(ChangesResponse(since=echo, until=until, memory_nodes=nodes,
-                                     memory_edges=edges, store_id=store.store_id))
-    nodes, edges, until, more = await store.feed(
+                                     memory_edges=edges, store_id=hub.store_id))
+    nodes, edges, until, more = await hub.feed(
         since, limit=_limit(request), realm=realm,
         exclude_origin=request.query.get("exclude_origin") or None)
     return reply(ChangesResponse(since=echo, until=until, memory_nodes=nodes,
-                                 memory_edges=edges, store_id=store.store_id,
+                                 memory_edges=edges, store_id=hub.store_id,
                                  has_more=more, feed="ingest"))
 
 
 async def export(request: web.Request) -> web.Response:
-    store, realm, limit = request.app[STORE], request.query.get("realm"), _limit(request)
+    hub, realm, limit = hub_of(request), request.query.get("realm"), _limit(request)
     if limit is None:
-        nodes, edges = await store.export(realm, include_deleted=True)
+        nodes, edges = await hub.export(realm)
         return reply(ExportBody(memory_nodes=nodes, memory_edges=edges, hint=EXPORT_HINT,
-                                store_id=store.store_id))
-    raw = request.query.get("cursor", "0")
-    if not raw.isdigit():
-        raise ValidationError("cursor", f"must be a next_cursor from a previous page, got {raw!r}")
-    nodes, edges, last = await store.changes(int(raw), limit=limit, realm=realm)
-    more = len(nodes) + len(edges) == limit  # fewer means both tables ran out
+                                store_id=hub.store_id))
+    nodes, edges, last, more = await hub.export_page(request.query.get("cursor", "0"),
+                                                     limit=limit, realm=realm)
     return reply(ExportBody(memory_nodes=nodes, memory_edges=edges, hint=EXPORT_HINT,
-                            store_id=store.store_id, has_more=more, next_cursor=str(last)))
+                            store_id=hub.store_id, has_more=more, next_cursor=last))
+
+
+async def import_rows(request: web.Request) -> web.Response:
+    hub = hub_of(request)
+    body = await read_typed(request, ImportRequest)
+    result = await hub.apply(body.memory_nodes, body.memory_edges, model=hub.embedder.model_id)
+    return reply(import_result(result))
+
+
+async def query(request: web.Request) -> web.Response:
+    return reply(await hub_of(request).recall(await read_typed(request, QueryRequest)))
 
 
 async def entitlement(request: web.Request) -> web.Response:
@@ -154,27 +181,43 @@ async def entitlement(request: web.Request) -> web.Response:
     if not 1 <= len(device) <= 128 or not device.isprintable() or device.strip() != device:
         raise ValidationError("device_id", "must be 1-128 printable characters")
     raw = request.headers.get("Authorization", "")[len("Bearer "):].strip()
-    book = request.app[TOKENS]
-    name, plan = await asyncio.to_thread(lambda: (book.lookup(raw), book.plan_of(raw)))
-    if name is None or plan is None:
+    hub = hub_of(request)
+    found = await hub.tokens.identify(raw)
+    if found is None:
         raise HttpError(401, "unauthorized", "unknown token")
+    name, plan = found
     now = int(time.time())
-    claims = Claims(sub=name[0], device_id=device, plan=plan, features=list(PLANS[plan]),
+    claims = Claims(sub=name, device_id=device, plan=plan, features=list(PLANS[plan]),
                     iat=now, nbf=now - NBF_SLACK_SECS, exp=now + int(lifetime_days * 86400),
-                    seq=await request.app[STORE].next_counter("entitlement_seq"))
+                    seq=await hub.next_counter("entitlement_seq"))
     return reply({"token": sign(key, claims), "claims": claims})
 
 
 async def get_settings(request: web.Request) -> web.Response:
-    settings = request.app[STORE].settings
-    return reply(msgspec.structs.replace(settings, embedding_model=request.app[PLANE_MODEL]))
+    hub = hub_of(request)
+    return reply(msgspec.structs.replace(await hub.settings(),
+                                         embedding_model=hub.embedder.model_id))
+
+
+async def put_settings(request: web.Request) -> web.Response:
+    patch = await read_json(request)
+    if not isinstance(patch, dict):
+        raise ValidationError("body", "must be a JSON object")
+    return reply(await hub_of(request).put_settings(patch))
+
+
+async def hub_mcp(request: web.Request) -> web.Response:
+    if MCP not in request.app:
+        raise HttpError(501, "not_implemented", "MCP is served by single-process (SQLite) hubs "
+                        "only; agents reach a PostgreSQL hub through their laptop's daemon")
+    return await mcp(request)
 
 
 async def status(request: web.Request) -> web.Response:
-    store = request.app[STORE]
-    return reply({"version": __version__, "role": "hub", "store_id": store.store_id,
-                  "cursor": request.app[CURSOR_MODE], "embedding_model": request.app[PLANE_MODEL],
-                  **await store.stats()})
+    hub = hub_of(request)
+    return reply({"version": __version__, "role": "hub", "store": hub.kind,
+                  "store_id": hub.store_id, "cursor": request.app[CURSOR_MODE],
+                  "embedding_model": hub.embedder.model_id, **await hub.stats()})
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -190,6 +233,6 @@ ROUTES: list[tuple[str, str, Handler, str]] = [
     ("PUT", "/v1/agent/memory/settings", put_settings, "write"),
     ("GET", "/v1/agent/status", status, "read"),
     ("GET", "/v1/agent/entitlement", entitlement, "read"),
-    ("POST", "/mcp/v1", mcp, "write"),
+    ("POST", "/mcp/v1", hub_mcp, "write"),
     ("GET", "/healthz", healthz, "none"),
 ]

@@ -1,6 +1,7 @@
-"""``syncd hub``: run the reference control plane — open store (with the change feed) →
-tokens → bind → serve → (SIGTERM/SIGINT) → drain → close. Exit codes as the daemon's:
-0 clean stop, 2 configuration error, 75 temporary failure (data dir in use, port taken).
+"""``syncd hub``: run the reference control plane — open the hub store (SQLite with its change
+feed, or PostgreSQL) → tokens → bind → serve → (SIGTERM/SIGINT) → drain → close. Exit codes as
+the daemon's: 0 clean stop, 2 configuration error, 75 temporary failure (data dir in use,
+database unreachable, port taken).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from local_store import Store, StoreLockedError
 from local_store.embed import Embedder
 from syncd.daemon import EXIT_CONFIG, EXIT_OK, EXIT_TEMPFAIL, StartupError, listen, wait_for_stop
 from syncd.hub.app import create_hub_app
-from syncd.hub.keys import KeyFileError, load_or_create_key
-from syncd.hub.tokens import TokenBook, TokenFileError, list_tokens
+from syncd.hub.keys import KeyFileError
+from syncd.hub.store import FileTokens, HubStore, SqliteHubStore, StoreUnavailableError
+from syncd.hub.tokens import TokenFileError
 from syncd.notify import notify, watchdog_interval
 
 log = logging.getLogger("syncd.hub")
@@ -27,8 +29,12 @@ REEMBED_SECS = 30.0
 class Hub:
     def __init__(self, *, data_dir: Path, host: str, port: int, embedder: Embedder,
                  cursor: str = "ingest", shutdown_timeout: float = 10.0,
-                 token_lifetime_days: float = 7.0) -> None:
-        self.data_dir, self.host, self.port = data_dir, host, port
+                 token_lifetime_days: float = 7.0, dsn: str | None = None,
+                 reembed_secs: float = REEMBED_SECS) -> None:
+        """``dsn`` (``postgresql://…``) puts the hub on PostgreSQL; else SQLite in
+        ``data_dir``."""
+        self.data_dir, self.host, self.port, self.dsn = data_dir, host, port, dsn
+        self.reembed_secs = reembed_secs
         self.token_lifetime_days = token_lifetime_days
         self.embedder, self.cursor, self.shutdown_timeout = embedder, cursor, shutdown_timeout
         self.url = ""
@@ -38,36 +44,34 @@ class Hub:
         self._stop.set()
 
     async def run(self, ready: Callable[[str], None] | None = None) -> int:
-        try:
-            store = await Store.open(self.data_dir, embedder=self.embedder, feed=True)
-        except StoreLockedError as exc:
-            raise StartupError(str(exc), EXIT_TEMPFAIL) from None
+        backend = await self._open()
         runner: web.AppRunner | None = None
         try:
-            loop = asyncio.get_running_loop()
             try:
-                book = await loop.run_in_executor(None, TokenBook, self.data_dir)
-                active = [t for t in await loop.run_in_executor(None, list_tokens, self.data_dir)
-                          if not t["revoked_at"]]
-                key = await loop.run_in_executor(None, load_or_create_key, self.data_dir)
+                active = [t for t in await backend.tokens.list() if not t["revoked_at"]]
+                key = await backend.signing_key()
             except (TokenFileError, KeyFileError) as exc:
                 raise StartupError(str(exc), EXIT_CONFIG) from None
+            except StoreUnavailableError as exc:
+                raise StartupError(str(exc), EXIT_TEMPFAIL) from None
             if not active:
+                where = "--store-file FILE" if self.dsn else f"--data-dir {self.data_dir}"
                 log.warning("no hub tokens yet: create one with `syncd hub token create "
-                            "--data-dir %s --role write --name laptop`", self.data_dir)
-            app = create_hub_app(store, book, cursor=self.cursor, signing_key=key,
+                            "%s --role write --name laptop`", where)
+            app = create_hub_app(backend, cursor=self.cursor, signing_key=key,
                                  token_lifetime_days=self.token_lifetime_days)
             runner = web.AppRunner(app, shutdown_timeout=self.shutdown_timeout,
                                    access_log=None, handle_signals=False)
             await runner.setup()
             self.url = await listen(runner, self.host, self.port, self.shutdown_timeout)
-            log.info("syncd hub serving %s (cursor %s, store %s, model %s)", self.url,
-                     self.cursor, store.store_id, self.embedder.model_id)
+            log.info("syncd hub serving %s (store %s %s, cursor %s, model %s)", self.url,
+                     backend.kind, backend.store_id, self.cursor, self.embedder.model_id)
             if ready is not None:
                 ready(self.url)
             notify(f"READY=1\nSTATUS=serving {self.url}")
-            tasks = [asyncio.create_task(self._watchdog(), name="watchdog"),
-                     asyncio.create_task(self._reembed(store), name="reembed")]
+            tasks = [asyncio.create_task(self._watchdog(), name="watchdog")]
+            if self.reembed_secs > 0:
+                tasks.append(asyncio.create_task(self._reembed(backend), name="reembed"))
             try:
                 await self._wait_for_stop()
             finally:
@@ -79,7 +83,23 @@ class Hub:
         finally:
             if runner is not None:
                 await runner.cleanup()
-            await store.close()
+            await backend.close()
+
+    async def _open(self) -> HubStore:
+        if self.dsn is not None:
+            from syncd.hub.pg import PgHubStore
+            from syncd.hub.pg.migrate import SchemaError
+            try:
+                return await PgHubStore.open(self.dsn, embedder=self.embedder)
+            except StoreUnavailableError as exc:
+                raise StartupError(str(exc), EXIT_TEMPFAIL) from None
+            except SchemaError as exc:
+                raise StartupError(str(exc), EXIT_CONFIG) from None
+        try:
+            store = await Store.open(self.data_dir, embedder=self.embedder, feed=True)
+        except StoreLockedError as exc:
+            raise StartupError(str(exc), EXIT_TEMPFAIL) from None
+        return SqliteHubStore(store, FileTokens(self.data_dir))
 
     async def _watchdog(self) -> None:
         """``WATCHDOG=1`` at half systemd's interval, from the event loop itself."""
@@ -88,7 +108,7 @@ class Hub:
             await asyncio.sleep(interval / 2)
             notify("WATCHDOG=1")
 
-    async def _reembed(self, store: Store) -> None:
+    async def _reembed(self, store: HubStore) -> None:
         """Rows pushed by laptops on another model arrive with zero vectors: embed them with
         the hub's model, so the hub's semantic recall covers them."""
         while True:
@@ -98,7 +118,7 @@ class Hub:
                     log.info("embedded %d memories with %s", count, store.embedder.model_id)
             except Exception:  # background work must never take the hub down
                 log.exception("re-embedding failed")
-            await asyncio.sleep(REEMBED_SECS)
+            await asyncio.sleep(self.reembed_secs)
 
     async def _wait_for_stop(self) -> None:
         await wait_for_stop(self._stop, self.stop)

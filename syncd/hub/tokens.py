@@ -16,14 +16,12 @@ Rules:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
 import hashlib
 import os
 import secrets
 import stat
-import sys
 import tempfile
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -80,7 +78,7 @@ def _is_role(value: str) -> TypeGuard[Role]:
     return value in ROLE_RANK
 
 
-def _sha256(raw: str) -> str:
+def token_hash(raw: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
@@ -126,19 +124,28 @@ class TokenBook:
 
     def lookup(self, raw: str) -> tuple[str, str] | None:
         # Keyed by the hash, so timing reveals nothing about the raw token.
-        entry = self._refresh().get(_sha256(raw))
+        entry = self._refresh().get(token_hash(raw))
         return None if entry is None else (entry.name, entry.role)
 
     def plan_of(self, raw: str) -> str | None:
-        entry = self._refresh().get(_sha256(raw))
+        entry = self._refresh().get(token_hash(raw))
         return None if entry is None else entry.plan
 
 
 def authenticate(book: TokenBook, header: str | None, need: str) -> tuple[str, str]:
     """``(name, role)`` for ``Authorization: Bearer <token>`` with at least ``need``."""
+    return check_role(book.lookup(bearer(header)), need)
+
+
+def bearer(header: str | None) -> str:
+    """The raw token of an ``Authorization`` header; 401 when there is none."""
     if header is None or not header.startswith(_BEARER):
         raise AuthError(401, "unauthorized", "missing Authorization: Bearer <token>")
-    found = book.lookup(header[len(_BEARER):].strip())
+    return header[len(_BEARER):].strip()
+
+
+def check_role(found: tuple[str, str] | None, need: str) -> tuple[str, str]:
+    """``found`` is ``(name, role)`` of the token or None: 401 unknown, 403 below ``need``."""
     if found is None:
         raise AuthError(401, "unauthorized", "unknown token")
     if not role_allows(found[1], need):
@@ -173,24 +180,34 @@ def _save(data_dir: Path, dir_fd: int, book: _File) -> None:
     os.fsync(dir_fd)
 
 
-def _now() -> str:
+def now_text() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def create_token(data_dir: Path, *, role: str, name: str, plan: str = "pro") -> str:
-    """Add a token and return it raw; the caller shows it once."""
+def check_new_token(*, role: str, name: str, plan: str) -> None:
+    """A ``ValueError`` naming the field when a new token's role, plan or name is bad."""
     if not _is_role(role):
         raise ValueError(f"role: {role!r} is not one of {', '.join(ROLE_RANK)}")
     if plan not in PLANS:
         raise ValueError(f"plan: {plan!r} is not one of {', '.join(PLANS)}")
     if not name or len(name) > MAX_NAME_LEN or not name.isprintable():
         raise ValueError(f"name: {name!r} must be 1-{MAX_NAME_LEN} printable characters")
+
+
+def new_raw_token() -> str:
+    return "syncd_" + secrets.token_urlsafe(32)
+
+
+def create_token(data_dir: Path, *, role: str, name: str, plan: str = "pro") -> str:
+    """Add a token and return it raw; the caller shows it once."""
+    check_new_token(role=role, name=name, plan=plan)
+    assert _is_role(role)
     with _locked(data_dir) as dir_fd:
         _, book = _load(data_dir / TOKENS_FILENAME)
         if any(t.name == name and t.revoked_at is None for t in book.tokens):
             raise ValueError(f"name: an active token is already named {name!r}")
-        raw = "syncd_" + secrets.token_urlsafe(32)
-        book.tokens.append(_Entry(name=name, role=role, sha256=_sha256(raw), created_at=_now(),
+        raw = new_raw_token()
+        book.tokens.append(_Entry(name=name, role=role, sha256=token_hash(raw), created_at=now_text(),
                                   plan=plan))
         _save(data_dir, dir_fd, book)
     return raw
@@ -202,7 +219,7 @@ def revoke_token(data_dir: Path, name: str) -> bool:
         _, book = _load(data_dir / TOKENS_FILENAME)
         active = [t for t in book.tokens if t.name == name and t.revoked_at is None]
         for t in active:
-            t.revoked_at = _now()
+            t.revoked_at = now_text()
         if active:
             _save(data_dir, dir_fd, book)
     return bool(active)
@@ -212,49 +229,3 @@ def list_tokens(data_dir: Path) -> list[dict[str, str | None]]:
     _, book = _load(data_dir / TOKENS_FILENAME)
     return [{"name": t.name, "role": t.role, "plan": t.plan, "created_at": t.created_at,
              "revoked_at": t.revoked_at} for t in book.tokens]
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="syncd hub token", description="Manage hub API tokens.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    for command, help_ in [("create", "add a token and print it once"),
-                           ("list", "show tokens (never their values)"),
-                           ("revoke", "revoke the active token with this name")]:
-        p = sub.add_parser(command, help=help_)
-        p.add_argument("--data-dir", type=Path, required=True)
-        if command == "create":
-            p.add_argument("--role", required=True, help="read, write or admin")
-            p.add_argument("--plan", default="pro",
-                           help=f"entitlement plan: {', '.join(PLANS)} (default pro)")
-        if command != "list":
-            p.add_argument("--name", required=True)
-    return parser
-
-
-def _print_table(rows: list[dict[str, str | None]]) -> None:
-    cols = ["name", "role", "plan", "created_at", "revoked_at"]
-    cells = [[c.upper() for c in cols]] + [[row[c] or "-" for c in cols] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(cols))]
-    for r in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
-
-
-def token_main(argv: list[str]) -> int:
-    """``syncd hub token create|list|revoke``. Exit 0 done, 1 not found or I/O error, 2 bad input."""
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as e:  # argparse already wrote the usage error (2) or the help (0)
-        return e.code if isinstance(e.code, int) else 2
-    try:
-        if args.command == "create":
-            print(create_token(args.data_dir, role=args.role, name=args.name, plan=args.plan))
-            print("this token is shown only once; store it now", file=sys.stderr)
-        elif args.command == "list":
-            _print_table(list_tokens(args.data_dir))
-        elif not revoke_token(args.data_dir, args.name):
-            print(f"syncd hub token: name: no active token named {args.name!r}", file=sys.stderr)
-            return 1
-    except (ValueError, OSError) as e:  # ValueError includes TokenFileError
-        print(f"syncd hub token: {e}", file=sys.stderr)
-        return 2 if isinstance(e, ValueError) else 1
-    return 0

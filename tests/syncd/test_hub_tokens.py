@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from syncd.hub.admin import token_main
 from syncd.hub.tokens import (
     ROLE_RANK,
     TOKENS_FILENAME,
@@ -21,7 +22,6 @@ from syncd.hub.tokens import (
     list_tokens,
     revoke_token,
     role_allows,
-    token_main,
 )
 
 

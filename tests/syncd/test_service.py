@@ -112,6 +112,19 @@ def test_hub_unit_verifies(tmp_path: Path) -> None:
     analyze_verify(path)
 
 
+def test_postgresql_hub_unit_verifies_and_keeps_the_dsn_out_of_the_command_line(
+        tmp_path: Path) -> None:
+    unit = (ROOT / "deploy/systemd/syncd-hub-pg@.service").read_text()
+    lines = unit.splitlines()
+    assert "LoadCredential=dsn:/etc/syncd-hub/dsn" in lines
+    exec_start = next(x for x in lines if x.startswith("ExecStart="))
+    assert exec_start.endswith("hub --store-file %d/dsn --listen 127.0.0.1:%i")
+    assert "postgresql://" not in exec_start and "StateDirectory" not in unit
+    path = tmp_path / "syncd-hub-pg@8781.service"
+    path.write_text(unit.replace("/opt/syncd/venv/bin/syncd", "/bin/true"))
+    analyze_verify(path)
+
+
 @pytest.mark.parametrize("flag", ["--systemd", "--launchd"])
 def test_install_without_the_service_manager_says_so(tmp_path: Path, flag: str) -> None:
     home = tmp_path / "home"

@@ -1,0 +1,31 @@
+"""The hub on PostgreSQL (``syncd hub --store postgresql://…``): several stateless hub
+processes on one database.
+
+Rules:
+  * Every write transaction draws a ``tx`` id when it starts and stamps every row it writes
+    with it. Just before commit it calls ``hub_feed_mark`` (``schema/0001_hub.sql``), which
+    takes a transaction-scoped advisory lock, draws the next feed ``seq`` and records
+    ``(tx, seq, stamp)``. The lock is held until the commit, so no transaction can draw a later
+    seq and commit before this one: seq order **is** commit order, and a reader that asks for
+    ``seq > cursor`` never skips a row that becomes visible later. Only the mark and the commit
+    are serialised; the rows themselves are written by all processes in parallel.
+    (The alternative — readers held below ``pg_snapshot_xmin`` with transaction ids as the
+    position — breaks after ``pg_dump``/restore: ids are stored data, and a restored cluster
+    hands out smaller ones. Sequences are restored with their values.)
+  * ``since``/``until`` stay canonical timestamps: a mark's ``stamp_ns`` is later than every
+    earlier mark's, whatever the clocks of the processes, so ``until`` never goes backwards
+    except when a client's ``since`` is not a mark of this database (a wiped or restored hub):
+    then, as on SQLite, the answer is the mark before it and no rows.
+  * Last-writer-wins is decided by the database: the upsert's ``WHERE`` compares version keys
+    ``(updated_at, origin, content_hash)`` in byte order (``COLLATE "C"``), so two processes
+    importing the same id concurrently keep the same winner every replica keeps.
+  * A row's words are split by the laptops' tokeniser in Python and stored as a ``tsvector``
+    (GIN index); vectors live in ``vectors`` and every hub process keeps its own float32 index
+    of them, following the feed (``recall.py``).
+  * Nothing lives in a hub process between requests: tokens, the signing key, settings and
+    counters are rows, read when needed.
+"""
+
+from syncd.hub.pg.store import PgHubStore
+
+__all__ = ["PgHubStore"]

@@ -1,0 +1,493 @@
+"""``PgHubStore``: the hub-store interface on PostgreSQL via asyncpg (rules in ``__init__.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+import asyncpg
+import msgspec
+import numpy as np
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from local_store import ValidationError
+from local_store.apply import (
+    ApplyResult,
+    RowProblem,
+    edge_from_wire,
+    node_from_wire,
+    redacted_text,
+    vector_from_wire,
+    vectors_from_wires,
+)
+from local_store.arguments import msgspec_field
+from local_store.columns import NODE_WIRE
+from local_store.embed import Embedder, HashingEmbedder, from_blob, to_blob
+from local_store.merge import EDGE_HASHED, content_hash, wins
+from local_store.records import parse_timestamp
+from local_store.redact import strip_private
+from local_store.store import wire_vectors
+from local_store.views import wire_edge, wire_node
+from protocol.query import QueryRequest, QueryResponse
+from protocol.rows import EdgeRow, NodeRow
+from protocol.settings import DEFAULT_SETTINGS, MemorySettings, merge_patch, settings_decoder
+from protocol.timestamp import format_ns, parse_ns
+from syncd.hub.pg.migrate import Conn, migrate
+from syncd.hub.pg.recall import VectorTail, keyword_text, run_recall
+from syncd.hub.pg.tokens import PgTokens
+from syncd.hub.store import Page, StoreUnavailableError, parse_cursor
+
+log = logging.getLogger("syncd.hub.pg")
+
+NODE_COLS = (*NODE_WIRE, "origin", "content_hash", "deleted", "dedupe_key")
+EDGE_COLS = ("id", "src", "dst", "type", "realm", "target_namespace", "props", "created_at",
+             "updated_at", "origin", "content_hash", "deleted")
+_FLOATS, _SMALLINTS = {"importance"}, {"deleted"}
+FOLLOW_SECS = 0.5
+APPLICATION_NAME = "syncd-hub"  # how the hub's sessions show in pg_stat_activity
+_DISCONNECTED = (OSError, asyncpg.InterfaceError, asyncpg.CannotConnectNowError,
+                 asyncpg.PostgresConnectionError, asyncio.TimeoutError)
+
+
+def _array_type(column: str) -> str:
+    return "float8[]" if column in _FLOATS else "int2[]" if column in _SMALLINTS else "text[]"
+
+
+def _upsert_sql(table: str, columns: tuple[str, ...], extra: str = "", extra_sql: str = "") -> str:
+    """``INSERT … SELECT FROM unnest(arrays)`` with the last-writer-wins rule in ``WHERE``:
+    one statement per batch, and the database decides the winner under the row lock."""
+    n = len(columns)
+    arrays = ", ".join(f"${i + 1}::{_array_type(c)}" for i, c in enumerate(columns))
+    names = ", ".join(columns)
+    select = ", ".join(f"u.{c}" for c in columns)
+    if extra:
+        names += f", {extra}"
+        select += f", {extra_sql.format(n=n)}"
+    updates = ", ".join(f"{c} = excluded.{c}" for c in (*columns, "tx") if c != "id")
+    if extra:
+        updates += f", {extra} = excluded.{extra}"
+    extra_array = f", ${n + 2}::text[]" if extra else ""
+    extra_alias = ", fts_text" if extra else ""
+    return (f"INSERT INTO {table} ({names}, tx) SELECT {select}, ${n + 1}::bigint "
+            f"FROM unnest({arrays}{extra_array}) AS u({', '.join(columns)}{extra_alias}) "
+            f"ON CONFLICT (id) DO UPDATE SET {updates} "
+            f"WHERE ({table}.updated_at, {table}.origin, {table}.content_hash) "
+            f"< (excluded.updated_at, excluded.origin, excluded.content_hash) RETURNING id")
+
+
+NODE_UPSERT = _upsert_sql("memories", NODE_COLS, "fts", "to_tsvector('simple', u.fts_text)")
+EDGE_UPSERT = _upsert_sql("edges", EDGE_COLS)
+NODE_SQL = "SELECT " + ", ".join(f"m.{c}" for c in NODE_COLS) + " FROM memories m"
+EDGE_SQL = "SELECT " + ", ".join(f"e.{c}" for c in EDGE_COLS) + " FROM edges e"
+VECTOR_UPSERT = ("INSERT INTO vectors (memory_id, model, vec, tx) "
+                 "SELECT u.id, $2, u.vec, $4 FROM unnest($1::text[], $3::bytea[]) AS u(id, vec) "
+                 "ON CONFLICT (memory_id, model) DO UPDATE SET vec = excluded.vec, tx = excluded.tx")
+
+
+class PgHubStore:
+    kind = "postgresql"
+
+    def __init__(self, pool: asyncpg.Pool, embedder: Embedder, store_id: str) -> None:
+        self._pool, self.embedder, self.store_id = pool, embedder, store_id
+        self.tokens = PgTokens(self._connection)
+        self.vectors = VectorTail(embedder.model_id, embedder.dim)
+        self._follower: asyncio.Task[None] | None = None
+        self._catch_up_lock = asyncio.Lock()
+        self._closed = False
+
+    @classmethod
+    async def open(cls, dsn: str, *, embedder: Embedder, pool_size: int = 8,
+                   follow: bool = True, load_index: bool = True) -> PgHubStore:
+        """Connect, migrate (several processes may do this at once), load the vector index.
+        ``follow`` keeps the index current from the feed in the background."""
+        try:
+            pool = await asyncpg.create_pool(
+                dsn, min_size=1, max_size=pool_size, command_timeout=120,
+                server_settings={"application_name": APPLICATION_NAME})
+        except _DISCONNECTED as exc:
+            raise StoreUnavailableError(f"cannot connect to PostgreSQL: {exc}") from exc
+        try:
+            async with pool.acquire() as conn:
+                await migrate(conn)
+                store_id = await conn.fetchval("SELECT value FROM hub_meta WHERE key = 'store_id'")
+            store = cls(pool, embedder, str(store_id))
+            if load_index:
+                await store.catch_up()
+        except BaseException:
+            await pool.close()
+            raise
+        if follow:
+            store._follower = asyncio.create_task(store._follow(), name="pg-vector-follower")
+        return store
+
+    @classmethod
+    async def admin(cls, dsn: str) -> PgHubStore:
+        """For ``syncd hub token``/``key``: migrated, one connection, no vector index."""
+        return await cls.open(dsn, embedder=HashingEmbedder(), pool_size=1, follow=False,
+                              load_index=False)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._follower is not None:
+            self._follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._follower
+        await self._pool.close()
+
+    def now_ns(self) -> int:
+        return time.time_ns()
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[Conn]:
+        try:
+            async with self._pool.acquire() as conn:
+                yield conn
+        except _DISCONNECTED as exc:
+            raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc
+
+    # ------------------------------------------------------------------ writes
+
+    async def apply(self, nodes: Sequence[NodeRow], edges: Sequence[EdgeRow], *,
+                    model: str) -> ApplyResult:
+        """Validate and redact in this process (as the SQLite hub does), then one transaction:
+        conditional upserts decide the winners, vectors follow them, the feed mark closes it."""
+        result = ApplyResult()
+        node_rows, vectors = self._prepare_nodes(list(nodes), result)
+        edge_rows = self._prepare_edges(list(edges), result)
+        ids = list(node_rows)
+        async with self._connection() as conn, conn.transaction():
+            tx = await conn.fetchval("SELECT nextval('hub_tx')")
+            current = {r[0]: (r[1], r[2], r[3], r[4]) for r in await conn.fetch(
+                "SELECT id, updated_at, origin, content_hash, md5(content) FROM memories "
+                "WHERE id = ANY($1::text[])", ids)} if ids else {}
+            fresh = {mid: row for mid, row in node_rows.items()
+                     if wins(_key(row), current[mid][:3] if mid in current else None)}
+            written = await self._write_nodes(conn, fresh, tx)
+            await self._write_vectors(conn, written, fresh, vectors, current, model, tx)
+            written_edges = await self._write_edges(conn, edge_rows, tx)
+            if written or written_edges:
+                await conn.execute("SELECT hub_feed_mark($1, $2, $3)", tx,
+                                   len(written) + len(written_edges), time.time_ns())
+        bad_edges = sum(1 for p in result.problems if p.kind == "edge")
+        result.applied_nodes, result.applied_edges = len(written), len(written_edges)
+        result.skipped_nodes = len(nodes) - (len(result.problems) - bad_edges) - len(written)
+        result.skipped_edges = len(edges) - bad_edges - len(written_edges)
+        if written:
+            await self.catch_up()
+        return result
+
+    def _prepare_nodes(self, wires: list[NodeRow], result: ApplyResult,
+                       ) -> tuple[dict[str, dict[str, Any]], dict[str, np.ndarray[Any, Any]]]:
+        rows: dict[str, dict[str, Any]] = {}
+        vectors: dict[str, np.ndarray[Any, Any]] = {}
+        batch = vectors_from_wires(wires)
+        for index, wire in enumerate(wires):
+            try:
+                row = node_from_wire(wire)
+                values = batch[index] if batch is not None else vector_from_wire(wire)
+                if values is not None and redacted_text(wire, row):
+                    values = None  # embedded from the private span: the hub re-embeds it
+            except ValidationError as exc:
+                result.problems.append(RowProblem("node", index, _safe_id(wire.id), exc.field,
+                                                  exc.message))
+                continue
+            held = rows.get(row["id"])
+            if held is not None and not wins(_key(row), _key(held)):
+                continue  # the same id twice in one batch: the later version key wins
+            rows[row["id"]] = row
+            vectors.pop(row["id"], None)
+            if values is not None:
+                vectors[row["id"]] = values
+        return rows, vectors
+
+    def _prepare_edges(self, wires: list[EdgeRow], result: ApplyResult,
+                       ) -> dict[str, dict[str, Any]]:
+        rows: dict[str, dict[str, Any]] = {}
+        for index, wire in enumerate(wires):
+            try:
+                row = edge_from_wire(wire)
+            except ValidationError as exc:
+                result.problems.append(RowProblem("edge", index, _safe_id(wire.id), exc.field,
+                                                  exc.message))
+                continue
+            row["content_hash"] = content_hash(row, EDGE_HASHED)
+            held = rows.get(row["id"])
+            if held is None or wins(_key(row), _key(held)):
+                rows[row["id"]] = row
+        return rows
+
+    async def _write_nodes(self, conn: Conn, rows: Mapping[str, dict[str, Any]],
+                           tx: int) -> set[str]:
+        texts = [keyword_text(row["title"], row["content"], row["tags"])
+                 for row in rows.values()]
+        return await _upsert(conn, NODE_UPSERT, NODE_COLS, rows, tx, texts)
+
+    async def _write_edges(self, conn: Conn, rows: Mapping[str, dict[str, Any]],
+                           tx: int) -> set[str]:
+        return await _upsert(conn, EDGE_UPSERT, EDGE_COLS, rows, tx)
+
+    async def _write_vectors(self, conn: Conn, written: set[str],
+                             rows: Mapping[str, dict[str, Any]],
+                             vectors: Mapping[str, np.ndarray[Any, Any]],
+                             current: Mapping[str, tuple[str, str, str, str]], model: str,
+                             tx: int) -> None:
+        """A written row's vector replaces the stored one; a row whose content changed (or that
+        was deleted) loses the vectors it had, so no stale vector answers for new text."""
+        stale = [mid for mid in written if rows[mid]["deleted"] or mid not in current
+                 or current[mid][3] != _md5(rows[mid]["content"])]
+        if stale:
+            await conn.execute("UPDATE vectors SET vec = NULL, tx = $2 "
+                               "WHERE memory_id = ANY($1::text[]) AND vec IS NOT NULL", stale, tx)
+        carry = [mid for mid in written if mid in vectors and not rows[mid]["deleted"]]
+        if carry:
+            await conn.execute(VECTOR_UPSERT, carry, model,
+                               [to_blob(vectors[mid]) for mid in carry], tx)
+
+    async def reembed_missing(self, batch: int = 64) -> int:
+        """Embed live memories that have no vector of the hub's model. Rows are claimed with
+        ``FOR UPDATE SKIP LOCKED``, so several hub processes share the work, never repeat it."""
+        model, done = self.embedder.model_id, 0
+        while True:
+            async with self._connection() as conn, conn.transaction():
+                rows = await conn.fetch(
+                    "SELECT m.id, m.content FROM memories m WHERE m.deleted = 0 "
+                    "AND m.content <> '' AND NOT EXISTS (SELECT 1 FROM vectors v WHERE "
+                    "v.memory_id = m.id AND v.model = $1 AND v.vec IS NOT NULL) "
+                    "ORDER BY m.id LIMIT $2 FOR UPDATE OF m SKIP LOCKED", model, batch)
+                if not rows:
+                    break
+                embedded = await asyncio.to_thread(self.embedder.embed, [r[1] for r in rows])
+                tx = await conn.fetchval("SELECT nextval('hub_tx')")
+                await conn.execute(VECTOR_UPSERT, [r[0] for r in rows], model,
+                                   [to_blob(np.asarray(v, dtype=np.float32)) for v in embedded],
+                                   tx)
+                await conn.execute("SELECT hub_feed_mark($1, 0, $2)", tx, time.time_ns())
+            done += len(rows)
+        if done:
+            await self.catch_up()
+        return done
+
+    async def next_counter(self, name: str) -> int:
+        async with self._connection() as conn:
+            value = await conn.fetchval(
+                "INSERT INTO counters (name, value) VALUES ($1, 1) ON CONFLICT (name) "
+                "DO UPDATE SET value = counters.value + 1 RETURNING value", name)
+        return int(value)
+
+    async def settings(self) -> MemorySettings:
+        async with self._connection() as conn:
+            raw = await conn.fetchval("SELECT value FROM settings WHERE id = 1")
+        return DEFAULT_SETTINGS if raw is None else settings_decoder.decode(raw)
+
+    async def put_settings(self, patch: Mapping[str, object]) -> MemorySettings:
+        """Read-merge-write under the row lock, so two processes' patches both land."""
+        async with self._connection() as conn, conn.transaction():
+            await conn.execute("INSERT INTO settings (id, value) VALUES (1, $1) "
+                               "ON CONFLICT (id) DO NOTHING",
+                               msgspec.json.encode(DEFAULT_SETTINGS).decode())
+            raw = await conn.fetchval("SELECT value FROM settings WHERE id = 1 FOR UPDATE")
+            try:
+                merged = merge_patch(settings_decoder.decode(raw), dict(patch))
+            except msgspec.ValidationError as exc:
+                raise ValidationError(msgspec_field(str(exc)), str(exc)) from None
+            await conn.execute("UPDATE settings SET value = $1 WHERE id = 1",
+                               msgspec.json.encode(merged).decode())
+        return merged
+
+    async def signing_key(self) -> Ed25519PrivateKey:
+        """The hub's entitlement key: the first process to ask creates it, all share it."""
+        candidate = Ed25519PrivateKey.generate()
+        pem = candidate.private_bytes(serialization.Encoding.PEM,
+                                      serialization.PrivateFormat.PKCS8,
+                                      serialization.NoEncryption()).decode()
+        async with self._connection() as conn:
+            await conn.execute("INSERT INTO signing_keys (name, pem) VALUES ('entitlement', $1) "
+                               "ON CONFLICT (name) DO NOTHING", pem)
+            stored = await conn.fetchval("SELECT pem FROM signing_keys WHERE name = 'entitlement'")
+        key = serialization.load_pem_private_key(stored.encode(), password=None)
+        if not isinstance(key, Ed25519PrivateKey):
+            raise ValueError("signing_keys.entitlement is not an Ed25519 key")
+        return key
+
+    # ------------------------------------------------------------------ reads
+
+    async def feed(self, since: str | None, *, limit: int | None = None,
+                   realm: str | None = None, exclude_origin: str | None = None) -> Page:
+        stamp = parse_timestamp(since, "since") if since and since.strip() else None
+        if limit is not None and limit < 1:
+            raise ValidationError("limit", f"must be >= 1, got {limit}")
+        async with self._connection() as conn, conn.transaction(isolation="repeatable_read",
+                                                                readonly=True):
+            start = 0
+            if stamp is not None and parse_ns(stamp) != 0:
+                since_ns = parse_ns(stamp)
+                found = await conn.fetchval("SELECT seq FROM feed_tx WHERE stamp_ns = $1",
+                                            since_ns)
+                if found is None:
+                    # Not a mark of this database (a wiped or restored hub): the mark before it
+                    # and no rows, so `until` goes backwards and the client resyncs.
+                    before = await conn.fetchval(
+                        "SELECT max(stamp_ns) FROM feed_tx WHERE stamp_ns < $1", since_ns)
+                    return [], [], format_ns(before or 0), False
+                start = int(found)
+            return await self._page(conn, start, limit, realm, exclude_origin, as_stamp=True)
+
+    async def export_page(self, cursor: str, *, limit: int, realm: str | None = None) -> Page:
+        start = parse_cursor(cursor)
+        async with self._connection() as conn, conn.transaction(isolation="repeatable_read",
+                                                                readonly=True):
+            return await self._page(conn, start, limit, realm, None, as_stamp=False)
+
+    async def _page(self, conn: Conn, start: int, limit: int | None,
+                    realm: str | None, exclude_origin: str | None, *, as_stamp: bool) -> Page:
+        """Rows of the transactions with ``start < seq <= end``, a page ending on a transaction
+        boundary; ``end`` is where the running count of written rows reaches ``limit``."""
+        end = await conn.fetchval("SELECT coalesce(max(seq), 0) FROM feed_tx")
+        if limit is not None:
+            boundary = await conn.fetchval(
+                "SELECT seq FROM (SELECT seq, sum(rows) OVER (ORDER BY seq) AS total FROM "
+                "(SELECT seq, rows FROM feed_tx WHERE seq > $1 ORDER BY seq LIMIT $2) AS s) "
+                "AS w WHERE total >= $2 ORDER BY seq LIMIT 1", start, limit)
+            if boundary is not None:
+                end = boundary
+        end = max(int(end), start)
+        node_where, edge_where = ["f.seq > $1", "f.seq <= $2"], ["f.seq > $1", "f.seq <= $2"]
+        node_params: list[object] = [start, end]
+        edge_params: list[object] = [start, end]
+        if realm is not None:
+            node_params.append(realm)
+            node_where.append(f"m.realm = ${len(node_params)}")
+        if exclude_origin:
+            node_params.append(exclude_origin)
+            node_where.append(f"m.origin <> ${len(node_params)}")
+            edge_params.append(exclude_origin)
+            edge_where.append(f"e.origin <> ${len(edge_params)}")
+        node_rows = await conn.fetch(
+            NODE_SQL + " JOIN feed_tx f ON f.tx = m.tx WHERE " + " AND ".join(node_where)
+            + " ORDER BY f.seq, m.id", *node_params)
+        edge_rows = await conn.fetch(
+            EDGE_SQL + " JOIN feed_tx f ON f.tx = e.tx WHERE " + " AND ".join(edge_where)
+            + " ORDER BY f.seq, e.id", *edge_params)
+        more = await conn.fetchval("SELECT EXISTS (SELECT 1 FROM feed_tx WHERE seq > $1)", end)
+        if as_stamp:
+            mark = await conn.fetchval("SELECT stamp_ns FROM feed_tx WHERE seq = $1", end)
+            position = format_ns(mark or 0)
+        else:
+            position = str(end)
+        nodes = await self._wire_nodes(conn, node_rows)
+        return nodes, [_wire_edge(r) for r in edge_rows], position, bool(more)
+
+    async def changes_since(self, since: str | None, realm: str | None = None, *,
+                            edge_version: str = "updated_at",
+                            ) -> tuple[list[NodeRow], list[EdgeRow]]:
+        if edge_version not in ("updated_at", "created_at"):
+            raise ValueError(f"edge_version: {edge_version!r}")
+        stamp = parse_timestamp(since, "since") if since and since.strip() else ""
+        async with self._connection() as conn, conn.transaction(isolation="repeatable_read",
+                                                                readonly=True):
+            if realm is None:
+                node_rows = await conn.fetch(NODE_SQL + " WHERE m.updated_at > $1 "
+                                             "ORDER BY m.updated_at, m.id", stamp)
+            else:
+                node_rows = await conn.fetch(NODE_SQL + " WHERE m.updated_at > $1 AND "
+                                             "m.realm = $2 ORDER BY m.updated_at, m.id",
+                                             stamp, realm)
+            edge_rows = await conn.fetch(EDGE_SQL + f" WHERE e.{edge_version} > $1 "
+                                         f"ORDER BY e.{edge_version}, e.id", stamp)
+            nodes = await self._wire_nodes(conn, node_rows)
+        return nodes, [_wire_edge(r) for r in edge_rows]
+
+    async def export(self, realm: str | None = None) -> tuple[list[NodeRow], list[EdgeRow]]:
+        async with self._connection() as conn, conn.transaction(isolation="repeatable_read",
+                                                                readonly=True):
+            if realm is None:
+                node_rows = await conn.fetch(NODE_SQL + " ORDER BY m.id")
+            else:
+                node_rows = await conn.fetch(NODE_SQL + " WHERE m.realm = $1 ORDER BY m.id",
+                                             realm)
+            edge_rows = await conn.fetch(EDGE_SQL + " ORDER BY e.id")
+            nodes = await self._wire_nodes(conn, node_rows)
+        return nodes, [_wire_edge(r) for r in edge_rows]
+
+    async def _wire_nodes(self, conn: Conn,
+                          rows: Sequence[asyncpg.Record]) -> list[NodeRow]:
+        if not rows:
+            return []
+        found = await conn.fetch(
+            "SELECT memory_id, vec FROM vectors WHERE model = $1 AND vec IS NOT NULL "
+            "AND memory_id = ANY($2::text[])", self.embedder.model_id, [r[0] for r in rows])
+        vectors: dict[str, list[float]] = {}
+        if found:
+            widths = {len(r[1]) for r in found}
+            if len(widths) == 1:
+                matrix = from_blob(b"".join(r[1] for r in found)).reshape(len(found), -1)
+                vectors = dict(zip([r[0] for r in found], wire_vectors(matrix), strict=True))
+            else:
+                vectors = {r[0]: wire_vectors(from_blob(r[1]).reshape(1, -1))[0] for r in found}
+        return [wire_node(dict(zip(NODE_COLS, r, strict=True)), vectors.get(r[0]))
+                for r in rows]
+
+    async def recall(self, request: QueryRequest) -> QueryResponse:
+        settings = await self.settings()
+        async with self._connection() as conn:
+            return await run_recall(conn, request, settings, self.embedder, self.vectors)
+
+    async def stats(self) -> dict[str, int]:
+        async with self._connection() as conn:
+            row = await conn.fetchrow(
+                "SELECT (SELECT count(*) FROM memories WHERE deleted = 0), "
+                "(SELECT count(*) FROM memories WHERE deleted = 1), "
+                "(SELECT count(*) FROM edges WHERE deleted = 0)")
+        assert row is not None
+        return {"memories": int(row[0]), "tombstones": int(row[1]), "edges": int(row[2]),
+                "indexed_vectors": len(self.vectors.index)}
+
+    # ------------------------------------------------------------------ the vector index
+
+    async def catch_up(self) -> int:
+        """Bring this process's vector index up to the feed; returns vectors applied."""
+        async with self._catch_up_lock, self._connection() as conn:
+            return await self.vectors.catch_up(conn)
+
+    async def _follow(self) -> None:
+        """Other processes' writes reach this process's index within ``FOLLOW_SECS``."""
+        while True:
+            await asyncio.sleep(FOLLOW_SECS)
+            try:
+                await self.catch_up()
+            except Exception:  # a database hiccup must not stop the follower for good
+                log.warning("vector index catch-up failed; retrying", exc_info=True)
+
+
+async def _upsert(conn: Conn, sql: str, columns: tuple[str, ...],
+                  rows: Mapping[str, dict[str, Any]], tx: int, *extra: object) -> set[str]:
+    """One column array per column, one statement; returns the ids that won (were written)."""
+    if not rows:
+        return set()
+    values = list(rows.values())
+    arrays = [[row[c] for row in values] for c in columns]
+    return {r[0] for r in await conn.fetch(sql, *arrays, tx, *extra)}
+
+
+def _key(row: Mapping[str, Any]) -> tuple[str, str, str]:
+    return (row["updated_at"], row["origin"], row["content_hash"])
+
+
+def _md5(text: str) -> str:
+    return hashlib.md5(text.encode(), usedforsecurity=False).hexdigest()
+
+
+def _safe_id(value: object) -> str | None:
+    return strip_private(value) if isinstance(value, str) else None
+
+
+def _wire_edge(record: asyncpg.Record) -> EdgeRow:
+    return wire_edge(dict(zip(EDGE_COLS, record, strict=True)))

@@ -1,0 +1,211 @@
+"""The hub-store interface: everything the hub persists goes through a ``HubStore`` — rows and
+edges (``apply``), the change feed (``feed``, ``export_page``), recall, settings, counters,
+API tokens (``tokens``) and the entitlement signing key.
+
+Two implementations run the same conformance suite (``tests/hub/test_conformance.py``):
+  * ``SqliteHubStore``: one process, the local store opened with its feed (``Store.open(feed=
+    True)``), tokens in ``hub-tokens.json`` and the key in ``entitlement-key.pem``;
+  * ``PgHubStore`` (``syncd/hub/pg/``): several stateless hub processes on one PostgreSQL
+    database, everything in the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from local_store import Store, ValidationError
+from local_store.apply import ApplyResult
+from local_store.embed import Embedder
+from protocol.query import QueryRequest, QueryResponse
+from protocol.rows import EdgeRow, NodeRow
+from protocol.settings import MemorySettings
+from syncd.hub.keys import load_or_create_key
+from syncd.hub.tokens import (
+    TokenBook,
+    authenticate,
+    create_token,
+    list_tokens,
+    revoke_token,
+)
+
+Page = tuple[list[NodeRow], list[EdgeRow], str, bool]  # rows, until/next cursor, has_more
+
+
+class StoreUnavailableError(RuntimeError):
+    """The hub's database cannot be reached right now (the hub answers 503, retry later)."""
+
+
+class TokenStore(Protocol):
+    async def authenticate(self, header: str | None, need: str) -> tuple[str, str]:
+        """``(name, role)`` of a bearer token with at least ``need``; raises ``AuthError``."""
+        ...
+
+    async def identify(self, raw: str) -> tuple[str, str] | None:
+        """``(name, plan)`` of an active raw token, or None."""
+        ...
+
+    async def create(self, *, role: str, name: str, plan: str = "pro") -> str: ...
+
+    async def revoke(self, name: str) -> bool: ...
+
+    async def list(self) -> list[dict[str, str | None]]: ...
+
+
+class HubStore(Protocol):
+    kind: str  # "sqlite" or "postgresql"
+    store_id: str
+    embedder: Embedder
+
+    @property
+    def tokens(self) -> TokenStore: ...
+
+    def now_ns(self) -> int:
+        """The hub's clock (the origin-mode feed's ``until``)."""
+        ...
+
+    async def apply(self, nodes: Sequence[NodeRow], edges: Sequence[EdgeRow], *,
+                    model: str) -> ApplyResult: ...
+
+    async def feed(self, since: str | None, *, limit: int | None = None,
+                   realm: str | None = None, exclude_origin: str | None = None) -> Page:
+        """Commit-ordered ``changes``: rows, ``until``, ``has_more`` (``local_store/feed.py``
+        states the rules; the PostgreSQL feed keeps them)."""
+        ...
+
+    async def changes_since(self, since: str | None, realm: str | None = None, *,
+                            edge_version: str = "updated_at",
+                            ) -> tuple[list[NodeRow], list[EdgeRow]]:
+        """The plane's own ``changes``: rows whose version is after ``since``."""
+        ...
+
+    async def export(self, realm: str | None = None) -> tuple[list[NodeRow], list[EdgeRow]]:
+        """Every latest version, tombstones included."""
+        ...
+
+    async def export_page(self, cursor: str, *, limit: int, realm: str | None = None) -> Page:
+        """One page of ``export``: rows, ``next_cursor``, ``has_more``. ``cursor`` is ``"0"``
+        or a previous ``next_cursor``; a bad one raises ``ValidationError("cursor")``."""
+        ...
+
+    async def recall(self, request: QueryRequest) -> QueryResponse: ...
+
+    async def settings(self) -> MemorySettings: ...
+
+    async def put_settings(self, patch: Mapping[str, object]) -> MemorySettings: ...
+
+    async def next_counter(self, name: str) -> int: ...
+
+    async def stats(self) -> dict[str, int]: ...
+
+    async def reembed_missing(self) -> int: ...
+
+    async def signing_key(self) -> Ed25519PrivateKey: ...
+
+    async def close(self) -> None: ...
+
+
+class FileTokens:
+    """``TokenStore`` over ``hub-tokens.json`` (``tokens.py``); the file is read on a worker
+    thread, first when a token is needed."""
+
+    def __init__(self, data_dir: Path, book: TokenBook | None = None) -> None:
+        self.data_dir = data_dir
+        self._book = book
+
+    def _loaded(self) -> TokenBook:
+        if self._book is None:
+            self._book = TokenBook(self.data_dir)
+        return self._book
+
+    async def authenticate(self, header: str | None, need: str) -> tuple[str, str]:
+        return await asyncio.to_thread(lambda: authenticate(self._loaded(), header, need))
+
+    async def identify(self, raw: str) -> tuple[str, str] | None:
+        def run() -> tuple[str, str] | None:
+            book = self._loaded()
+            found, plan = book.lookup(raw), book.plan_of(raw)
+            return None if found is None or plan is None else (found[0], plan)
+        return await asyncio.to_thread(run)
+
+    async def create(self, *, role: str, name: str, plan: str = "pro") -> str:
+        return await asyncio.to_thread(create_token, self.data_dir, role=role, name=name,
+                                       plan=plan)
+
+    async def revoke(self, name: str) -> bool:
+        return await asyncio.to_thread(revoke_token, self.data_dir, name)
+
+    async def list(self) -> list[dict[str, str | None]]:
+        return await asyncio.to_thread(list_tokens, self.data_dir)
+
+
+class SqliteHubStore:
+    """The single-process hub: a feed ``Store`` plus files in its data directory."""
+
+    kind = "sqlite"
+
+    def __init__(self, store: Store, tokens: TokenStore | None = None) -> None:
+        self.store = store
+        self.tokens: TokenStore = tokens if tokens is not None else FileTokens(store.data_dir)
+        self.store_id = store.store_id
+        self.embedder = store.embedder
+
+    def now_ns(self) -> int:
+        return self.store.clock.physical_ns()
+
+    async def apply(self, nodes: Sequence[NodeRow], edges: Sequence[EdgeRow], *,
+                    model: str) -> ApplyResult:
+        return await self.store.apply(nodes, edges, model=model)
+
+    async def feed(self, since: str | None, *, limit: int | None = None,
+                   realm: str | None = None, exclude_origin: str | None = None) -> Page:
+        return await self.store.feed(since, limit=limit, realm=realm,
+                                     exclude_origin=exclude_origin)
+
+    async def changes_since(self, since: str | None, realm: str | None = None, *,
+                            edge_version: str = "updated_at",
+                            ) -> tuple[list[NodeRow], list[EdgeRow]]:
+        return await self.store.changes_since(since, realm, edge_version=edge_version)
+
+    async def export(self, realm: str | None = None) -> tuple[list[NodeRow], list[EdgeRow]]:
+        return await self.store.export(realm, include_deleted=True)
+
+    async def export_page(self, cursor: str, *, limit: int, realm: str | None = None) -> Page:
+        start = parse_cursor(cursor)
+        nodes, edges, last = await self.store.changes(start, limit=limit, realm=realm)
+        more = len(nodes) + len(edges) == limit  # fewer means both tables ran out
+        return nodes, edges, str(last), more
+
+    async def recall(self, request: QueryRequest) -> QueryResponse:
+        return await self.store.recall(request)
+
+    async def settings(self) -> MemorySettings:
+        return self.store.settings
+
+    async def put_settings(self, patch: Mapping[str, object]) -> MemorySettings:
+        return await self.store.put_settings(patch)
+
+    async def next_counter(self, name: str) -> int:
+        return await self.store.next_counter(name)
+
+    async def stats(self) -> dict[str, int]:
+        return await self.store.stats()
+
+    async def reembed_missing(self) -> int:
+        return await self.store.reembed_missing()
+
+    async def signing_key(self) -> Ed25519PrivateKey:
+        return await asyncio.to_thread(load_or_create_key, self.store.data_dir)
+
+    async def close(self) -> None:
+        await self.store.close()
+
+
+def parse_cursor(raw: str) -> int:
+    if not raw.isdigit() or len(raw) > 19:
+        raise ValidationError("cursor", f"must be a next_cursor from a previous page, got {raw!r}")
+    return int(raw)

@@ -1,0 +1,384 @@
+"""The hub-store conformance suite: one set of behaviours, run on SQLite and on PostgreSQL
+(``conftest.py``). Everything a hub persists — rows, edges, the change feed, export pages,
+settings, counters, tokens, the signing key — and recall, through the ``HubStore`` interface."""
+
+from __future__ import annotations
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+
+from local_store import HashingEmbedder, ValidationError
+from protocol.query import QueryRequest
+from protocol.rows import EdgeRow, NodeRow, edge_id
+from protocol.timestamp import format_ns, parse_ns
+from syncd.hub.store import HubStore
+from syncd.hub.tokens import AuthError
+from tests.hub.conftest import Opener
+
+MODEL = HashingEmbedder().model_id
+BASE = parse_ns("2026-11-01T10:00:00Z")
+
+
+def stamp(n: int) -> str:
+    return format_ns(BASE + n * 1_000_000_000)
+
+
+def node(mid: str, content: str, n: int = 1, *, origin: str = "laptop-a", realm: str = "work",
+         deleted: bool | None = None, vector: bool = True, **extra: object) -> NodeRow:
+    embedding = HashingEmbedder().embed([content])[0] if vector and content else None
+    return NodeRow(id=mid, content=content, realm=realm, memory_type="fact", importance=0.5,
+                   status="active", created_at=stamp(0), updated_at=stamp(n), origin=origin,
+                   deleted=deleted, embedding=None if embedding is None else list(embedding),
+                   **extra)  # type: ignore[arg-type]
+
+
+def edge(src: str, dst: str, n: int = 1, *, origin: str = "laptop-a",
+         deleted: bool | None = None) -> EdgeRow:
+    return EdgeRow(id=edge_id(src, dst, "RELATES_TO"), src=src, dst=dst, type="RELATES_TO",
+                   realm="work", created_at=stamp(n), updated_at=stamp(n), origin=origin,
+                   deleted=deleted)
+
+
+async def contents(hub: HubStore) -> dict[str, tuple[str | None, bool]]:
+    nodes, _ = await hub.export()
+    return {n.id or "": (n.content, bool(n.deleted)) for n in nodes}
+
+
+async def read_feed(hub: HubStore, since: str | None = None, *, limit: int | None = None,
+                    **kw: str) -> tuple[list[str], str]:
+    """Every row id (nodes then edges, page by page) from ``since`` to the end, and the last
+    ``until``."""
+    seen: list[str] = []
+    for _ in range(1000):
+        nodes, edges, until, more = await hub.feed(since, limit=limit, **kw)
+        seen += [n.id or "" for n in nodes] + [e.id or "" for e in edges]
+        since = until
+        if not more:
+            return seen, until
+    raise AssertionError("the feed never ended")
+
+
+# ---------------------------------------------------------------------- identity
+
+async def test_store_id_survives_a_restart(open_hub: Opener) -> None:
+    hub = await open_hub()
+    first = hub.store_id
+    assert len(first) >= 16
+    await hub.close()
+    assert (await open_hub()).store_id == first
+
+
+# ---------------------------------------------------------------------- apply
+
+async def test_apply_keeps_the_newest_version_and_is_idempotent(hub_store: HubStore) -> None:
+    first = await hub_store.apply([node("memory:x", "x v2", 2)], [], model=MODEL)
+    assert (first.applied_nodes, first.skipped_nodes) == (1, 0)
+    older = await hub_store.apply([node("memory:x", "x v1", 1)], [], model=MODEL)
+    assert (older.applied_nodes, older.skipped_nodes) == (0, 1)
+    again = await hub_store.apply([node("memory:x", "x v2", 2)], [], model=MODEL)
+    assert (again.applied_nodes, again.skipped_nodes) == (0, 1)
+    newer = await hub_store.apply([node("memory:x", "x v3", 3)], [], model=MODEL)
+    assert newer.applied_nodes == 1
+    assert await contents(hub_store) == {"memory:x": ("x v3", False)}
+
+
+async def test_equal_stamps_pick_the_same_winner_in_any_order(open_hub: Opener) -> None:
+    a, b = node("memory:t", "from a", 5, origin="aaa"), node("memory:t", "from b", 5,
+                                                             origin="bbb")
+    hub = await open_hub()
+    await hub.apply([b], [], model=MODEL)
+    await hub.apply([a], [], model=MODEL)
+    assert (await contents(hub))["memory:t"] == ("from b", False)  # origin "bbb" > "aaa"
+    result = await hub.apply([a, b], [], model=MODEL)  # both again, in one batch
+    assert result.applied_nodes == 0
+
+
+async def test_a_tombstone_is_never_resurrected_by_an_older_update(hub_store: HubStore) -> None:
+    await hub_store.apply([node("memory:d", "doomed", 1)], [], model=MODEL)
+    await hub_store.apply([node("memory:d", "doomed", 3, deleted=True)], [], model=MODEL)
+    stale = await hub_store.apply([node("memory:d", "stale edit", 2)], [], model=MODEL)
+    assert stale.applied_nodes == 0
+    assert (await contents(hub_store))["memory:d"][1] is True
+    later = await hub_store.apply([node("memory:d", "edited after the delete", 4)], [],
+                                  model=MODEL)
+    assert later.applied_nodes == 1  # "later HLC stamp wins" (merge.py)
+    assert (await contents(hub_store))["memory:d"] == ("edited after the delete", False)
+
+
+async def test_bad_rows_are_reported_by_index_and_field_and_the_rest_apply(
+        hub_store: HubStore) -> None:
+    rows = [node("memory:good", "fine", 1), NodeRow(id="memory:bad", content="no version"),
+            NodeRow(content="no id", updated_at=stamp(1)), node("memory:good2", "also fine", 1)]
+    result = await hub_store.apply(rows, [EdgeRow(id="x", src="memory:good")], model=MODEL)
+    assert result.applied_nodes == 2
+    assert sorted((p.kind, p.index, p.field) for p in result.problems) == [
+        ("edge", 0, "dst"), ("node", 1, "updated_at"), ("node", 2, "id")]
+    assert set(await contents(hub_store)) == {"memory:good", "memory:good2"}
+
+
+async def test_a_batch_of_only_bad_rows_leaves_the_store_unchanged(hub_store: HubStore) -> None:
+    await hub_store.apply([node("memory:keep", "kept", 1)], [], model=MODEL)
+    before_feed = await read_feed(hub_store)
+    result = await hub_store.apply([NodeRow(id="memory:keep", content="x", updated_at="soon")],
+                                   [], model=MODEL)
+    assert [(p.index, p.field) for p in result.problems] == [(0, "updated_at")]
+    assert await contents(hub_store) == {"memory:keep": ("kept", False)}
+    assert await read_feed(hub_store) == before_feed
+
+
+async def test_imported_private_text_is_redacted(hub_store: HubStore) -> None:
+    await hub_store.apply([node("memory:p", "key is <private>hunter2</private> ok", 1)], [],
+                          model=MODEL)
+    nodes, _ = await hub_store.export()
+    assert nodes[0].content is not None and "hunter2" not in nodes[0].content
+    feed, _, _, _ = await hub_store.feed(None)
+    assert feed[0].content == nodes[0].content
+    hits = await hub_store.recall(QueryRequest(query="hunter2"))
+    assert not [m for m in hits.memories if not hits.fallback]
+
+
+async def test_edges_are_upserted_by_id_never_duplicated(hub_store: HubStore) -> None:
+    await hub_store.apply([node("memory:a", "a", 1), node("memory:b", "b", 1)],
+                          [edge("memory:a", "memory:b", 1)], model=MODEL)
+    again = await hub_store.apply([], [edge("memory:a", "memory:b", 1)] * 3, model=MODEL)
+    assert again.applied_edges == 0
+    await hub_store.apply([], [edge("memory:a", "memory:b", 2, deleted=True)], model=MODEL)
+    _, edges = await hub_store.export()
+    assert [(e.id, e.deleted) for e in edges] == [(edge_id("memory:a", "memory:b",
+                                                           "RELATES_TO"), True)]
+    assert (await hub_store.stats())["edges"] == 0
+
+
+# ---------------------------------------------------------------------- the change feed
+
+async def test_the_feed_is_ingest_ordered_so_a_late_old_version_is_not_skipped(
+        hub_store: HubStore) -> None:
+    await hub_store.apply([node("memory:new", "stamped late", 50)], [], model=MODEL)
+    seen, until = await read_feed(hub_store)
+    assert seen == ["memory:new"]
+    # pushed after that pull, but stamped long before it (an offline laptop's old edit)
+    await hub_store.apply([node("memory:old", "stamped early", 1)], [], model=MODEL)
+    seen, later = await read_feed(hub_store, until)
+    assert seen == ["memory:old"]
+    assert parse_ns(later) > parse_ns(until)
+
+
+async def test_feed_pages_end_on_import_boundaries_and_see_each_row_once(
+        hub_store: HubStore) -> None:
+    batches = [[node(f"memory:{b}-{i}", f"batch {b} row {i}", 1) for i in range(size)]
+               for b, size in enumerate([3, 5, 1, 4])]
+    for batch in batches:
+        await hub_store.apply(batch, [], model=MODEL)
+    pages: list[list[str]] = []
+    since: str | None = None
+    while True:
+        nodes, _, until, more = await hub_store.feed(since, limit=4)
+        pages.append([n.id or "" for n in nodes])
+        since = until
+        if not more:
+            break
+    flat = [mid for page in pages for mid in page]
+    assert sorted(flat) == sorted(n.id or "" for b in batches for n in b)
+    assert len(flat) == len(set(flat))
+    batch_of = {n.id: i for i, b in enumerate(batches) for n in b}
+    for page in pages:  # every batch lies wholly inside one page
+        for b in {batch_of[mid] for mid in page}:
+            assert sum(1 for mid in page if batch_of[mid] == b) == len(batches[b])
+
+
+async def test_an_empty_feed_page_keeps_until_and_an_unknown_since_goes_backwards(
+        hub_store: HubStore) -> None:
+    nodes, edges, until, more = await hub_store.feed(None)
+    assert (nodes, edges, more) == ([], [], False)
+    assert parse_ns(until) == 0
+    await hub_store.apply([node("memory:a", "a", 1)], [], model=MODEL)
+    _, until = await read_feed(hub_store)
+    nodes, _, same, more = await hub_store.feed(until)
+    assert (nodes, same, more) == ([], until, False)
+    # a `since` this hub never served (a client of a hub restored from an older backup)
+    unknown = format_ns(parse_ns(until) + 3_600_000_000_000)
+    nodes, edges, back, more = await hub_store.feed(unknown)
+    assert (nodes, edges, more) == ([], [], False)
+    assert parse_ns(back) < parse_ns(unknown)
+
+
+async def test_the_feed_filters_by_realm_and_leaves_out_the_callers_own_versions(
+        hub_store: HubStore) -> None:
+    await hub_store.apply([node("memory:w", "work", 1, origin="laptop-a"),
+                           node("memory:h", "home", 1, origin="laptop-b", realm="home")],
+                          [edge("memory:w", "memory:h", 1, origin="laptop-b")], model=MODEL)
+    seen, _ = await read_feed(hub_store, realm="home")
+    assert seen == ["memory:h", edge_id("memory:w", "memory:h", "RELATES_TO")]
+    seen, _ = await read_feed(hub_store, exclude_origin="laptop-b")
+    assert seen == ["memory:w"]
+
+
+async def test_the_feed_carries_vectors_of_the_hub_model_and_tombstones(
+        hub_store: HubStore) -> None:
+    await hub_store.apply([node("memory:v", "vector row", 1),
+                           node("memory:t", "gone", 2, deleted=True, vector=False)], [],
+                          model=MODEL)
+    nodes, _, _, _ = await hub_store.feed(None)
+    by_id = {n.id: n for n in nodes}
+    assert by_id["memory:t"].deleted is True
+    vector = by_id["memory:v"].embedding
+    assert vector is not None and len(vector) == HashingEmbedder().dim
+    expected = HashingEmbedder().embed(["vector row"])[0]
+    assert max(abs(a - float(b)) for a, b in zip(vector, expected, strict=True)) < 1e-6
+
+
+async def test_origin_mode_changes_filter_on_the_rows_own_versions(hub_store: HubStore) -> None:
+    await hub_store.apply([node("memory:1", "one", 1), node("memory:5", "five", 5)],
+                          [edge("memory:1", "memory:5", 3)], model=MODEL)
+    nodes, edges = await hub_store.changes_since(stamp(2), edge_version="created_at")
+    assert [n.id for n in nodes] == ["memory:5"]
+    assert [e.id for e in edges] == [edge_id("memory:1", "memory:5", "RELATES_TO")]
+    nodes, edges = await hub_store.changes_since(stamp(5))
+    assert (nodes, edges) == ([], [])
+    with pytest.raises(ValidationError) as err:
+        await hub_store.changes_since("yesterday")
+    assert err.value.field == "since"
+
+
+# ---------------------------------------------------------------------- export
+
+async def test_export_pages_cover_every_row_with_tombstones(hub_store: HubStore) -> None:
+    for b in range(4):
+        await hub_store.apply([node(f"memory:{b}-{i}", f"row {b} {i}", 1) for i in range(3)],
+                              [], model=MODEL)
+    await hub_store.apply([node("memory:0-0", "row 0 0", 9, deleted=True)], [], model=MODEL)
+    seen: list[tuple[str, bool]] = []
+    cursor = "0"
+    for _ in range(100):
+        nodes, _, cursor, more = await hub_store.export_page(cursor, limit=4)
+        seen += [(n.id or "", bool(n.deleted)) for n in nodes]
+        if not more:
+            break
+    assert dict(seen) == {f"memory:{b}-{i}": (b, i) == (0, 0) for b in range(4) for i in range(3)}
+    whole, _ = await hub_store.export()
+    assert {n.id for n in whole} == {mid for mid, _ in seen}
+
+
+@pytest.mark.parametrize("cursor", ["", "-1", "abc", "1e3", "9" * 40])
+async def test_a_bad_export_cursor_names_the_field(hub_store: HubStore, cursor: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        await hub_store.export_page(cursor, limit=10)
+    assert err.value.field == "cursor"
+
+
+# ---------------------------------------------------------------------- settings, counters
+
+async def test_settings_patch_merge_and_survive_a_restart(open_hub: Opener) -> None:
+    hub = await open_hub()
+    default = await hub.settings()
+    merged = await hub.put_settings({"w_keyword": 0.9, "default_limit": 7})
+    assert (merged.w_keyword, merged.default_limit, merged.w_rrf) == (0.9, 7, default.w_rrf)
+    await hub.close()
+    hub = await open_hub()
+    assert ((await hub.settings()).w_keyword, (await hub.settings()).default_limit) == (0.9, 7)
+
+
+async def test_a_bad_settings_patch_names_the_field_and_changes_nothing(
+        hub_store: HubStore) -> None:
+    before = await hub_store.settings()
+    with pytest.raises(ValidationError) as err:
+        await hub_store.put_settings({"default_limit": "lots"})
+    assert "default_limit" in (err.value.field or "")
+    assert await hub_store.settings() == before
+
+
+async def test_counters_grow_across_restarts(open_hub: Opener) -> None:
+    hub = await open_hub()
+    assert [await hub.next_counter("c") for _ in range(3)] == [1, 2, 3]
+    assert await hub.next_counter("other") == 1
+    await hub.close()
+    assert await (await open_hub()).next_counter("c") == 4
+
+
+# ---------------------------------------------------------------------- tokens, key
+
+async def test_tokens_authenticate_by_role_and_revoke(hub_store: HubStore) -> None:
+    tokens = hub_store.tokens
+    raw = await tokens.create(role="write", name="laptop", plan="sync")
+    assert await tokens.authenticate(f"Bearer {raw}", "read") == ("laptop", "write")
+    assert await tokens.identify(raw) == ("laptop", "sync")
+    with pytest.raises(AuthError) as denied:
+        await tokens.authenticate(f"Bearer {raw}", "admin")
+    assert denied.value.status == 403
+    for header in (None, "Basic x", "Bearer nope"):
+        with pytest.raises(AuthError) as unknown:
+            await tokens.authenticate(header, "read")
+        assert unknown.value.status == 401
+    with pytest.raises(ValueError, match=r"^name:"):
+        await tokens.create(role="read", name="laptop")
+    with pytest.raises(ValueError, match=r"^role:"):
+        await tokens.create(role="root", name="other")
+    with pytest.raises(ValueError, match=r"^plan:"):
+        await tokens.create(role="read", name="other", plan="gold")
+    assert await tokens.revoke("laptop") is True
+    assert await tokens.revoke("laptop") is False
+    with pytest.raises(AuthError):
+        await tokens.authenticate(f"Bearer {raw}", "read")
+    listed = await tokens.list()
+    assert [(t["name"], t["role"], t["revoked_at"] is not None) for t in listed] == [
+        ("laptop", "write", True)]
+    assert raw not in repr(listed)
+    again = await tokens.create(role="read", name="laptop")  # the name is free again
+    assert await tokens.authenticate(f"Bearer {again}", "read") == ("laptop", "read")
+
+
+async def test_the_signing_key_is_created_once_and_kept(open_hub: Opener) -> None:
+    def public(key: object) -> bytes:
+        return key.public_key().public_bytes(  # type: ignore[attr-defined,no-any-return]
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+    hub = await open_hub()
+    first = public(await hub.signing_key())
+    assert public(await hub.signing_key()) == first
+    await hub.close()
+    assert public(await (await open_hub()).signing_key()) == first
+
+
+# ---------------------------------------------------------------------- recall
+
+async def test_recall_finds_words_identifiers_and_paths(hub_store: HubStore) -> None:
+    await hub_store.apply([
+        node("memory:deploy", "release: run scripts/deploy.sh then tag the build", 1),
+        node("memory:db", "the staging database is postgres 15 on port 5433", 1),
+        node("memory:home", "buy oat milk", 1, realm="home"),
+    ], [], model=MODEL)
+    hits = await hub_store.recall(QueryRequest(query="deploy"))
+    assert hits.memories[0].id == "memory:deploy" and not hits.fallback
+    hits = await hub_store.recall(QueryRequest(query="staging database port"))
+    assert hits.memories[0].id == "memory:db"
+    hits = await hub_store.recall(QueryRequest(query="milk", realms=["work"]))
+    assert "memory:home" not in [m.id for m in hits.memories]
+    assert "oat milk" not in hits.context and "staging database" in hits.context
+
+
+@pytest.mark.parametrize("query", ['"', "*", "NEAR(", "a & b | !c", "'unbalanced", "x" * 10_000,
+                                   "deploy:*", "(((", "\\"])
+async def test_recall_takes_any_text(hub_store: HubStore, query: str) -> None:
+    await hub_store.apply([node("memory:a", "something to find", 1)], [], model=MODEL)
+    answer = await hub_store.recall(QueryRequest(query=query))
+    assert isinstance(answer.memories, list)
+
+
+async def test_semantic_recall_uses_vectors_and_reembeds_rows_pushed_without(
+        hub_store: HubStore) -> None:
+    await hub_store.apply([node("memory:novec", "kubernetes cluster autoscaler settings", 1,
+                                vector=False)], [], model=MODEL)
+    assert await hub_store.reembed_missing() == 1
+    assert await hub_store.reembed_missing() == 0
+    nodes, _, _, _ = await hub_store.feed(None)
+    assert nodes[0].embedding is not None  # the hub's own vector now travels too
+    # the hashing embedder shares character n-grams: a near-paraphrase, no shared word
+    hits = await hub_store.recall(QueryRequest(query="kubernetess clusterr autoscalerr"))
+    assert [m.id for m in hits.memories][:1] == ["memory:novec"]
+
+
+async def test_stats_count_live_rows_tombstones_and_edges(hub_store: HubStore) -> None:
+    await hub_store.apply([node("memory:a", "a", 1), node("memory:b", "b", 1, deleted=True)],
+                          [edge("memory:a", "memory:b", 1)], model=MODEL)
+    stats = await hub_store.stats()
+    assert (stats["memories"], stats["tombstones"], stats["edges"]) == (1, 1, 1)

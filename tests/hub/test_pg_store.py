@@ -1,0 +1,212 @@
+"""What only the PostgreSQL hub store has: migrations under concurrent start-up, several
+stores (as several processes would hold) on one database, the DSN file, an unreachable
+database, and a ``pg_dump``/``pg_restore`` cycle that laptops detect and repair."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from pathlib import Path
+
+import aiohttp
+import asyncpg
+import pytest
+from aiohttp import web
+
+from local_store import HashingEmbedder
+from protocol.query import QueryRequest
+from protocol.rows import NodeRow
+from protocol.timestamp import format_ns, parse_ns
+from syncd.hub.app import create_hub_app
+from syncd.hub.dsn import read_store_file, resolve_dsn
+from syncd.hub.pg import PgHubStore
+from syncd.hub.pg.migrate import SchemaError, migrations
+from syncd.hub.store import StoreUnavailableError
+from tests.pgserver import PgServer
+from tests.sync.harness import live_contents, start_laptop
+
+MODEL = HashingEmbedder().model_id
+BASE = parse_ns("2026-11-01T10:00:00Z")
+
+
+def node(mid: str, content: str, n: int, origin: str = "laptop-a") -> NodeRow:
+    return NodeRow(id=mid, content=content, updated_at=format_ns(BASE + n), origin=origin,
+                   embedding=list(HashingEmbedder().embed([content])[0]))
+
+
+async def open_store(dsn: str) -> PgHubStore:
+    return await PgHubStore.open(dsn, embedder=HashingEmbedder())
+
+
+async def test_concurrent_first_starts_migrate_once(pg_dsn: str) -> None:
+    stores = await asyncio.gather(*(open_store(pg_dsn) for _ in range(4)))
+    try:
+        assert len({s.store_id for s in stores}) == 1
+        conn = await asyncpg.connect(pg_dsn)
+        try:
+            applied = await conn.fetch("SELECT version FROM hub_schema ORDER BY version")
+        finally:
+            await conn.close()
+        known = await asyncio.to_thread(migrations)
+        assert [r[0] for r in applied] == [v for v, _, _ in known]
+    finally:
+        for s in stores:
+            await s.close()
+
+
+async def test_a_schema_from_a_newer_syncd_is_refused(pg_dsn: str) -> None:
+    await (await open_store(pg_dsn)).close()
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        await conn.execute("INSERT INTO hub_schema (version, name) VALUES (9999, 'future')")
+    finally:
+        await conn.close()
+    with pytest.raises(SchemaError, match="newer than this syncd knows"):
+        await open_store(pg_dsn)
+
+
+async def test_two_processes_importing_one_id_keep_the_same_winner(pg_dsn: str) -> None:
+    one, two = await open_store(pg_dsn), await open_store(pg_dsn)
+    try:
+        versions = [node("memory:x", f"version {n}", n, origin=f"laptop-{n % 3}")
+                    for n in range(1, 41)]
+        await asyncio.gather(*(
+            (one if n % 2 else two).apply([v], [], model=MODEL)
+            for n, v in enumerate(reversed(versions))))
+        nodes, _ = await one.export()
+        assert [(n.id, n.content) for n in nodes] == [("memory:x", "version 40")]
+    finally:
+        await one.close()
+        await two.close()
+
+
+async def test_another_processes_vectors_and_token_changes_reach_this_one(pg_dsn: str) -> None:
+    writer, reader = await open_store(pg_dsn), await open_store(pg_dsn)
+    try:
+        raw = await writer.tokens.create(role="read", name="shared")
+        assert await reader.tokens.authenticate(f"Bearer {raw}", "read") == ("shared", "read")
+        await writer.apply([node("memory:k8s", "kubernetes autoscaler settings", 1)], [],
+                           model=MODEL)
+        for _ in range(200):  # the reader's index follows the feed by itself
+            if "memory:k8s" in reader.vectors.index:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the other store's vector never reached this index")
+        hits = await reader.recall(QueryRequest(query="kubernetess autoscalerr"))
+        assert hits.memories[0].id == "memory:k8s"
+        await writer.tokens.revoke("shared")
+        with pytest.raises(Exception, match="unknown token"):
+            await reader.tokens.authenticate(f"Bearer {raw}", "read")
+    finally:
+        await writer.close()
+        await reader.close()
+
+
+def test_store_files_are_checked_and_name_the_field(tmp_path: Path) -> None:
+    path = tmp_path / "dsn"
+    path.write_text("# comment\npostgresql://hub@db/hub\n")
+    path.chmod(0o600)
+    assert read_store_file(path) == "postgresql://hub@db/hub"
+    assert resolve_dsn("sqlite", None) is None
+    path.chmod(0o644)
+    with pytest.raises(ValueError, match=r"^store_file: .* readable by others"):
+        read_store_file(path)
+    path.chmod(0o600)
+    for text in ("", "mysql://x\n", "postgresql://a\npostgresql://b\n"):
+        path.write_text(text)
+        with pytest.raises(ValueError, match=r"^store_file: "):
+            read_store_file(path)
+    with pytest.raises(ValueError, match=r"^store_file: .* does not exist"):
+        read_store_file(tmp_path / "absent")
+    with pytest.raises(ValueError, match=r"^store: "):
+        resolve_dsn("mysql://root:secret@db/x", None)
+    with pytest.raises(ValueError, match=r"^store: "):
+        resolve_dsn("postgresql://db/x", path)
+
+
+async def test_an_unreachable_database_is_503_with_retry_after(pg_server: PgServer) -> None:
+    own = await asyncio.to_thread(PgServer.start)
+    try:
+        dsn = await asyncio.to_thread(own.create_database, "gone")
+        store = await open_store(dsn)
+        raw = await store.tokens.create(role="read", name="r")
+        runner = web.AppRunner(create_hub_app(store))
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        try:
+            await asyncio.to_thread(own.stop)
+            async with aiohttp.ClientSession() as http, http.get(
+                    f"{url}/v1/agent/memory/changes",
+                    headers={"Authorization": f"Bearer {raw}"}) as resp:
+                body = await resp.json()
+            assert resp.status == 503, body
+            assert resp.headers["Retry-After"] == "5"
+            assert body["error"]["code"] == "store_unavailable"
+        finally:
+            await runner.cleanup()
+            await store.close()
+        with pytest.raises(StoreUnavailableError):
+            await open_store(dsn)
+    finally:
+        await asyncio.to_thread(own.stop)
+
+
+async def test_a_hub_restored_from_pg_dump_is_repaired_by_the_laptops(
+        pg_server: PgServer, tmp_path: Path) -> None:
+    """Back up, write more, restore the backup into a new database: the laptop's cursor is
+    not a mark of the restored feed, so it resyncs and pushes back what the hub lost."""
+    source = await asyncio.to_thread(pg_server.create_database, "before_restore")
+    store = await open_store(source)
+    token = await store.tokens.create(role="write", name="laptop")
+    runner = web.AppRunner(create_hub_app(store))
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = runner.addresses[0][1]
+    url = f"http://127.0.0.1:{port}"
+    lap = await start_laptop("a", tmp_path / "a", url, token)
+    dump = tmp_path / "hub.dump"
+    try:
+        kept = [(await lap.store.save({"content": f"before the backup {i}"}))["node_id"]
+                for i in range(3)]
+        assert (await lap.sync()).ok
+        await asyncio.to_thread(_pg_tool, pg_server, "pg_dump", "--format=custom",
+                                f"--file={dump}", source)
+        lost = [(await lap.store.save({"content": f"after the backup {i}"}))["node_id"]
+                for i in range(2)]
+        assert (await lap.sync()).ok
+        await runner.cleanup()
+        await store.close()
+
+        restored = await asyncio.to_thread(pg_server.create_database, "restored")
+        await asyncio.to_thread(_pg_tool, pg_server, "pg_restore", f"--dbname={restored}",
+                                str(dump))
+        store = await open_store(restored)
+        runner = web.AppRunner(create_hub_app(store))
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        nodes, _ = await store.export()
+        assert {n.id for n in nodes} == set(kept)  # the backup's content, tokens included
+        report = await lap.sync()
+        assert report.ok, report.error
+        assert report.reset == "until went backwards", report
+        nodes, _ = await store.export()
+        assert {n.id for n in nodes} == set(kept) | set(lost)
+        assert set(await live_contents(lap.store)) == set(kept) | set(lost)
+        after = await store.apply([node("memory:new", "written after the restore", 99)], [],
+                                  model=MODEL)
+        assert after.applied_nodes == 1
+        report = await lap.sync()
+        assert report.ok and report.pulled_nodes == 1, report
+    finally:
+        await lap.close()
+        await runner.cleanup()
+        await store.close()
+
+
+def _pg_tool(server: PgServer, tool: str, *args: str) -> None:
+    proc = subprocess.run([str(server.bindir / tool), *args], capture_output=True, text=True,
+                          timeout=120, check=False, env={**os.environ, "PGCONNECT_TIMEOUT": "10"})
+    assert proc.returncode == 0, proc.stderr

@@ -81,6 +81,30 @@ async def test_two_processes_importing_one_id_keep_the_same_winner(pg_dsn: str) 
         await two.close()
 
 
+async def test_feed_pages_stay_bounded_over_many_vector_only_transactions(pg_dsn: str) -> None:
+    store = await open_store(pg_dsn)
+    try:
+        bare = [NodeRow(id=f"memory:bare-{i}", content=f"pushed without a vector {i}",
+                        updated_at=format_ns(BASE + i)) for i in range(10)]
+        await store.apply(bare, [], model=MODEL)
+        _, _, since, _ = await store.feed(None)
+        assert await store.reembed_missing(batch=1) == 10  # ten marks without rows
+        for b in range(5):
+            await store.apply([node(f"memory:{b}-{i}", f"batch {b} row {i}", 1)
+                               for i in range(2)], [], model=MODEL)
+        sizes, seen = [], []
+        for _ in range(100):
+            nodes, _, since, more = await store.feed(since, limit=3)
+            sizes.append(len(nodes))
+            seen += [n.id for n in nodes]
+            if not more:
+                break
+        assert max(sizes) <= 4, sizes  # one import may end a page past the limit, no more
+        assert sorted(seen) == sorted(f"memory:{b}-{i}" for b in range(5) for i in range(2))
+    finally:
+        await store.close()
+
+
 async def test_another_processes_vectors_and_token_changes_reach_this_one(pg_dsn: str) -> None:
     writer, reader = await open_store(pg_dsn), await open_store(pg_dsn)
     try:

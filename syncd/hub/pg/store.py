@@ -350,14 +350,17 @@ class PgHubStore:
                     realm: str | None, exclude_origin: str | None, *, as_stamp: bool) -> Page:
         """Rows of the transactions with ``start < seq <= end``, a page ending on a transaction
         boundary; ``end`` is where the running count of written rows reaches ``limit``."""
-        end = await conn.fetchval("SELECT coalesce(max(seq), 0) FROM feed_tx")
-        if limit is not None:
-            boundary = await conn.fetchval(
-                "SELECT seq FROM (SELECT seq, sum(rows) OVER (ORDER BY seq) AS total FROM "
+        if limit is None:
+            end = await conn.fetchval("SELECT coalesce(max(seq), 0) FROM feed_tx")
+        else:
+            # The first `limit` marks at most: where their running row count reaches `limit`,
+            # else the last of them (marks of vector-only transactions count no rows, so a
+            # page never grows past `limit` marks, however many there are).
+            end = await conn.fetchval(
+                "SELECT coalesce(min(seq) FILTER (WHERE total >= $2), max(seq), 0) FROM "
+                "(SELECT seq, sum(rows) OVER (ORDER BY seq) AS total FROM "
                 "(SELECT seq, rows FROM feed_tx WHERE seq > $1 ORDER BY seq LIMIT $2) AS s) "
-                "AS w WHERE total >= $2 ORDER BY seq LIMIT 1", start, limit)
-            if boundary is not None:
-                end = boundary
+                "AS w", start, limit)
         end = max(int(end), start)
         node_where, edge_where = ["f.seq > $1", "f.seq <= $2"], ["f.seq > $1", "f.seq <= $2"]
         node_params: list[object] = [start, end]

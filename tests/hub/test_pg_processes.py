@@ -53,7 +53,14 @@ class HubProcess:
 
 async def start_hubs(home: Path, count: int, *where: str) -> list[HubProcess]:
     procs = [await spawn(home, "hub", *where, "--listen", "127.0.0.1:0") for _ in range(count)]
-    return [HubProcess(p, await wait_ready(p)) for p in procs]
+    try:
+        return [HubProcess(p, await wait_ready(p)) for p in procs]
+    except BaseException:
+        for p in procs:
+            if p.returncode is None:
+                p.kill()
+                await p.wait()
+        raise
 
 
 async def store_file(tmp_path: Path, dsn: str) -> Path:
@@ -211,3 +218,6 @@ async def test_kill_9_mid_import_leaves_no_partial_batch(tmp_path: Path, pg_dsn:
                 await again.stop()
     finally:
         await conn.close()
+        if hub.proc.returncode is None:  # a failed assertion must not leave a hub running
+            hub.proc.kill()
+            await hub.stop()

@@ -40,6 +40,7 @@ bench: $(STAMP)
 	$(PY) bench/embed.py
 	$(PY) bench/http.py
 	$(PY) bench/sync.py
+	$(PY) bench/hub.py
 
 demo: $(STAMP)
 	$(PY) -m syncd demo

@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint pytest demo soak bench clean
+.PHONY: test lint pytest demo soak bench screenshots clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,10 @@ bench: $(STAMP)
 	$(PY) bench/http.py
 	$(PY) bench/sync.py
 	$(PY) bench/hub.py
+
+# The web page's four views in a real headless Chromium (the browser tests), saved for the README.
+screenshots: $(STAMP)
+	SYNCD_SCREENSHOT_DIR=docs/screenshots $(PY) -m pytest -q tests/web
 
 demo: $(STAMP)
 	$(PY) -m syncd demo

@@ -287,11 +287,13 @@ class Store:
             if word in ("supersedes", "invalidates"):
                 stamp = w.clock.now()
                 w.mutate(dst, {"invalid_at": stamp, "superseded_by": src}, "target_id")
-                w.put_edge(src, dst, "INVALIDATES", realm=target["realm"])
+                w.put_edge(src, dst, "INVALIDATES", realm=target["realm"],
+                           props=props_json({"reason": why}) if why else None)
                 return {"ok": True, "verdict": "supersedes", "src": src, "dst": dst}
             if word in ("merged", "merged_into"):
                 w.mutate(dst, {"status": "archived"}, "target_id")
-                w.put_edge(dst, src, "MERGED_INTO", realm=target["realm"])
+                w.put_edge(dst, src, "MERGED_INTO", realm=target["realm"],
+                           props=props_json({"reason": why}) if why else None)
                 return {"ok": True, "verdict": "merged", "into": src, "from": dst}
             w.put_edge(src, dst, "RELATES_TO", realm=target["realm"],
                        props=props_json({"verdict": word, "reason": why}))

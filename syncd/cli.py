@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sqlite3
 import sys
 from collections.abc import Sequence
@@ -81,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
                          help="write the rendered unit to stdout only")
 
     sub.add_parser("sync", help="run one sync pass now and print its report")
+
+    open_ = sub.add_parser("open", help="print (and, on a desktop, open) a one-time login URL "
+                           "for the web page")
+    open_.add_argument("--no-browser", action="store_true",
+                       help="only print the URL, even where a desktop exists")
 
     hub = sub.add_parser("hub", help="run the reference control plane (`syncd hub token "
                          "create|list|revoke --data-dir DIR` manages its API tokens)")
@@ -359,6 +365,22 @@ def _hook(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _open(client: Client, args: argparse.Namespace) -> int:
+    """A one-time login URL for the web page (single use, valid for a minute)."""
+    answer = client.call("POST", "/ui/login-codes", {})
+    url = str(answer["url"])
+    print(url, flush=True)
+    desktop = sys.platform == "darwin" or bool(
+        os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+    if desktop and not args.no_browser:
+        import webbrowser
+        if not webbrowser.open(url):
+            print("syncd open: no browser could be started; open the URL above", file=sys.stderr)
+    print(f"this link logs one browser in and works once, for {answer['expires_in']} s",
+          file=sys.stderr)
+    return EXIT_OK
+
+
 def _status(client: Client, args: argparse.Namespace) -> int:
     status = client.call("GET", "/v1/agent/status")
     if args.json:
@@ -476,7 +498,7 @@ def _backup(data_dir: Path, dest: Path) -> int:
 
 
 COMMANDS = {"status": _status, "recall": _recall, "save": _save, "export": _export,
-            "import": _import, "sync": _sync}
+            "import": _import, "sync": _sync, "open": _open}
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ from syncd import __version__
 from syncd.http.errors import STORE_STATUS, HttpError, error_response
 from syncd.http.metrics import Metrics
 from syncd.http.security import guards
+from syncd.http.web import ROUTES as WEB_ROUTES
+from syncd.http.web import SESSIONS, Sessions
 from syncd.mcp import McpServer
 from syncd.tools import Surfacer
 
@@ -58,6 +60,9 @@ def create_app(store: Store, *, token: str, extra_hosts: tuple[str, ...] = (),
         if path == "/mcp/v1" and not mcp:
             continue
         app.router.add_route(method, path, handler)
+    app[SESSIONS] = Sessions()
+    for method, path, page in WEB_ROUTES:
+        app.router.add_route(method, path, page)
     return app
 
 

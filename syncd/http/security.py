@@ -5,8 +5,11 @@ handler runs, so a refused request can never change the store.
    configured names; anything else → 421.
 2. Browser requests from other sites: a foreign or ``null`` ``Origin``, or
    ``Sec-Fetch-Site: cross-site`` → 403. No response ever carries ``Access-Control-Allow-*``.
-3. Bearer token on every route but ``/healthz``, compared in constant time; a token in the
-   query string is refused outright (it leaks into logs and history) → 401.
+3. Bearer token on every route but the data-free ``/healthz``, ``/`` and ``/static/*`` (and
+   ``/ui/login``, whose one-time code is the credential), compared in constant time; a token in
+   the query string is refused outright (it leaks into logs and history) → 401. Instead of the
+   token, a browser may present the web page's session cookie (``web.py``: own origin only,
+   CSRF token on writes).
 4. Writes must be ``application/json`` → 415; bodies over the limit → 413 (aiohttp enforces
    ``client_max_size`` while reading, so memory stays bounded).
 """
@@ -19,12 +22,14 @@ from collections.abc import Awaitable, Callable, Iterable
 from aiohttp import web
 
 from syncd.config import LOOPBACK_HOST_NAMES
+from syncd.http import web as web_pages
 from syncd.http.errors import error_response
+from syncd.http.web import SESSION_KEY, check_session_request, session_of
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 LOOPBACK_HOSTS = frozenset({*LOOPBACK_HOST_NAMES, "::1"})
-PUBLIC_PATHS = frozenset({"/healthz"})
+PUBLIC_PATHS = frozenset({"/healthz", *web_pages.PUBLIC_PATHS})
 TOKEN_QUERY_KEYS = frozenset({"token", "access_token", "api_key", "apikey", "auth"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
@@ -53,11 +58,16 @@ def guards(token: str, extra_hosts: Iterable[str] = ()) -> web.middleware:  # ty
             return error_response(403, "forbidden_origin", "cross-origin requests are refused")
         if request.headers.get("Sec-Fetch-Site", "").lower() == "cross-site":
             return error_response(403, "forbidden_origin", "cross-site requests are refused")
-        if request.path not in PUBLIC_PATHS:
+        if not _public(request.path):
             if TOKEN_QUERY_KEYS & {k.lower() for k in request.query}:
                 return _unauthorized("tokens are accepted only in the Authorization header")
-            given = request.headers.get("Authorization", "")
-            if not given.startswith("Bearer ") or not hmac.compare_digest(
+            given = request.headers.get("Authorization")
+            if given is None and (found := session_of(request)[1]) is not None:
+                refused = check_session_request(request, found)  # the page's cookie (web.py)
+                if refused is not None:
+                    return refused
+                request[SESSION_KEY] = found
+            elif given is None or not given.startswith("Bearer ") or not hmac.compare_digest(
                     given[7:].strip().encode(), expected):
                 return _unauthorized("missing or wrong Authorization: Bearer <token>")
         return not_json(request) or await handler(request)
@@ -79,6 +89,10 @@ def _same_host_origin(origin: str, allowed: frozenset[str] | set[str]) -> bool:
         return False
     scheme, rest = origin.split("://", 1)
     return scheme in ("http", "https") and host_name(rest.split("/", 1)[0]) in allowed
+
+
+def _public(path: str) -> bool:
+    return path in PUBLIC_PATHS or path.startswith(web_pages.PUBLIC_PREFIXES)
 
 
 def _unauthorized(message: str) -> web.Response:

@@ -36,6 +36,7 @@ from protocol.rows import ChangesResponse, ExportBody, ImportRequest
 from protocol.timestamp import format_ns
 from syncd import __version__
 from syncd.entitlement.token import Claims, sign
+from syncd.http import web as web_pages
 from syncd.http.app import (
     DEFAULT_MAX_BODY,
     EXPORT_HINT,
@@ -49,6 +50,16 @@ from syncd.http.app import (
 )
 from syncd.http.errors import HttpError, error_response
 from syncd.http.security import not_json
+from syncd.http.web import (
+    PAGE_KIND,
+    SESSION_KEY,
+    SESSIONS,
+    Sessions,
+    check_session_request,
+    own_origin,
+    session_of,
+    set_session_cookie,
+)
 from syncd.hub.store import FileTokens, HubStore, SqliteHubStore, StoreUnavailableError
 from syncd.hub.tokens import PLANS, AuthError, TokenBook, TokenFileError
 from syncd.mcp import McpServer
@@ -77,6 +88,7 @@ def create_hub_app(backend: HubStore | Store, book: TokenBook | None = None, *,
     app = web.Application(client_max_size=max_body,
                           middlewares=[errors_middleware, _unavailable, _auth(backend)])
     app[HUB], app[CURSOR_MODE] = backend, cursor
+    app[SESSIONS], app[PAGE_KIND] = Sessions(), "hub"
     app[ISSUER] = (signing_key, token_lifetime_days)
     if isinstance(backend, SqliteHubStore):
         app[MCP] = McpServer(backend.store, Surfacer())
@@ -107,7 +119,16 @@ def _auth(backend: HubStore) -> web.middleware:  # type: ignore[valid-type]
         need = needs.get((request.method, route.canonical if route else ""), "read")
         if need != "none":
             try:
-                await backend.tokens.authenticate(request.headers.get("Authorization"), need)
+                if request.headers.get("Authorization") is None and (
+                        session := session_of(request)[1]) is not None:
+                    refused = check_session_request(request, session)  # the page (web.py)
+                    if refused is not None:
+                        return refused
+                    # the token again: revoking it ends the sessions it opened
+                    await backend.tokens.authenticate(f"Bearer {session.token}", need)
+                    request[SESSION_KEY] = session
+                else:
+                    await backend.tokens.authenticate(request.headers.get("Authorization"), need)
             except AuthError as exc:
                 headers = {"WWW-Authenticate": 'Bearer realm="syncd-hub"'} \
                     if exc.status == 401 else None
@@ -220,6 +241,26 @@ async def status(request: web.Request) -> web.Response:
                   "embedding_model": hub.embedder.model_id, **await hub.stats()})
 
 
+async def page_login(request: web.Request) -> web.Response:
+    """The hub's page logs in with a hub token (there is no `syncd open` on a server): the
+    token becomes a session cookie with the token's role; the page never keeps the token."""
+    origin = request.headers.get("Origin")
+    if origin is not None and origin != own_origin(request):
+        raise HttpError(403, "forbidden_origin", "a login from another origin")
+    body = await read_json(request)
+    raw = body.get("token") if isinstance(body, dict) else None
+    if not isinstance(raw, str) or not raw.strip():
+        raise ValidationError("token", "is required: a hub token (`syncd hub token create`)")
+    try:
+        name, role = await hub_of(request).tokens.authenticate(f"Bearer {raw.strip()}", "read")
+    except AuthError as exc:
+        return error_response(exc.status, exc.code, exc.message)
+    sid, session = request.app[SESSIONS].start(role, raw.strip())
+    response = reply({"name": name, "role": role, "csrf": session.csrf})
+    set_session_cookie(request, response, sid)
+    return response
+
+
 async def healthz(request: web.Request) -> web.Response:
     return reply({"ok": True})
 
@@ -235,4 +276,9 @@ ROUTES: list[tuple[str, str, Handler, str]] = [
     ("GET", "/v1/agent/entitlement", entitlement, "read"),
     ("POST", "/mcp/v1", hub_mcp, "write"),
     ("GET", "/healthz", healthz, "none"),
+    ("GET", "/", web_pages.index, "none"),
+    ("GET", "/static/{name}", web_pages.static_file, "none"),
+    ("POST", "/ui/login", page_login, "none"),
+    ("GET", "/ui/session", web_pages.session_info, "none"),
+    ("POST", "/ui/logout", web_pages.logout, "read"),
 ]

@@ -137,7 +137,8 @@ async def test_judge_supersedes_invalidates_with_edge(store: Store) -> None:
     assert res["verdict"] == "supersedes"
     got = await store.get(old["id"])
     assert got["superseded_by"] == new["node_id"] and got["invalid_at"] is not None
-    assert any(e["type"] == "INVALIDATES" and e["src"] == new["node_id"] for e in got["edges"])
+    edge = next(e for e in got["edges"] if e["type"] == "INVALIDATES")
+    assert edge["src"] == new["node_id"] and edge["props"] == {"reason": "policy changed"}
     listed = await store.list_memories({"realm": "p"})
     assert [r["id"] for r in listed["rows"]] == [new["node_id"]]
 
@@ -149,6 +150,8 @@ async def test_judge_merged_archives_and_other_verdicts_relate(store: Store) -> 
     merged = await store.judge(a["id"], b["id"], "merged")
     assert merged == {"ok": True, "verdict": "merged", "into": a["node_id"], "from": b["node_id"]}
     assert (await store.get(b["id"]))["status"] == "archived"
+    into = next(e for e in (await store.get(b["id"]))["edges"] if e["type"] == "MERGED_INTO")
+    assert into["props"] is None  # no reason given, no props
     await store.judge(a["id"], c["id"], "conflicts", "they disagree")
     edge = next(e for e in (await store.get(c["id"]))["edges"] if e["type"] == "RELATES_TO")
     assert edge["props"] == {"verdict": "conflicts", "reason": "they disagree"}

@@ -182,6 +182,27 @@ async def test_cli_round_trip_against_a_running_daemon(tmp_path: Path) -> None:
         await store.close()
 
 
+async def test_syncd_open_prints_a_one_time_login_url(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    code, _, err = await cli(data, "open", "--no-browser")
+    assert code == 75 and "syncd run" in err  # no daemon yet
+    proc = await start(data, "--listen", "127.0.0.1:0")
+    url = await wait_ready(proc)
+    try:
+        code, out, err = await cli(data, "open", "--no-browser")
+        assert code == 0, err
+        login = out.strip()
+        assert login.startswith(f"{url}/ui/login?code=") and "works once" in err
+        async with aiohttp.ClientSession() as session:
+            async with session.get(login, allow_redirects=False) as resp:
+                assert resp.status == 303 and "HttpOnly" in resp.headers["Set-Cookie"]
+            async with session.get(login, allow_redirects=False) as resp:
+                assert resp.status == 401
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert (await finish(proc))[0] == 0
+
+
 async def test_optional_unix_socket(tmp_path: Path) -> None:
     data = tmp_path / "data"
     sock = tmp_path / "syncd.sock"

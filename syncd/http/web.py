@@ -1,0 +1,248 @@
+"""The web page for people (``syncd/web/static/``) and how a browser logs in to the local API.
+
+Rules:
+  * ``GET /`` and ``GET /static/<file>`` are data-free and served without credentials, like
+    ``/healthz``; the page shows nothing until it has a session.
+  * Login is a one-time URL: ``syncd open`` asks ``POST /ui/login-codes`` (bearer) for a code —
+    32 random bytes, single use, valid ``CODE_TTL_SECS`` — and prints (or opens)
+    ``/ui/login?code=…``. Visiting it swaps the code for a session and redirects to ``/``.
+  * A session is a random id in a cookie named after the daemon's port (cookies ignore ports:
+    another daemon on this host must not overwrite it): ``HttpOnly`` (page scripts cannot read
+    it), ``SameSite=Strict`` (other sites' pages cannot send it), ``Path=/``. Sessions live in
+    the daemon's memory (a restart logs the browser out) and end after ``SESSION_TTL_SECS``.
+  * A session authenticates a request like the bearer token. A write made with it (any method
+    but GET/HEAD) must carry ``X-CSRF-Token`` equal to the session's token (which only the
+    page can read, from ``GET /ui/session``), and an ``Origin``, when sent, must be exactly
+    this daemon's own origin, port included. The Host allow-list, the JSON-only rule and the
+    absence of CORS headers (``security.py``) hold for the page as for every other client.
+  * Page responses carry a ``Content-Security-Policy`` that allows only this origin's own
+    files, and may not be framed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import secrets
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from aiohttp import web
+
+from syncd.http.errors import HttpError, error_response
+
+CODE_TTL_SECS = 60
+SESSION_TTL_SECS = 12 * 3600
+MAX_SESSIONS = 32
+MAX_CODES = 16
+CSRF_HEADER = "X-CSRF-Token"
+SAFE_METHODS = frozenset({"GET", "HEAD"})
+STATIC_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css",
+                ".svg": "image/svg+xml", ".png": "image/png"}
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; base-uri 'none'; "
+                               "form-action 'self'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+@dataclass(slots=True)
+class Session:
+    csrf: str
+    expires: float
+    role: str = "admin"  # a hub session has its token's role; a daemon's has full access
+    token: str | None = None  # a hub session's token, checked again on every request
+
+
+class Sessions:
+    """One-time login codes and the browser sessions they became (rules above)."""
+
+    def __init__(self) -> None:
+        self._codes: dict[str, float] = {}  # sha256(code) → expiry (monotonic)
+        self._sessions: dict[str, Session] = {}  # sha256(session id) → session
+
+    def new_code(self) -> str:
+        now = time.monotonic()
+        self._codes = {k: v for k, v in self._codes.items() if v > now}
+        while len(self._codes) >= MAX_CODES:
+            self._codes.pop(next(iter(self._codes)))
+        code = secrets.token_urlsafe(32)
+        self._codes[_digest(code)] = now + CODE_TTL_SECS
+        return code
+
+    def redeem(self, code: str) -> tuple[str, Session] | None:
+        """A new session for a valid code (which is then spent), else None."""
+        expiry = self._codes.pop(_digest(code), None)
+        if expiry is None or expiry <= time.monotonic():
+            return None
+        return self.start()
+
+    def start(self, role: str = "admin", token: str | None = None) -> tuple[str, Session]:
+        now = time.monotonic()
+        self._sessions = {k: s for k, s in self._sessions.items() if s.expires > now}
+        while len(self._sessions) >= MAX_SESSIONS:
+            self._sessions.pop(next(iter(self._sessions)))
+        sid = secrets.token_urlsafe(32)
+        session = Session(csrf=secrets.token_urlsafe(32), expires=now + SESSION_TTL_SECS,
+                          role=role, token=token)
+        self._sessions[_digest(sid)] = session
+        return sid, session
+
+    def find(self, sid: str | None) -> Session | None:
+        if not sid:
+            return None
+        session = self._sessions.get(_digest(sid))
+        if session is None or session.expires <= time.monotonic():
+            return None
+        return session
+
+    def end(self, sid: str | None) -> None:
+        if sid:
+            self._sessions.pop(_digest(sid), None)
+
+
+SESSIONS = web.AppKey("sessions", Sessions)
+PAGE_KIND = web.AppKey("page_kind", str)  # "daemon" or "hub": which views the page offers
+SESSION_KEY = web.RequestKey("session", Session)  # the Session a request was authenticated by
+
+
+def cookie_name(request: web.Request) -> str:
+    port = request.url.port or (443 if request.url.scheme == "https" else 80)
+    return f"syncd_session_{port}"
+
+
+def session_of(request: web.Request) -> tuple[str | None, Session | None]:
+    sessions = request.app.get(SESSIONS)
+    if sessions is None:
+        return None, None
+    sid = request.cookies.get(cookie_name(request))
+    return sid, sessions.find(sid)
+
+
+def check_session_request(request: web.Request, session: Session) -> web.Response | None:
+    """403 unless a cookie-authenticated request comes from this daemon's own page: its
+    ``Origin`` (when sent) is exactly ours, ``Sec-Fetch-Site`` (when sent) is same-origin or a
+    typed URL, and a write carries the CSRF token (rules)."""
+    origin = request.headers.get("Origin")
+    if origin is not None and origin != own_origin(request):
+        return error_response(403, "forbidden_origin", "a session request from another origin")
+    if request.headers.get("Sec-Fetch-Site", "same-origin").lower() not in ("same-origin",
+                                                                           "none"):
+        return error_response(403, "forbidden_origin", "a session request from another site")
+    if request.method in SAFE_METHODS:
+        return None
+    given = request.headers.get(CSRF_HEADER, "")
+    if not given or not hmac.compare_digest(given.encode(), session.csrf.encode()):
+        return error_response(403, "csrf", f"a session write needs the {CSRF_HEADER} header "
+                              "from GET /ui/session")
+    return None
+
+
+# ---------------------------------------------------------------------- handlers
+
+async def index(request: web.Request) -> web.StreamResponse:
+    return await _static("index.html")
+
+
+async def static_file(request: web.Request) -> web.StreamResponse:
+    return await _static(request.match_info["name"])
+
+
+_FILES: dict[str, bytes] = {}  # read once, off the event loop
+
+
+async def _static(name: str) -> web.Response:
+    suffix = Path(name).suffix
+    if "/" in name or name.startswith(".") or suffix not in STATIC_TYPES:
+        raise HttpError(404, "not_found", f"no static file {name!r}")
+    body = _FILES.get(name)
+    if body is None:
+        try:
+            body = await asyncio.to_thread(
+                resources.files("syncd.web").joinpath("static", name).read_bytes)
+        except (FileNotFoundError, IsADirectoryError):
+            raise HttpError(404, "not_found", f"no static file {name!r}") from None
+        _FILES[name] = body
+    return web.Response(body=body, content_type=STATIC_TYPES[suffix], headers=PAGE_HEADERS)
+
+
+async def new_login_code(request: web.Request) -> web.Response:
+    """Bearer only (``syncd open``): a session cannot mint codes for other browsers."""
+    if request.get(SESSION_KEY) is not None:
+        raise HttpError(403, "forbidden", "login codes are issued to the bearer token only")
+    code = request.app[SESSIONS].new_code()
+    url = f"{own_origin(request)}/ui/login?code={code}"
+    return web.json_response({"code": code, "url": url, "expires_in": CODE_TTL_SECS})
+
+
+async def login(request: web.Request) -> web.StreamResponse:
+    found = request.app[SESSIONS].redeem(request.query.get("code", ""))
+    if found is None:
+        return web.Response(status=401, headers=PAGE_HEADERS, content_type="text/plain",
+                            text="This login link is used up or expired. Run `syncd open` "
+                                 "for a new one.\n")
+    response = web.Response(status=303, headers={"Location": "/", **PAGE_HEADERS})
+    set_session_cookie(request, response, found[0])
+    return response
+
+
+def set_session_cookie(request: web.Request, response: web.StreamResponse, sid: str) -> None:
+    response.set_cookie(cookie_name(request), sid, path="/", httponly=True, samesite="Strict",
+                        max_age=SESSION_TTL_SECS, secure=_scheme(request) == "https")
+
+
+def own_origin(request: web.Request) -> str:
+    """This server's origin as the browser sees it (a hub behind a TLS proxy: https)."""
+    return f"{_scheme(request)}://{request.host}"
+
+
+def _scheme(request: web.Request) -> str:
+    forwarded = request.headers.get("X-Forwarded-Proto", "").strip().lower()
+    return forwarded if forwarded in ("http", "https") else request.url.scheme
+
+
+async def session_info(request: web.Request) -> web.Response:
+    """Public (the page asks before it has a session): the CSRF token of this browser's
+    session, or a 401 that says which login this server offers."""
+    session = session_of(request)[1]
+    if session is not None and (refused := check_session_request(request, session)):
+        return refused
+    kind = request.app.get(PAGE_KIND, "daemon")
+    if session is None:  # the page learns which login to offer: `syncd open`, or a hub token
+        how = "sign in with a hub token" if kind == "hub" else "run `syncd open`"
+        return web.json_response({"error": {"code": "unauthorized",
+                                            "message": f"no browser session; {how}"},
+                                  "kind": kind}, status=401)
+    left = max(0.0, session.expires - time.monotonic())
+    return web.json_response({"csrf": session.csrf, "expires_in": int(left),
+                              "kind": kind, "role": session.role}, headers={"Cache-Control": "no-store"})
+
+
+async def logout(request: web.Request) -> web.StreamResponse:
+    sid, _ = session_of(request)
+    request.app[SESSIONS].end(sid)
+    response = web.json_response({"ok": True})
+    response.del_cookie(cookie_name(request), path="/")
+    return response
+
+
+def _digest(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()
+
+
+PUBLIC_PATHS = frozenset({"/", "/ui/login", "/ui/session"})
+PUBLIC_PREFIXES = ("/static/",)
+ROUTES = [
+    ("GET", "/", index),
+    ("GET", "/static/{name}", static_file),
+    ("POST", "/ui/login-codes", new_login_code),
+    ("GET", "/ui/login", login),
+    ("GET", "/ui/session", session_info),
+    ("POST", "/ui/logout", logout),
+]

@@ -1,0 +1,1198 @@
+// syncd's web page: search (recall), one memory, sync and settings.
+//
+// Rules:
+//   * No frameworks, no build step, nothing fetched from elsewhere; the page works offline.
+//   * The server's Content-Security-Policy allows only this origin's files: no inline scripts,
+//     no inline event handlers, no style attributes in the HTML.
+//   * Memory text never goes through innerHTML: every piece of data is set as textContent
+//     (h() below), so a memory holding <script> shows as text.
+//   * The page authenticates with the HttpOnly session cookie; writes carry X-CSRF-Token (from
+//     GET /ui/session) and Content-Type: application/json.
+"use strict";
+
+(() => {
+  const MEMORY_TYPES = ["fact", "decision", "preference", "learning", "procedure", "entity",
+    "summary"];
+  const COMPONENTS = ["rrf", "semantic", "keyword", "graph", "importance", "recency",
+    "penalty"];
+  const COMPONENT_HELP = {
+    rrf: "reciprocal rank fusion of the semantic and keyword ranks",
+    semantic: "cosine similarity to the query",
+    keyword: "keyword (BM25) match",
+    graph: "graph proximity to a direct match",
+    importance: "the memory's importance",
+    recency: "recency decay",
+    penalty: "penalty (superseded)",
+  };
+  const REPLACES = new Set(["INVALIDATES", "SUPERSEDES"]);
+  const HITL_MODES = ["auto", "post_hoc", "gate"];
+
+  const state = {
+    csrf: null,
+    lastMemory: null,
+    settings: null,
+    searchSeq: 0,
+    memorySeq: 0,
+    syncSeq: 0,
+    view: null,
+  };
+
+  // ------------------------------------------------------------------ DOM helpers
+
+  const $ = (selector, root = document) => root.querySelector(selector);
+
+  /** An element with properties and children; strings become text nodes, never markup. */
+  function h(tag, props, ...children) {
+    const el = document.createElement(tag);
+    for (const [key, value] of Object.entries(props || {})) {
+      if (value === null || value === undefined || value === false) continue;
+      if (key === "class") el.className = value;
+      else if (key === "text") el.textContent = String(value);
+      else if (key === "dataset") Object.assign(el.dataset, value);
+      else if (key.startsWith("on")) {
+        // handlers are functions, never attribute text (and the CSP would refuse those)
+        if (typeof value !== "function") throw new TypeError(`h(): ${key} must be a function`);
+        el.addEventListener(key.slice(2), value);
+      } else if (typeof value === "boolean" || typeof value === "number") {
+        if (key in el) el[key] = value;
+        else el.setAttribute(key, String(value));
+      } else el.setAttribute(key, String(value));
+    }
+    append(el, children);
+    return el;
+  }
+
+  function append(el, children) {
+    for (const child of children.flat(Infinity)) {
+      if (child === null || child === undefined || child === false) continue;
+      el.append(child instanceof Node ? child : String(child));
+    }
+    return el;
+  }
+
+  function clear(el) {
+    while (el.firstChild) el.removeChild(el.firstChild);
+    return el;
+  }
+
+  function memoryHref(id) {
+    return "#/memory/" + encodeURIComponent(id);
+  }
+
+  function shortId(id) {
+    const text = String(id);
+    const bare = text.startsWith("memory:") ? text.slice(7) : text;
+    return bare.length > 13 ? (text.startsWith("memory:") ? "memory:" : "") + bare.slice(0, 8) + "…"
+      : text;
+  }
+
+  /** A node id: a link when it names a memory, else plain (monospace) text. */
+  function nodeRef(id, label) {
+    if (typeof id === "string" && id.startsWith("memory:")) {
+      const text = label || shortId(id);
+      return h("a", {class: text === id || !label ? "mono" : null, href: memoryHref(id),
+        title: id}, text);
+    }
+    return h("span", {class: "mono", title: String(id)}, String(id));
+  }
+
+  function badge(text, kind) {
+    return h("span", {class: "badge" + (kind ? " badge-" + kind : "")}, text);
+  }
+
+  function num(value, digits = 3) {
+    if (typeof value !== "number" || !Number.isFinite(value)) return "—";
+    return value.toFixed(digits);
+  }
+
+  function parseTime(text) {
+    if (typeof text !== "string" || !text) return null;
+    const trimmed = text.replace(/(\.\d{3})\d+/, "$1");
+    const ms = Date.parse(trimmed);
+    return Number.isNaN(ms) ? null : new Date(ms);
+  }
+
+  function ago(date) {
+    const secs = Math.round((Date.now() - date.getTime()) / 1000);
+    const abs = Math.abs(secs);
+    const [n, unit] = abs < 60 ? [abs, "s"] : abs < 3600 ? [Math.round(abs / 60), "min"]
+      : abs < 86400 ? [Math.round(abs / 3600), "h"] : [Math.round(abs / 86400), "d"];
+    return secs >= 0 ? `${n} ${unit} ago` : `in ${n} ${unit}`;
+  }
+
+  /** A timestamp as "2025-01-02 10:11:12 UTC · 3 min ago" (the exact value in the title). */
+  function when(text, fallback = "—") {
+    if (text === null || text === undefined || text === "") return h("span", {class: "muted"}, fallback);
+    const date = parseTime(String(text));
+    if (!date) return h("span", {class: "mono"}, String(text));
+    const shown = date.toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC");
+    return h("time", {datetime: String(text), title: String(text)}, shown,
+      h("span", {class: "muted"}, " · " + ago(date)));
+  }
+
+  function unixWhen(secs) {
+    if (typeof secs !== "number" || !secs) return h("span", {class: "muted"}, "—");
+    return when(new Date(secs * 1000).toISOString());
+  }
+
+  /** A definition list from [label, value] pairs; values may be nodes or text. */
+  function kv(pairs, cls = "kv") {
+    const dl = h("dl", {class: cls});
+    for (const [label, value, key] of pairs) {
+      const dd = h("dd", {dataset: key ? {key} : undefined});
+      append(dd, [value === null || value === undefined || value === "" ?
+        h("span", {class: "muted"}, "—") : value]);
+      dl.append(h("div", {class: "kv-row"}, h("dt", {}, label), dd));
+    }
+    return dl;
+  }
+
+  function jsonText(value) {
+    if (value === null || value === undefined) return null;
+    if (typeof value === "string") return value;
+    return JSON.stringify(value, null, 2);
+  }
+
+  function showMessage(el, text, kind) {
+    el.hidden = !text;
+    el.className = "message" + (kind ? " message-" + kind : "");
+    el.textContent = text || "";
+  }
+
+  function splitList(text) {
+    return String(text || "").split(",").map((s) => s.trim()).filter((s) => s);
+  }
+
+  // ------------------------------------------------------------------ API
+
+  class ApiError extends Error {
+    constructor(status, code, message, field) {
+      super(message);
+      this.status = status;
+      this.code = code;
+      this.field = field || null;
+    }
+  }
+
+  async function api(method, path, body) {
+    const headers = {Accept: "application/json"};
+    const init = {method, headers, credentials: "same-origin", cache: "no-store"};
+    if (method !== "GET" && method !== "HEAD") {
+      headers["Content-Type"] = "application/json";
+      headers["X-CSRF-Token"] = state.csrf || "";
+      init.body = JSON.stringify(body === undefined ? {} : body);
+    }
+    let response;
+    try {
+      response = await fetch(path, init);
+    } catch (exc) {
+      throw new ApiError(0, "network", "the daemon did not answer (is `syncd run` running?)");
+    }
+    let data = null;
+    const text = await response.text();
+    if (text) {
+      try {
+        data = JSON.parse(text);
+      } catch (exc) {
+        data = null;
+      }
+    }
+    if (!response.ok) {
+      const err = data && typeof data === "object" && data.error ? data.error : {};
+      if (response.status === 401) loggedOut();
+      throw new ApiError(response.status, err.code || "http_" + response.status,
+        err.message || `HTTP ${response.status}`, err.field);
+    }
+    return data;
+  }
+
+  function errorText(exc) {
+    if (exc instanceof ApiError) {
+      return exc.field ? `${exc.message} (field: ${exc.field})` : exc.message;
+    }
+    return String(exc && exc.message ? exc.message : exc);
+  }
+
+  // ------------------------------------------------------------------ session and routing
+
+  async function boot() {
+    fillTypeSelect();
+    $("#search-form").addEventListener("submit", runSearch);
+    $("#sync-now").addEventListener("click", syncNow);
+    $("#sync-refresh").addEventListener("click", () => loadSync());
+    $("#settings-form").addEventListener("submit", saveSettings);
+    $("#settings-form").addEventListener("input", onSettingsInput);
+    $("#settings-form").addEventListener("change", onSettingsInput);
+    $("#settings-reset").addEventListener("click", () => {
+      if (state.settings) renderSettings(state.settings);
+      showMessage($("#settings-message"), "");
+    });
+    $("#logout").addEventListener("click", logout);
+    window.addEventListener("hashchange", route);
+    let session;
+    try {
+      session = await api("GET", "/ui/session");
+    } catch (exc) {
+      if (!(exc instanceof ApiError && exc.status === 401)) {
+        $("#booting").textContent = "Could not reach the daemon: " + errorText(exc);
+        $("#booting").className = "error";
+      }
+      return;
+    }
+    state.csrf = session.csrf;
+    $("#booting").hidden = true;
+    $("#tabs").hidden = false;
+    $("#logout").hidden = false;
+    document.body.dataset.session = "1";
+    route();
+  }
+
+  function loggedOut() {
+    state.csrf = null;
+    document.body.dataset.session = "";
+    for (const el of document.querySelectorAll(".view")) el.hidden = true;
+    $("#booting").hidden = true;
+    $("#tabs").hidden = true;
+    $("#logout").hidden = true;
+    $("#logged-out").hidden = false;
+  }
+
+  async function logout() {
+    try {
+      await api("POST", "/ui/logout", {});
+    } catch (exc) {
+      // logged out either way
+    }
+    loggedOut();
+  }
+
+  function route() {
+    if (!state.csrf) return;
+    const match = /^#\/(search|memory|sync|settings)(?:\/(.*))?$/.exec(location.hash || "");
+    const view = match ? match[1] : "search";
+    for (const el of document.querySelectorAll(".view")) {
+      el.hidden = el.dataset.view !== view;
+    }
+    for (const tab of document.querySelectorAll("#tabs a")) {
+      if (tab.dataset.tab === view) tab.setAttribute("aria-current", "page");
+      else tab.removeAttribute("aria-current");
+    }
+    state.view = view;
+    document.body.dataset.view = view;
+    if (view === "memory") {
+      let id = match && match[2] ? match[2] : null;
+      if (id) {
+        try {
+          id = decodeURIComponent(id);
+        } catch (exc) {
+          // keep it as typed
+        }
+      }
+      openMemory(id || state.lastMemory);
+    } else if (view === "sync") {
+      loadSync();
+    } else if (view === "settings") {
+      loadSettings();
+    } else {
+      document.title = "Search · syncd";
+      if (!$("#search-results").firstChild) $("#q").focus();
+    }
+  }
+
+  // ------------------------------------------------------------------ search
+
+  function fillTypeSelect() {
+    const select = $("#f-type");
+    for (const kind of MEMORY_TYPES) select.append(h("option", {value: kind}, kind));
+  }
+
+  function clearFieldErrors(root) {
+    for (const el of root.querySelectorAll(".field-error")) el.remove();
+    for (const el of root.querySelectorAll(".invalid")) el.classList.remove("invalid");
+  }
+
+  function fieldError(root, field, message) {
+    const base = String(field).replace(/(\[\d+\])+$/, "");  // "tags[2]" → the tags input
+    const input = root.querySelector(`[data-field="${CSS.escape(field)}"]`) ||
+      root.querySelector(`[data-field="${CSS.escape(base)}"]`);
+    if (!input) return false;
+    input.classList.add("invalid");
+    const label = input.closest("label") || input;
+    label.after(h("p", {class: "field-error", dataset: {for: field}}, message));
+    return true;
+  }
+
+  function searchBody(form) {
+    const errors = [];
+    const body = {query: $("#q").value.trim()};
+    const realms = splitList($("#f-realms").value);
+    if (realms.length) body.realms = realms;
+    const type = $("#f-type").value;
+    if (type) body.memory_type = type;
+    const tags = splitList($("#f-tags").value);
+    if (tags.length) body.tags = tags;
+    const asOf = $("#f-as-of").value.trim();
+    if (asOf) body.as_of = asOf;  // the daemon checks it (422 with field "as_of")
+    const limit = $("#f-limit").value.trim();
+    if (limit) {
+      const n = Number(limit);
+      if (!Number.isInteger(n) || n < 1 || n > 100) errors.push(["limit", "a whole number 1–100"]);
+      else body.limit = n;
+    } else if ($("#f-limit").validity.badInput) {
+      errors.push(["limit", "a whole number 1–100"]);
+    }
+    const hops = $("#f-hops").value;
+    if (hops) body.expand_hops = Number(hops);
+    if ($("#f-invalidated").checked) body.include_invalidated = true;
+    for (const [field, message] of errors) fieldError(form, field, message);
+    return errors.length ? null : body;
+  }
+
+  async function runSearch(event) {
+    event.preventDefault();
+    const form = $("#search-form");
+    const errorEl = $("#search-error");
+    clearFieldErrors(form);
+    errorEl.hidden = true;
+    const body = searchBody(form);
+    if (!body) return;
+    const seq = ++state.searchSeq;
+    const results = $("#search-results");
+    results.setAttribute("aria-busy", "true");
+    $("#search-submit").disabled = true;
+    try {
+      const answer = await api("POST", "/v1/agent/memory/query", body);
+      if (seq !== state.searchSeq) return;
+      renderResults(answer);
+    } catch (exc) {
+      if (seq !== state.searchSeq) return;
+      if (!(exc instanceof ApiError && exc.field && fieldError(form, exc.field, exc.message))) {
+        errorEl.textContent = errorText(exc);
+        errorEl.hidden = false;
+      }
+    } finally {
+      if (seq === state.searchSeq) {
+        results.removeAttribute("aria-busy");
+        $("#search-submit").disabled = false;
+      }
+    }
+  }
+
+  function renderResults(answer) {
+    const root = clear($("#search-results"));
+    const memories = Array.isArray(answer.memories) ? answer.memories : [];
+    const fallback = answer.fallback === true || (memories.length > 0 &&
+      memories.every((m) => m.fallback));
+    const summary = h("p", {class: "results-summary muted"},
+      `${memories.length} ${memories.length === 1 ? "memory" : "memories"} · ${answer.took_ms} ms`);
+    root.append(summary);
+    if (fallback) {
+      root.append(h("div", {class: "banner banner-fallback", id: "fallback-banner", role: "note"},
+        h("strong", {}, "No match — most important recent memories"),
+        h("span", {class: "muted"}, " (nothing matched the query; these are shown instead)")));
+    }
+    if (Array.isArray(answer.gated) && answer.gated.length) {
+      root.append(h("div", {class: "banner banner-warn", role: "note"},
+        `Paused: ${answer.gated.join(", ")}` +
+        (answer.gate_reason ? ` (${answer.gate_reason})` : "") +
+        " — graph expansion is off until the entitlement is back."));
+    }
+    if (!memories.length) {
+      root.append(h("p", {class: "empty"}, "Nothing found."));
+    }
+    const rrfMax = Math.max(1e-9, ...memories.map((m) => (m.components ? m.components.rrf : 0)));
+    const titles = new Map(memories.map((m) => [m.id, m.title || firstLine(m.content_preview)]));
+    const list = h("ol", {class: "hits"});
+    for (const memory of memories) list.append(hitCard(memory, rrfMax, titles));
+    root.append(list);
+    const linked = Array.isArray(answer.linked) ? answer.linked : [];
+    if (linked.length) {
+      root.append(h("section", {class: "card linked", id: "linked"},
+        h("h2", {}, "Linked resources"),
+        table(["Node", "Edge", "Depth", "Namespace"], linked.map((l) => [
+          nodeRef(l.node_id, l.node_id), h("span", {class: "mono"}, l.edge_type),
+          String(l.depth), l.target_namespace || "—"]))));
+    }
+    if (answer.context) {
+      root.append(h("details", {class: "card context"},
+        h("summary", {}, "Context block (what an agent receives)"),
+        h("pre", {class: "pre"}, answer.context)));
+    }
+  }
+
+  function hitCard(memory, rrfMax, titles) {
+    const title = memory.title || firstLine(memory.content_preview) || "(empty)";
+    const item = h("li", {class: "hit card" + (memory.invalid_at ? " is-invalid" : ""),
+      dataset: {id: memory.id}});
+    const head = h("div", {class: "hit-head"},
+      h("a", {class: "hit-title", href: memoryHref(memory.id)}, title),
+      h("span", {class: "score", title: "final score"},
+        h("span", {class: "score-label"}, "score "), num(memory.score)));
+    const meta = h("div", {class: "hit-meta"},
+      badge(memory.memory_type || "?", "type"),
+      memory.realm ? badge(memory.realm, "realm") : null,
+      memory.fallback ? badge("fallback", "warn") : null,
+      memory.superseded_by ? badge("superseded", "warn") : null,
+      h("span", {class: "muted"}, "importance " + num(memory.importance, 2)),
+      h("span", {class: "validity", title: "valid from → until"},
+        "valid ", when(memory.valid_at, "always"), " → ",
+        memory.invalid_at ? when(memory.invalid_at) : h("span", {class: "now"}, "now")));
+    item.append(head, meta);
+    if (memory.title && memory.content_preview) {
+      item.append(h("p", {class: "preview"}, memory.content_preview));
+    }
+    if (memory.via) {
+      item.append(h("p", {class: "via"}, "via graph: ",
+        nodeRef(memory.via.seed, titles.get(memory.via.seed)),
+        " → ", h("span", {class: "mono"}, memory.via.type), `, depth ${memory.via.depth}`));
+    }
+    if (memory.superseded_by) {
+      item.append(h("p", {class: "via"}, "superseded by ", nodeRef(memory.superseded_by)));
+    }
+    if (memory.components) item.append(componentsView(memory.components, rrfMax));
+    item.addEventListener("click", (event) => {
+      if (event.target.closest("a")) return;
+      if (window.getSelection && String(window.getSelection())) return;
+      location.hash = memoryHref(memory.id);
+    });
+    return item;
+  }
+
+  function firstLine(text) {
+    return String(text || "").split("\n").find((line) => line.trim()) || "";
+  }
+
+  function componentsView(components, rrfMax) {
+    const grid = h("div", {class: "components", role: "table", "aria-label": "score components"});
+    for (const name of COMPONENTS) {
+      const value = typeof components[name] === "number" ? components[name] : 0;
+      const scale = name === "rrf" ? rrfMax : 1;
+      const fill = h("span", {class: "fill"});
+      fill.style.width = `${Math.max(0, Math.min(1, value / scale)) * 100}%`;
+      grid.append(h("div", {class: "comp comp-" + name, role: "row",
+        dataset: {component: name}, title: COMPONENT_HELP[name]},
+      h("span", {class: "comp-name", role: "cell"}, name),
+      h("span", {class: "bar", role: "cell"}, fill),
+      h("span", {class: "comp-value", role: "cell"}, num(value))));
+    }
+    return grid;
+  }
+
+  function table(headers, rows, cls = "table") {
+    const thead = h("thead", {}, h("tr", {}, headers.map((t) => h("th", {}, t))));
+    const tbody = h("tbody", {}, rows.map((cells) => h("tr", {},
+      cells.map((c) => h("td", {}, c)))));
+    return h("table", {class: cls}, thead, tbody);
+  }
+
+  // ------------------------------------------------------------------ one memory
+
+  async function openMemory(id, message) {
+    const root = $("#memory-body");
+    const seq = ++state.memorySeq;
+    if (!id) {
+      document.title = "Memory · syncd";
+      clear(root).append(memoryPicker());
+      return;
+    }
+    state.lastMemory = id;
+    $('#tabs a[data-tab="memory"]').setAttribute("href", memoryHref(id));
+    if (!root.firstChild || root.dataset.id !== id) {
+      clear(root).append(h("p", {class: "muted"}, "Loading…"));
+    }
+    let memory;
+    try {
+      memory = await api("GET", "/v1/agent/memory/items/" + encodeURIComponent(id));
+    } catch (exc) {
+      if (seq !== state.memorySeq) return;
+      root.dataset.id = "";
+      clear(root).append(memoryPicker(),
+        h("p", {class: "error", role: "alert"}, errorText(exc)));
+      return;
+    }
+    if (seq !== state.memorySeq) return;
+    root.dataset.id = id;
+    clear(root).append(memoryView(memory, message));
+    document.title = (memory.title || memory.memory_type) + " · syncd";
+    const history = $("#history-body", root);
+    loadHistory(memory, history, seq);
+  }
+
+  function memoryPicker() {
+    const input = h("input", {type: "text", id: "memory-id", placeholder: "memory:…",
+      "aria-label": "memory id"});
+    const form = h("form", {class: "card picker"},
+      h("p", {}, "Open a memory from a search result, or by its id:"),
+      h("div", {class: "search-row"}, input, h("button", {type: "submit"}, "Open")));
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      const id = input.value.trim();
+      if (id) location.hash = memoryHref(id);
+    });
+    return form;
+  }
+
+  function memoryView(memory, message) {
+    const id = memory.id;
+    const edges = Array.isArray(memory.edges) ? memory.edges : [];
+    const archived = memory.status === "archived";
+    const wrap = h("article", {class: "memory", dataset: {id}});
+    wrap.append(h("div", {class: "memory-head"},
+      h("h1", {id: "memory-title"}, memory.title || `(untitled ${memory.memory_type || "memory"})`),
+      h("div", {class: "hit-meta"},
+        badge(memory.memory_type || "?", "type"),
+        memory.realm ? badge(memory.realm, "realm") : null,
+        h("span", {id: "memory-status", class: "badge badge-status status-" + memory.status},
+          memory.status),
+        memory.invalid_at ? badge("invalidated", "warn") : null,
+        h("span", {class: "muted"}, "importance " + num(memory.importance, 2)),
+        h("span", {class: "validity"}, "valid ", when(memory.valid_at, "always"), " → ",
+          memory.invalid_at ? when(memory.invalid_at) : h("span", {class: "now"}, "now")))));
+    if (Array.isArray(memory.tags) && memory.tags.length) {
+      wrap.append(h("div", {class: "tags", id: "memory-tags"},
+        memory.tags.map((t) => h("span", {class: "tag"}, t))));
+    }
+    wrap.append(h("div", {class: "content card", id: "memory-content"}, memory.content || ""));
+
+    // actions
+    const msg = h("p", {class: "message", id: "memory-message", role: "status", hidden: true});
+    const toggle = h("button", {type: "button", id: "memory-archive"},
+      archived ? "Unarchive" : "Archive");
+    toggle.addEventListener("click", () => memoryAction(id, "update_memory_status",
+      {memory_id: id, status: archived ? "active" : "archived"}, msg,
+      archived ? "Unarchived: status active" : "Archived: status archived", toggle));
+    const importance = h("input", {type: "number", id: "memory-importance", min: "0",
+      max: "1", step: "0.05", value: String(memory.importance ?? ""),
+      "aria-label": "importance", "data-field": "importance"});
+    const save = h("button", {type: "button", id: "memory-importance-save"}, "Save");
+    save.addEventListener("click", () => {
+      const value = Number(importance.value);
+      if (importance.value.trim() === "" || !Number.isFinite(value) || value < 0 || value > 1) {
+        showMessage(msg, "Importance must be a number from 0 to 1", "error");
+        importance.classList.add("invalid");
+        return;
+      }
+      importance.classList.remove("invalid");
+      memoryAction(id, "update_memory_importance", {memory_id: id, importance: value}, msg,
+        `Saved: importance ${value}`, save);
+    });
+    importance.addEventListener("keydown", (event) => {
+      if (event.key === "Enter") save.click();
+    });
+    wrap.append(h("section", {class: "card actions"},
+      h("div", {class: "action"}, h("span", {class: "action-label"}, "Status"),
+        h("strong", {}, memory.status), toggle),
+      h("div", {class: "action"}, h("label", {for: "memory-importance", class: "action-label"},
+        "Importance"), importance, save),
+      msg));
+    if (message) showMessage(msg, message[0], message[1]);
+
+    // history
+    wrap.append(h("section", {class: "card", id: "memory-history"},
+      h("h2", {}, "Supersession history"), h("div", {id: "history-body"},
+        h("p", {class: "muted"}, "Loading…"))));
+
+    // edges
+    const out = edges.filter((e) => e.src === id);
+    const inc = edges.filter((e) => e.dst === id && e.src !== id);
+    wrap.append(h("section", {class: "card", id: "memory-edges"},
+      h("h2", {}, `Edges (${edges.length})`),
+      h("h3", {}, `Outgoing (${out.length})`),
+      out.length ? edgeTable(out, "dst", "To") : h("p", {class: "muted"}, "none"),
+      h("h3", {}, `Incoming (${inc.length})`),
+      inc.length ? edgeTable(inc, "src", "From") : h("p", {class: "muted"}, "none")));
+
+    // every other field
+    const shown = new Set(["content", "title", "edges", "tags", "content_preview"]);
+    const details = [];
+    const order = ["id", "memory_type", "realm", "status", "importance", "provenance",
+      "created_at", "updated_at", "valid_at", "invalid_at", "superseded_by"];
+    const keys = order.filter((k) => k in memory).concat(
+      Object.keys(memory).filter((k) => !order.includes(k) && !shown.has(k)));
+    for (const key of keys) details.push([key, detailValue(key, memory[key]), key]);
+    details.splice(3, 0, ["tags", (memory.tags || []).join(", "), "tags"]);
+    wrap.append(h("section", {class: "card", id: "memory-details"}, h("h2", {}, "Details"),
+      kv(details)));
+    return wrap;
+  }
+
+  function detailValue(key, value) {
+    if (value === null || value === undefined || value === "") return null;
+    if (key === "superseded_by") return nodeRef(value, value);
+    if (/_at$/.test(key)) return when(value);
+    if (typeof value === "object") return h("pre", {class: "pre small"}, jsonText(value));
+    if (key === "id") return h("span", {class: "mono"}, value);
+    return String(value);
+  }
+
+  function edgeTable(edges, otherKey, otherLabel) {
+    return table(["Type", otherLabel, "Props", "Realm", "Updated"], edges.map((e) => [
+      h("span", {class: "mono edge-type"}, e.type),
+      nodeRef(e[otherKey], e[otherKey]),
+      e.props === null || e.props === undefined ? h("span", {class: "muted"}, "—") :
+        h("code", {class: "props"}, jsonText(e.props)),
+      e.realm || "—",
+      when(e.updated_at || e.created_at)]), "table edges");
+  }
+
+  async function fetchMemory(id) {
+    try {
+      return await api("GET", "/v1/agent/memory/items/" + encodeURIComponent(id));
+    } catch (exc) {
+      return {id, _error: errorText(exc)};
+    }
+  }
+
+  function reason(edges, src, dst) {
+    const edge = edges.find((e) => REPLACES.has(e.type) && e.src === src && e.dst === dst);
+    if (!edge || edge.props === null || edge.props === undefined) return null;
+    const props = edge.props;
+    if (props && typeof props === "object" && props.reason) return String(props.reason);
+    return jsonText(props);
+  }
+
+  async function loadHistory(memory, root, seq) {
+    const id = memory.id;
+    const edges = memory.edges || [];
+    const parts = [];
+
+    // what replaced it: follow superseded_by (and MERGED_INTO) as a chain
+    const chain = [];
+    const seen = new Set([id]);
+    let current = memory;
+    while (chain.length < 20) {
+      let next = current.superseded_by;
+      let how = "superseded";
+      if (!next) {
+        const merged = (current.edges || []).find((e) => e.type === "MERGED_INTO" &&
+          e.src === current.id);
+        if (merged) {
+          next = merged.dst;
+          how = "merged into";
+        }
+      }
+      if (!next || seen.has(next)) break;
+      seen.add(next);
+      const successor = await fetchMemory(next);
+      if (seq !== state.memorySeq) return;
+      chain.push({from: current, to: successor, how,
+        why: reason(successor.edges || [], next, current.id)});
+      if (successor._error) break;
+      current = successor;
+    }
+    if (chain.length) {
+      const list = h("ol", {class: "chain", id: "replaced-by"});
+      for (const step of chain) {
+        const to = step.to;
+        list.append(h("li", {},
+          h("span", {class: "chain-how"}, step.how === "superseded" ? "replaced by " : "merged into "),
+          nodeRef(to.id, to._error ? to.id : (to.title || firstLine(to.content_preview ||
+            to.content) || to.id)),
+          to.memory_type ? badge(to.memory_type, "type") : null,
+          h("span", {class: "muted"}, " · when: "),
+          step.from.invalid_at ? when(step.from.invalid_at) : h("span", {class: "muted"},
+            step.how === "superseded" ? "not recorded" : "—"),
+          h("span", {class: "muted"}, " · why: "),
+          step.why ? h("span", {class: "why"}, step.why) :
+            h("span", {class: "muted"}, "no reason recorded"),
+          to._error ? h("span", {class: "error"}, " (" + to._error + ")") : null));
+      }
+      parts.push(h("h3", {}, "Replaced by"), list);
+    } else {
+      parts.push(h("p", {id: "history-current"}, memory.invalid_at ?
+        "Invalidated, with no successor recorded." : "Current: nothing has replaced it."));
+    }
+
+    // what it replaced: INVALIDATES/SUPERSEDES edges from it, MERGED_INTO edges into it
+    const replaced = [];
+    for (const e of edges) {
+      if (REPLACES.has(e.type) && e.src === id && e.dst !== id) {
+        replaced.push({other: e.dst, how: e.type.toLowerCase(), edge: e});
+      } else if (e.type === "MERGED_INTO" && e.dst === id && e.src !== id) {
+        replaced.push({other: e.src, how: "merged in", edge: e});
+      }
+    }
+    if (replaced.length) {
+      const olds = await Promise.all(replaced.map((r) => fetchMemory(r.other)));
+      if (seq !== state.memorySeq) return;
+      const list = h("ul", {class: "chain", id: "replaced"});
+      replaced.forEach((r, i) => {
+        const old = olds[i];
+        const why = r.edge.props && typeof r.edge.props === "object" && r.edge.props.reason ?
+          String(r.edge.props.reason) : jsonText(r.edge.props);
+        list.append(h("li", {},
+          h("span", {class: "chain-how"}, r.how + " "),
+          nodeRef(r.other, old._error ? r.other : (old.title || firstLine(old.content_preview ||
+            old.content) || r.other)),
+          old.memory_type ? badge(old.memory_type, "type") : null,
+          h("span", {class: "muted"}, " · when: "),
+          old.invalid_at ? when(old.invalid_at) : when(r.edge.created_at),
+          h("span", {class: "muted"}, " · why: "),
+          why ? h("span", {class: "why"}, why) : h("span", {class: "muted"}, "no reason recorded")));
+      });
+      parts.push(h("h3", {}, "Replaced"), list);
+    }
+    clear(root).append(...parts);
+  }
+
+  async function memoryAction(id, tool, body, msg, success, button) {
+    button.disabled = true;
+    showMessage(msg, "Saving…", "info");
+    try {
+      await api("POST", "/v1/agent/memory/tools/" + tool, body);
+    } catch (exc) {
+      button.disabled = false;
+      showMessage(msg, "Error: " + errorText(exc), "error");
+      return;
+    }
+    await openMemory(id, [success, "ok"]);
+  }
+
+  // ------------------------------------------------------------------ sync
+
+  async function loadSync(message) {
+    const root = $("#sync-body");
+    const seq = ++state.syncSeq;
+    document.title = "Sync · syncd";
+    if (!root.firstChild) root.append(h("p", {class: "muted"}, "Loading…"));
+    let status;
+    try {
+      status = await api("GET", "/v1/agent/sync/status");
+    } catch (exc) {
+      if (seq !== state.syncSeq) return;
+      clear(root).append(h("p", {class: "error", role: "alert"}, errorText(exc)));
+      return;
+    }
+    if (seq !== state.syncSeq) return;
+    renderSync(status);
+    if (message) showMessage($("#sync-message"), message[0], message[1]);
+  }
+
+  function renderSync(status) {
+    const root = clear($("#sync-body"));
+    const ent = status.entitlement;
+    $("#sync-now").disabled = status.configured === false;
+    const cards = h("div", {class: "grid"});
+    if (status.configured === false) {
+      cards.append(h("section", {class: "card"}, h("h2", {}, "Control plane"),
+        h("p", {}, "Sync is off: ", status.reason || "no control plane configured")));
+    } else {
+      const lastPass = status.last_pass;
+      cards.append(h("section", {class: "card", id: "sync-plane"}, h("h2", {}, "Control plane"),
+        kv([
+          ["URL", h("span", {class: "mono"}, status.url), "url"],
+          ["Realm", status.realm || "all", "realm"],
+          ["Cursor", status.cursor ? h("span", {class: "mono"}, status.cursor) : null, "cursor"],
+          ["Plane store", status.plane_store_id, "plane_store_id"],
+          ["Plane model", status.plane_model, "plane_model"],
+          ["Interval", status.interval_secs ? `${status.interval_secs} s` : null,
+            "interval_secs"],
+        ])));
+      const stateBadge = status.gated ? badge("paused: " + status.gated, "warn") :
+        status.auth_blocked ? badge("token refused", "bad") :
+          status.consecutive_failures ? badge("failing", "bad") :
+            status.last_success ? badge("ok", "ok") : badge("not yet synced", "warn");
+      cards.append(h("section", {class: "card", id: "sync-health"},
+        h("h2", {}, "Health ", stateBadge),
+        kv([
+          ["Last success", when(status.last_success, "never"), "last_success"],
+          ["Last error", status.last_error ? h("span", {class: "error-text"}, status.last_error)
+            : null, "last_error"],
+          ["Last error at", status.last_error ? when(status.last_error_at) : null,
+            "last_error_at"],
+          ["Outbox depth", String(status.outbox ?? "—"), "outbox"],
+          ["Clock offset", typeof status.clock_offset_ms === "number" ?
+            `${status.clock_offset_ms.toFixed(0)} ms` : null, "clock_offset_ms"],
+          ["Passes", `${status.passes ?? 0} (${status.failures ?? 0} failed, ` +
+            `${status.consecutive_failures ?? 0} in a row)`, "passes"],
+          ["Backoff", status.next_attempt_in_secs > 0 ?
+            `next attempt in ${Math.round(status.next_attempt_in_secs)} s` : "none",
+          "next_attempt_in_secs"],
+          ["Future rows", String(status.future_rows ?? 0), "future_rows"],
+          ["Drift rejections", String(status.drift_rejections ?? 0), "drift_rejections"],
+          ["Egress refusals", String(status.egress_refusals ?? 0), "egress_refusals"],
+          ["Skipped rows", (status.skipped_rows || []).length ?
+            (status.skipped_rows || []).join(", ") : "0", "skipped_rows"],
+        ])));
+      cards.append(h("section", {class: "card", id: "sync-last-pass"},
+        h("h2", {}, "Last pass"), lastPass ? passView(lastPass) :
+          h("p", {class: "muted"}, "No pass yet since the daemon started.")));
+    }
+    cards.append(h("section", {class: "card", id: "sync-gate"}, h("h2", {}, "Entitlement"),
+      ent ? gateView(ent) : h("p", {class: "muted"}, "This daemon has no entitlement gate.")));
+    root.append(cards);
+    if (status.totals && Object.keys(status.totals).length) {
+      root.append(h("section", {class: "card", id: "sync-totals"},
+        h("h2", {}, "Totals since the daemon started"),
+        h("dl", {class: "kv compact totals"}, Object.entries(status.totals).map(([k, v]) =>
+          h("div", {class: "kv-row", dataset: {key: k}}, h("dt", {}, k.replace(/_/g, " ")),
+            h("dd", {}, String(v)))))));
+    }
+  }
+
+  const PHASES = [
+    ["Pull", [["nodes", "pulled_nodes"], ["edges", "pulled_edges"], ["pages", "pull_pages"],
+      ["problems", "pull_problems"]]],
+    ["Push", [["nodes", "pushed_nodes"], ["edges", "pushed_edges"],
+      ["requests", "push_requests"], ["splits", "push_splits"],
+      ["row errors", "push_row_errors"]]],
+    ["Repair", [["requeued", "requeued"], ["future rows", "future_rows"],
+      ["anti-entropy", "anti_entropy"], ["reset", "reset"], ["clock rewound", "clock_rewound"]]],
+    ["Wire", [["requests", "requests"], ["bytes in", "bytes_in"], ["bytes out", "bytes_out"]]],
+  ];
+
+  function passView(pass) {
+    const box = h("div", {class: "pass"});
+    box.append(h("p", {},
+      pass.ok ? badge("ok", "ok") : badge("failed", "bad"), " ",
+      h("span", {class: "muted"}, `${pass.trigger || "?"} · `), when(pass.started_at),
+      h("span", {class: "muted"}, ` · ${num(pass.took_ms, 0)} ms`)));
+    if (pass.error) {
+      box.append(h("p", {class: "error-text"}, (pass.error_kind ? pass.error_kind + ": " : "") +
+        pass.error));
+    }
+    const phases = h("div", {class: "phases"});
+    for (const [phase, counters] of PHASES) {
+      const rows = counters.filter(([, key]) => key in pass).map(([label, key]) => {
+        const value = pass[key];
+        const shown = value === true ? "yes" : value === false ? "no" :
+          value === null || value === undefined ? "—" : String(value);
+        return h("div", {class: "kv-row", dataset: {key}}, h("dt", {}, label),
+          h("dd", {}, shown));
+      });
+      phases.append(h("div", {class: "phase", dataset: {phase: phase.toLowerCase()}},
+        h("h3", {}, phase), h("dl", {class: "kv compact"}, rows)));
+    }
+    box.append(phases);
+    return box;
+  }
+
+  function gateView(ent) {
+    const features = Array.isArray(ent.features) ? ent.features.join(", ") : null;
+    const gates = h("span", {},
+      badge("sync: " + (ent.sync || "?"), ent.sync === "on" ? "ok" : "warn"), " ",
+      badge("graph: " + (ent.graph || "?"), ent.graph === "on" ? "ok" : "warn"));
+    return kv([
+      ["State", ent.entitled ? badge("entitled", "ok") :
+        badge("paused" + (ent.reason ? ": " + ent.reason : ""), "warn"), "entitled"],
+      ["Reason", ent.reason, "reason"],
+      ["Gates", gates, "gates"],
+      ["Plan", ent.plan, "plan"],
+      ["Features", features, "features"],
+      ["Expires", ent.exp ? unixWhen(ent.exp) : null, "exp"],
+      ["Source", ent.source, "source"],
+      ["Checked", ent.checked_at ? unixWhen(ent.checked_at) : null, "checked_at"],
+      ["Online error", ent.last_online_error, "last_online_error"],
+      ["Device", ent.device_id ? h("span", {class: "mono"}, ent.device_id) : null, "device_id"],
+    ]);
+  }
+
+  async function syncNow() {
+    const button = $("#sync-now");
+    const msg = $("#sync-message");
+    button.disabled = true;
+    showMessage(msg, "Syncing…", "info");
+    let report;
+    try {
+      report = await api("POST", "/v1/agent/sync/run", {});
+    } catch (exc) {
+      button.disabled = false;
+      showMessage(msg, "Sync failed: " + errorText(exc), "error");
+      return;
+    }
+    button.disabled = false;
+    const text = report.ok ?
+      `Pass done in ${num(report.took_ms, 0)} ms: pulled ${report.pulled_nodes} memories and ` +
+      `${report.pulled_edges} edges, pushed ${report.pushed_nodes} memories and ` +
+      `${report.pushed_edges} edges.` :
+      `Pass failed: ${report.error_kind ? report.error_kind + ": " : ""}${report.error || "?"}`;
+    await loadSync([text, report.ok ? "ok" : "error"]);
+  }
+
+  // ------------------------------------------------------------------ settings
+
+  const W = {kind: "float", min: 0, max: 10};
+  const SETTINGS_SCHEMA = {
+    w_rrf: {...W, group: "weights", help: "reciprocal rank fusion"},
+    w_semantic: {...W, group: "weights", help: "meaning (cosine)"},
+    w_keyword: {...W, group: "weights", help: "keywords (BM25)"},
+    w_graph: {...W, group: "weights", help: "graph proximity"},
+    w_importance: {...W, group: "weights", help: "importance"},
+    w_recency: {...W, group: "weights", help: "recency"},
+    w_reinforcement: {...W, group: "weights", help: "reinforcement"},
+    default_limit: {kind: "int", min: 1, max: 100, group: "defaults",
+      help: "memories per recall"},
+    default_expand_hops: {kind: "int", min: 0, max: 2, group: "defaults",
+      help: "graph hops (0–2)"},
+    ann_threshold: {kind: "float", min: 0, max: 1, group: "defaults",
+      help: "semantic floor (0–1)"},
+    half_life_days: {kind: "float", min: 0, exclusiveMin: true, max: 36500, group: "defaults",
+      help: "recency half-life, days"},
+    rrf_k: {kind: "float", min: 0, exclusiveMin: true, max: 100000, group: "defaults",
+      help: "RRF k"},
+    extraction_enabled: {kind: "bool", group: "extraction"},
+    min_events: {kind: "int", min: 0, max: 1000000, group: "extraction"},
+    embedding_model: {kind: "str", nullable: true, group: "extraction",
+      help: "the hub's embedding model (empty = none)"},
+    dreaming: {kind: "group", fields: {
+      enabled: {kind: "bool"},
+      interval_secs: {kind: "int", min: 1, max: 31536000, help: "seconds"},
+      mode: {kind: "enum", options: ["full", "housekeeping_only", "sources"]},
+      realm_scope: {kind: "list", help: "comma-separated; empty = all"},
+      max_tool_calls: {kind: "int", min: 0, max: 1000000},
+      wall_clock_secs: {kind: "int", min: 1, max: 604800, help: "seconds"},
+      connector_read_budget: {kind: "int", min: 0, max: 1000000},
+      connector_read_max_bytes: {kind: "int", min: 0, max: 1073741824, help: "bytes"},
+      mutation_cap: {kind: "int", min: 0, max: 1000000},
+    }},
+    hitl: {kind: "group", fields: {
+      enabled: {kind: "bool"},
+      ops: {kind: "group", fields: Object.fromEntries(["add", "update", "invalidate", "merge",
+        "archive", "link_entity_cross_realm", "relationship_write", "promote_file_candidate"]
+        .map((k) => [k, {kind: "enum", options: HITL_MODES}]))},
+      confidence_threshold: {kind: "float", min: 0, max: 1},
+      realm_scope: {kind: "list", help: "comma-separated; empty = all"},
+      type_scope: {kind: "list", help: "comma-separated; empty = all"},
+    }},
+  };
+  const GROUPS = [
+    ["weights", "Recall weights", "How much each signal counts in a memory's score."],
+    ["defaults", "Recall defaults", "Used when a query does not say."],
+    ["extraction", "Extraction", null],
+    ["other", "Other", null],
+  ];
+
+  async function loadSettings() {
+    document.title = "Settings · syncd";
+    const msg = $("#settings-message");
+    try {
+      const settings = await api("GET", "/v1/agent/memory/settings");
+      state.settings = settings;
+      renderSettings(settings);
+    } catch (exc) {
+      showMessage(msg, "Could not load the settings: " + errorText(exc), "error");
+    }
+  }
+
+  /** The schema of a value the page does not know (a newer daemon's key). */
+  function guessSpec(value) {
+    if (typeof value === "boolean") return {kind: "bool"};
+    if (typeof value === "number") return {kind: "float"};
+    if (Array.isArray(value) && value.every((v) => typeof v === "string")) return {kind: "list"};
+    if (value && typeof value === "object") return {kind: "json"};
+    return {kind: "str", nullable: value === null};
+  }
+
+  function renderSettings(settings) {
+    const form = clear($("#settings-form"));
+    const groups = Object.fromEntries(GROUPS.map(([key, title, help]) => [key,
+      h("fieldset", {class: "card settings-group", dataset: {group: key}},
+        h("legend", {}, title), help ? h("p", {class: "muted small"}, help) : null,
+        h("div", {class: "fields"}))]));
+    const nested = [];
+    for (const [key, value] of Object.entries(settings)) {
+      const spec = SETTINGS_SCHEMA[key] || guessSpec(value);
+      if (spec.kind === "group" && value && typeof value === "object") {
+        nested.push(groupFieldset(key, key, spec, value));
+      } else {
+        $(".fields", groups[spec.group || "other"]).append(settingField(key, key, spec, value));
+      }
+    }
+    for (const [key] of GROUPS) {
+      if ($(".fields", groups[key]).firstChild) form.append(groups[key]);
+    }
+    for (const fieldset of nested) form.append(fieldset);
+  }
+
+  function groupFieldset(path, label, spec, value) {
+    const fieldset = h("fieldset", {class: "card settings-group", dataset: {group: path}},
+      h("legend", {}, label));
+    const fields = h("div", {class: "fields"});
+    const subgroups = [];
+    for (const [key, sub] of Object.entries(value)) {
+      const subSpec = (spec.fields || {})[key] || guessSpec(sub);
+      const subPath = path + "." + key;
+      if (subSpec.kind === "group" && sub && typeof sub === "object") {
+        subgroups.push(groupFieldset(subPath, key, subSpec, sub));
+      } else {
+        fields.append(settingField(subPath, key, subSpec, sub));
+      }
+    }
+    fieldset.append(fields, ...subgroups);
+    return fieldset;
+  }
+
+  function rangeHint(spec) {
+    if (spec.kind !== "int" && spec.kind !== "float") return spec.help || null;
+    const lo = spec.min === undefined ? null : (spec.exclusiveMin ? `> ${spec.min}` : `${spec.min}`);
+    const range = lo !== null && spec.max !== undefined && !spec.exclusiveMin ?
+      `${spec.min}–${spec.max}` : lo !== null ? lo : "";
+    return [spec.help, range, spec.kind === "int" ? "whole number" : null]
+      .filter((s) => s).join(" · ");
+  }
+
+  function settingField(path, label, spec, value) {
+    const id = "s-" + path.replace(/[^A-Za-z0-9_-]/g, "-");
+    const common = {id, name: path, "data-field": path, "data-path": path, "data-kind": spec.kind};
+    let input;
+    if (spec.kind === "bool") {
+      input = h("input", {...common, type: "checkbox"});
+      input.checked = Boolean(value);
+      input.dataset.initial = String(Boolean(value));
+    } else if (spec.kind === "enum") {
+      const options = spec.options.includes(value) ? spec.options : [...spec.options, value];
+      input = h("select", common, options.map((o) => h("option", {value: o}, o)));
+      input.value = value;
+      input.dataset.initial = String(value);
+    } else if (spec.kind === "json") {
+      input = h("textarea", {...common, rows: 3});
+      input.value = JSON.stringify(value);
+      input.dataset.initial = input.value;
+    } else {
+      const numeric = spec.kind === "int" || spec.kind === "float";
+      input = h("input", {...common, type: numeric ? "number" : "text",
+        step: spec.kind === "int" ? "1" : numeric ? "any" : null,
+        min: numeric && spec.min !== undefined ? String(spec.min) : null,
+        max: numeric && spec.max !== undefined ? String(spec.max) : null,
+        inputmode: numeric ? "decimal" : null});
+      input.value = spec.kind === "list" ? (value || []).join(", ") :
+        value === null || value === undefined ? "" : String(value);
+      input.dataset.initial = input.value;
+    }
+    const hint = rangeHint(spec);
+    const control = spec.kind === "bool" ?
+      h("label", {class: "check", for: id}, input, h("span", {class: "field-name"}, label)) :
+      h("label", {class: "field-name", for: id}, label);
+    return h("div", {class: "field" + (spec.kind === "bool" ? " field-bool" : ""),
+      dataset: {setting: path}},
+    control, spec.kind === "bool" ? null : input,
+    hint ? h("span", {class: "hint"}, hint) : null,
+    h("p", {class: "field-error", dataset: {for: path}, hidden: true}));
+  }
+
+  /** [value, error] for one settings input, by its data-kind. */
+  function readField(input) {
+    const spec = specFor(input.dataset.path);
+    const kind = input.dataset.kind;
+    const raw = input.value;
+    if (kind === "bool") return [input.checked, null];
+    if (kind === "enum" || kind === "text") return [raw, null];
+    if (kind === "list") return [splitList(raw), null];
+    if (kind === "str") return [raw.trim() === "" && spec.nullable ? null : raw.trim(), null];
+    if (kind === "json") {
+      try {
+        return [JSON.parse(raw), null];
+      } catch (exc) {
+        return [null, "must be valid JSON"];
+      }
+    }
+    if (kind === "int" || kind === "float") {
+      if (raw.trim() === "") {
+        return [null, input.validity && input.validity.badInput ? "must be a number" :
+          "required"];
+      }
+      const n = Number(raw);
+      if (!Number.isFinite(n)) return [null, "must be a number"];
+      if (kind === "int" && !Number.isInteger(n)) return [null, "must be a whole number"];
+      if (spec.min !== undefined) {
+        if (spec.exclusiveMin && n <= spec.min) return [null, `must be more than ${spec.min}`];
+        if (!spec.exclusiveMin && n < spec.min) return [null, `must be at least ${spec.min}`];
+      }
+      if (spec.max !== undefined && n > spec.max) return [null, `must be at most ${spec.max}`];
+      return [n, null];
+    }
+    return [raw, null];
+  }
+
+  function specFor(path) {
+    let spec = {fields: SETTINGS_SCHEMA};
+    for (const part of String(path).split(".")) {
+      spec = spec && spec.fields ? spec.fields[part] : undefined;
+    }
+    return spec || {};
+  }
+
+  function setFieldError(path, message) {
+    const form = $("#settings-form");
+    const field = form.querySelector(`.field[data-setting="${CSS.escape(path)}"]`);
+    if (!field) return false;
+    const input = field.querySelector("[data-path]");
+    const error = field.querySelector(".field-error");
+    field.classList.toggle("has-error", Boolean(message));
+    if (input) {
+      input.classList.toggle("invalid", Boolean(message));
+      if (message) input.setAttribute("aria-invalid", "true");
+      else input.removeAttribute("aria-invalid");
+    }
+    error.textContent = message || "";
+    error.hidden = !message;
+    return true;
+  }
+
+  function isChanged(input) {
+    if (input.dataset.kind === "bool") return String(input.checked) !== input.dataset.initial;
+    return input.value !== input.dataset.initial;
+  }
+
+  function onSettingsInput(event) {
+    const input = event.target.closest("[data-path]");
+    if (!input) return;
+    const [, error] = readField(input);
+    setFieldError(input.dataset.path, error);
+    input.closest(".field").classList.toggle("changed", isChanged(input));
+    showMessage($("#settings-message"), "");
+  }
+
+  function setPath(target, path, value) {
+    const parts = path.split(".");
+    let node = target;
+    for (const part of parts.slice(0, -1)) {
+      if (!node[part] || typeof node[part] !== "object") node[part] = {};
+      node = node[part];
+    }
+    node[parts[parts.length - 1]] = value;
+  }
+
+  async function saveSettings(event) {
+    event.preventDefault();
+    const form = $("#settings-form");
+    const msg = $("#settings-message");
+    const body = {};
+    let errors = 0;
+    let first = null;
+    for (const input of form.querySelectorAll("[data-path]")) {
+      const [value, error] = readField(input);
+      setFieldError(input.dataset.path, error);
+      if (error) {
+        errors += 1;
+        first = first || input;
+      } else setPath(body, input.dataset.path, value);
+    }
+    if (errors) {
+      showMessage(msg, `Not saved: ${errors} field${errors === 1 ? "" : "s"} to fix.`, "error");
+      first.focus();
+      return;
+    }
+    const save = $("#settings-save");
+    save.disabled = true;
+    showMessage(msg, "Saving…", "info");
+    try {
+      const settings = await api("PUT", "/v1/agent/memory/settings", body);
+      state.settings = settings;
+      renderSettings(settings);
+      showMessage(msg, "Saved.", "ok");
+    } catch (exc) {
+      if (exc instanceof ApiError && exc.field && setFieldError(exc.field, exc.message)) {
+        showMessage(msg, `Not saved: the daemon refused ${exc.field}.`, "error");
+        const input = form.querySelector(`[data-path="${CSS.escape(exc.field)}"]`);
+        if (input) input.focus();
+      } else {
+        showMessage(msg, "Not saved: " + errorText(exc), "error");
+      }
+    } finally {
+      save.disabled = false;
+    }
+  }
+
+  document.addEventListener("DOMContentLoaded", boot);
+})();

@@ -1,0 +1,154 @@
+"""The web page's login and session rules (``syncd/http/web.py``) over a real socket, without a
+browser: one-time codes, the cookie's attributes, CSRF and own-origin checks on session
+requests, and that none of it loosens L2–L7 (``tests/web/`` repeats the important ones in a real
+browser)."""
+
+from __future__ import annotations
+
+from http.cookies import SimpleCookie
+
+import pytest
+from yarl import URL
+
+from syncd.http import web as web_pages
+from tests.syncd.conftest import Daemon
+
+
+async def login(daemon: Daemon) -> tuple[str, str]:
+    """Log a "browser" in; returns its Cookie header and its CSRF token."""
+    status, code, _ = await daemon.call("POST", "/ui/login-codes")
+    assert status == 200 and isinstance(code, dict)
+    assert code["url"] == f"{daemon.url}/ui/login?code={code['code']}"
+    async with daemon.session.get(code["url"], allow_redirects=False) as resp:
+        assert resp.status == 303 and resp.headers["Location"] == "/"
+        jar = SimpleCookie(resp.headers["Set-Cookie"])
+    name = f"syncd_session_{daemon.port}"
+    morsel = jar[name]
+    assert morsel["httponly"] and morsel["samesite"] == "Strict" and morsel["path"] == "/"
+    cookie = f"{name}={morsel.value}"
+    status, info, _ = await daemon.call("GET", "/ui/session", headers={"Cookie": cookie})
+    assert status == 200 and isinstance(info, dict) and len(info["csrf"]) >= 32
+    return cookie, info["csrf"]
+
+
+async def saved(daemon: Daemon) -> str:
+    status, body, _ = await daemon.call("POST", "/v1/agent/memory/tools/save_memory",
+                                        json={"content": "the release checklist"})
+    assert status == 200 and isinstance(body, dict)
+    return str(body["node_id"])
+
+
+async def test_the_page_and_its_files_need_no_credentials_and_carry_a_strict_csp(
+        daemon: Daemon) -> None:
+    async with daemon.session.get(daemon.url + "/") as resp:
+        page = await resp.text()
+        assert resp.status == 200 and resp.content_type == "text/html"
+        assert "default-src 'self'" in resp.headers["Content-Security-Policy"]
+        assert resp.headers["X-Frame-Options"] == "DENY"
+        assert not [h for h in resp.headers if h.lower().startswith("access-control-")]
+    assert "<script" in page and "http://" not in page and "https://" not in page  # no CDN
+    for bad in ("..%2Fweb.py", "..%2F..%2Fhttp%2Fweb.py", ".hidden.js", "nope.js", "index.py"):
+        url = URL(f"{daemon.url}/static/{bad}", encoded=True)  # sent as written
+        async with daemon.session.get(url) as resp:
+            assert resp.status == 404 and "import" not in await resp.text(), bad
+
+
+async def test_a_login_code_works_once(daemon: Daemon) -> None:
+    status, code, _ = await daemon.call("POST", "/ui/login-codes")
+    assert status == 200
+    assert isinstance(code, dict)
+    async with daemon.session.get(code["url"], allow_redirects=False) as resp:
+        assert resp.status == 303
+    async with daemon.session.get(code["url"], allow_redirects=False) as resp:
+        assert resp.status == 401 and "Set-Cookie" not in resp.headers
+    for bad in ("", "x", code["code"][:-1]):
+        async with daemon.session.get(f"{daemon.url}/ui/login", params={"code": bad},
+                                      allow_redirects=False) as resp:
+            assert resp.status == 401 and "Set-Cookie" not in resp.headers
+
+
+async def test_an_expired_login_code_is_refused(daemon: Daemon,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(web_pages, "CODE_TTL_SECS", -1)
+    _, code, _ = await daemon.call("POST", "/ui/login-codes")
+    assert isinstance(code, dict)
+    async with daemon.session.get(code["url"], allow_redirects=False) as resp:
+        assert resp.status == 401
+
+
+async def test_login_codes_are_for_the_bearer_token_only(daemon: Daemon) -> None:
+    status, _, _ = await daemon.call("POST", "/ui/login-codes", headers={"X": "no token"})
+    assert status == 401
+    cookie, csrf = await login(daemon)
+    status, body, _ = await daemon.call("POST", "/ui/login-codes", json={}, headers={
+        "Cookie": cookie, "X-CSRF-Token": csrf})
+    assert status == 403, body
+
+
+async def test_a_session_reads_and_writes_with_its_csrf_token_only(daemon: Daemon) -> None:
+    mid = await saved(daemon)
+    cookie, csrf = await login(daemon)
+    status, item, _ = await daemon.call("GET", f"/v1/agent/memory/items/{mid}",
+                                        headers={"Cookie": cookie})
+    assert status == 200 and isinstance(item, dict) and item["status"] == "active"
+    before = await daemon.store.dump()
+    archive = {"memory_id": mid, "status": "archived"}
+    refused = [
+        {"Cookie": cookie},  # no CSRF token
+        {"Cookie": cookie, "X-CSRF-Token": "wrong"},
+        {"Cookie": cookie, "X-CSRF-Token": csrf, "Origin": "http://127.0.0.1:1"},  # other port
+        {"Cookie": cookie, "X-CSRF-Token": csrf, "Sec-Fetch-Site": "same-site"},
+    ]
+    for headers in refused:
+        status, body, _ = await daemon.call("POST", "/v1/agent/memory/tools/update_memory_status",
+                                            json=archive, headers=headers)
+        assert status == 403, (headers, body)
+    status, _, _ = await daemon.call("POST", "/v1/agent/memory/tools/update_memory_status",
+                                     data="status=archived", headers={
+                                         "Cookie": cookie, "X-CSRF-Token": csrf,
+                                         "Content-Type": "text/plain"})
+    assert status == 415
+    assert await daemon.store.dump() == before  # every refusal left the store as it was
+    status, body, headers = await daemon.call(
+        "POST", "/v1/agent/memory/tools/update_memory_status", json=archive, headers={
+            "Cookie": cookie, "X-CSRF-Token": csrf, "Origin": daemon.url,
+            "Sec-Fetch-Site": "same-origin"})
+    assert status == 200, body
+    assert not [h for h in headers if h.lower().startswith("access-control-")]
+    status, item, _ = await daemon.call("GET", f"/v1/agent/memory/items/{mid}")
+    assert isinstance(item, dict) and item["status"] == "archived"
+
+
+async def test_a_session_read_from_another_origin_is_refused(daemon: Daemon) -> None:
+    mid = await saved(daemon)
+    cookie, _ = await login(daemon)
+    for headers in ({"Origin": "http://127.0.0.1:9"}, {"Origin": "null"},
+                    {"Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Site": "same-site"}):
+        status, _, _ = await daemon.call("GET", f"/v1/agent/memory/items/{mid}",
+                                         headers={"Cookie": cookie, **headers})
+        assert status == 403, headers
+
+
+async def test_another_ports_cookie_and_a_logged_out_session_are_nothing(
+        daemon: Daemon) -> None:
+    cookie, csrf = await login(daemon)
+    other = cookie.replace(f"syncd_session_{daemon.port}=", "syncd_session_1=")
+    status, _, _ = await daemon.call("GET", "/v1/agent/status", headers={"Cookie": other})
+    assert status == 401
+    status, _, _ = await daemon.call("POST", "/ui/logout", json={}, headers={
+        "Cookie": cookie, "X-CSRF-Token": csrf})
+    assert status == 200
+    for path in ("/ui/session", "/v1/agent/status"):
+        status, _, _ = await daemon.call("GET", path, headers={"Cookie": cookie})
+        assert status == 401, path
+
+
+async def test_the_host_allow_list_still_guards_the_page_and_the_login(daemon: Daemon) -> None:
+    _, code, _ = await daemon.call("POST", "/ui/login-codes")
+    assert isinstance(code, dict)
+    for path in ("/", f"/ui/login?code={code['code']}"):
+        async with daemon.session.get(daemon.url + path, allow_redirects=False,
+                                      headers={"Host": f"evil.test:{daemon.port}"}) as resp:
+            assert resp.status == 421, path
+    async with daemon.session.get(code["url"], allow_redirects=False) as resp:
+        assert resp.status == 303  # the refused request did not spend the code

@@ -56,6 +56,7 @@ from hypothesis.stateful import (
 )
 
 from local_store import NotFoundError, Store
+from local_store.writes import props_json
 from protocol.rows import edge_id
 from tests.sync.harness import Hub, Laptop, edge_set, live_contents, start_hub, start_laptop
 from tests.syncd.faultproxy import Fault, FaultProxy
@@ -333,7 +334,7 @@ class ReplicationMachine(RuleBasedStateMachine):
         fields = list(before[0])
         fields[FIELD["invalid_at"]], fields[FIELD["superseded_by"]] = invalid_at, src_id
         self.wrote(who, "node", dst_id, tuple(fields), before)
-        self.wrote(who, "edge", eid, (0, None), edge_before)
+        self.wrote(who, "edge", eid, (0, props_json({"reason": "newer note"})), edge_before)
 
     @rule(who=LAPTOP, pick=PICK, hard=st.booleans())
     @step

@@ -58,6 +58,7 @@ class Session:
     expires: float
     role: str = "admin"  # a hub session has its token's role; a daemon's has full access
     token: str | None = None  # a hub session's token, checked again on every request
+    name: str | None = None  # a hub session's token name (shown by the page)
 
 
 class Sessions:
@@ -83,14 +84,15 @@ class Sessions:
             return None
         return self.start()
 
-    def start(self, role: str = "admin", token: str | None = None) -> tuple[str, Session]:
+    def start(self, role: str = "admin", token: str | None = None,
+              name: str | None = None) -> tuple[str, Session]:
         now = time.monotonic()
         self._sessions = {k: s for k, s in self._sessions.items() if s.expires > now}
         while len(self._sessions) >= MAX_SESSIONS:
             self._sessions.pop(next(iter(self._sessions)))
         sid = secrets.token_urlsafe(32)
         session = Session(csrf=secrets.token_urlsafe(32), expires=now + SESSION_TTL_SECS,
-                          role=role, token=token)
+                          role=role, token=token, name=name)
         self._sessions[_digest(sid)] = session
         return sid, session
 
@@ -220,8 +222,10 @@ async def session_info(request: web.Request) -> web.Response:
                                             "message": f"no browser session; {how}"},
                                   "kind": kind}, status=401)
     left = max(0.0, session.expires - time.monotonic())
-    return web.json_response({"csrf": session.csrf, "expires_in": int(left),
-                              "kind": kind, "role": session.role}, headers={"Cache-Control": "no-store"})
+    body = {"csrf": session.csrf, "expires_in": int(left), "kind": kind, "role": session.role}
+    if session.name is not None:
+        body["name"] = session.name
+    return web.json_response(body, headers={"Cache-Control": "no-store"})
 
 
 async def logout(request: web.Request) -> web.StreamResponse:

@@ -224,7 +224,9 @@ async def put_settings(request: web.Request) -> web.Response:
     patch = await read_json(request)
     if not isinstance(patch, dict):
         raise ValidationError("body", "must be a JSON object")
-    return reply(await hub_of(request).put_settings(patch))
+    hub = hub_of(request)
+    return reply(msgspec.structs.replace(await hub.put_settings(patch),
+                                         embedding_model=hub.embedder.model_id))  # as GET
 
 
 async def hub_mcp(request: web.Request) -> web.Response:
@@ -255,10 +257,22 @@ async def page_login(request: web.Request) -> web.Response:
         name, role = await hub_of(request).tokens.authenticate(f"Bearer {raw.strip()}", "read")
     except AuthError as exc:
         return error_response(exc.status, exc.code, exc.message)
-    sid, session = request.app[SESSIONS].start(role, raw.strip())
+    sid, session = request.app[SESSIONS].start(role, raw.strip(), name)
     response = reply({"name": name, "role": role, "csrf": session.csrf})
     set_session_cookie(request, response, sid)
     return response
+
+
+async def page_session(request: web.Request) -> web.Response:
+    """``GET /ui/session`` (``web.py``), after checking a session's token again: a revoked
+    token's session ends here, so a reloaded page offers the sign-in form at once."""
+    sid, session = session_of(request)
+    if session is not None and session.token is not None:
+        try:
+            await hub_of(request).tokens.authenticate(f"Bearer {session.token}", "read")
+        except AuthError:
+            request.app[SESSIONS].end(sid)
+    return await web_pages.session_info(request)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -279,6 +293,6 @@ ROUTES: list[tuple[str, str, Handler, str]] = [
     ("GET", "/", web_pages.index, "none"),
     ("GET", "/static/{name}", web_pages.static_file, "none"),
     ("POST", "/ui/login", page_login, "none"),
-    ("GET", "/ui/session", web_pages.session_info, "none"),
+    ("GET", "/ui/session", page_session, "none"),
     ("POST", "/ui/logout", web_pages.logout, "read"),
 ]

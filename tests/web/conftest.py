@@ -7,6 +7,9 @@ entitlements. No mocks.
   * ``stack``: the hub (in-process, port 0) and the daemon (a subprocess, port 0) configured
     like ``tests/syncd/test_sync_process.py``, entitled (so sync and graph expansion are on),
     with a bearer-token API client and ``login_url()`` from ``syncd open --no-browser``.
+  * ``hub_page``: the hub app alone (``create_hub_app``), in-process on port 0, over a SQLite and
+    then a PostgreSQL hub store (like ``tests/hub/conftest.py``'s ``open_hub``); its page signs
+    in with a hub token.
 """
 
 from __future__ import annotations
@@ -22,9 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
-from local_store import HashingEmbedder
+from local_store import HashingEmbedder, Store
 from syncd.entitlement.token import public_key_text
+from syncd.hub.app import create_hub_app
+from syncd.hub.store import HubStore, SqliteHubStore
 from tests.entitlement.support import SigningHub, start_signing_hub
 from tests.syncd.processes import cli, spawn, wait_ready
 
@@ -189,3 +195,39 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
                 await task
         await hub.close()
         assert code == 0, "".join(logs)
+
+
+# ---------------------------------------------------------------------- the hub alone
+
+
+@dataclass
+class HubPage:
+    url: str
+    hub: HubStore
+    store: str  # "sqlite" or "postgresql": what the page's Status view must report
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def hub_page(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[HubPage]:
+    """The real hub app (``create_hub_app``) on 127.0.0.1, port 0, over a fresh hub store: a
+    SQLite one, then a PostgreSQL one (``pg_dsn``: a throwaway database)."""
+    hub: HubStore
+    if request.param == "sqlite":
+        store = await Store.open(tmp_path / "hub", embedder=HashingEmbedder(), feed=True)
+        hub = SqliteHubStore(store)
+    else:
+        from syncd.hub.pg import PgHubStore
+        hub = await PgHubStore.open(request.getfixturevalue("pg_dsn"),
+                                    embedder=HashingEmbedder())
+    runner = web.AppRunner(create_hub_app(hub))
+    try:
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        yield HubPage(f"http://127.0.0.1:{runner.addresses[0][1]}", hub, request.param)
+    finally:
+        await runner.cleanup()
+        await hub.close()

@@ -1,4 +1,6 @@
-// syncd's web page: search (recall), one memory, sync and settings.
+// syncd's web page: search (recall), one memory, sync and settings. Served by a hub too
+// (GET /ui/session says "kind": "hub"): there it signs in with a hub token and offers search,
+// status and settings (the hub has no memory items, tools or sync routes).
 //
 // Rules:
 //   * No frameworks, no build step, nothing fetched from elsewhere; the page works offline.
@@ -8,6 +10,8 @@
 //     (h() below), so a memory holding <script> shows as text.
 //   * The page authenticates with the HttpOnly session cookie; writes carry X-CSRF-Token (from
 //     GET /ui/session) and Content-Type: application/json.
+//   * On a hub, the token typed into the sign-in form is sent once (POST /ui/login) and then
+//     dropped: never stored (no localStorage, sessionStorage or script-set cookie).
 "use strict";
 
 (() => {
@@ -26,14 +30,20 @@
   };
   const REPLACES = new Set(["INVALIDATES", "SUPERSEDES"]);
   const HITL_MODES = ["auto", "post_hoc", "gate"];
+  const VIEWS = {daemon: ["search", "memory", "sync", "settings"],
+    hub: ["search", "status", "settings"]};
 
   const state = {
+    kind: "daemon",  // "daemon" or "hub": from GET /ui/session (its 401 says it too)
+    role: null,  // a hub session's token role: read, write or admin
+    name: null,  // a hub session's token name, when known
     csrf: null,
     lastMemory: null,
     settings: null,
     searchSeq: 0,
     memorySeq: 0,
     syncSeq: 0,
+    statusSeq: 0,
     view: null,
   };
 
@@ -90,10 +100,26 @@
   function nodeRef(id, label) {
     if (typeof id === "string" && id.startsWith("memory:")) {
       const text = label || shortId(id);
+      if (isHub()) {  // the hub has no memory view to link to
+        return h("span", {class: text === id || !label ? "mono" : null, title: id}, text);
+      }
       return h("a", {class: text === id || !label ? "mono" : null, href: memoryHref(id),
         title: id}, text);
     }
     return h("span", {class: "mono", title: String(id)}, String(id));
+  }
+
+  function isHub() {
+    return state.kind === "hub";
+  }
+
+  /** "the daemon" or "the hub", for messages. */
+  function serverName() {
+    return isHub() ? "the hub" : "the daemon";
+  }
+
+  function setTitle(name) {
+    document.title = name + (isHub() ? " · syncd hub" : " · syncd");
   }
 
   function badge(text, kind) {
@@ -174,7 +200,8 @@
     }
   }
 
-  async function api(method, path, body) {
+  /** ``keepSession``: a 401 is the caller's to show (the sign-in form's own request). */
+  async function api(method, path, body, {keepSession = false} = {}) {
     const headers = {Accept: "application/json"};
     const init = {method, headers, credentials: "same-origin", cache: "no-store"};
     if (method !== "GET" && method !== "HEAD") {
@@ -186,7 +213,8 @@
     try {
       response = await fetch(path, init);
     } catch (exc) {
-      throw new ApiError(0, "network", "the daemon did not answer (is `syncd run` running?)");
+      throw new ApiError(0, "network", isHub() ? "the hub did not answer" :
+        "the daemon did not answer (is `syncd run` running?)");
     }
     let data = null;
     const text = await response.text();
@@ -199,7 +227,13 @@
     }
     if (!response.ok) {
       const err = data && typeof data === "object" && data.error ? data.error : {};
-      if (response.status === 401) loggedOut();
+      if (response.status === 401 && data && (data.kind === "hub" || data.kind === "daemon")) {
+        state.kind = data.kind;  // which login this server offers
+      }
+      if (response.status === 401 && !keepSession &&
+          (state.csrf || document.body.dataset.session !== "")) {  // once, with its reason
+        loggedOut(state.csrf ? err.message || "the session ended" : null);
+      }
       throw new ApiError(response.status, err.code || "http_" + response.status,
         err.message || `HTTP ${response.status}`, err.field);
     }
@@ -228,6 +262,8 @@
       showMessage($("#settings-message"), "");
     });
     $("#logout").addEventListener("click", logout);
+    $("#hub-login-form").addEventListener("submit", hubLogin);
+    $("#status-refresh").addEventListener("click", () => loadStatus());
     window.addEventListener("hashchange", route);
     let session;
     try {
@@ -239,27 +275,105 @@
       }
       return;
     }
+    state.kind = session.kind === "hub" ? "hub" : "daemon";
+    state.role = session.role || null;
+    state.name = session.name || null;
     state.csrf = session.csrf;
+    loggedIn();
+  }
+
+  /** Show the views this server offers (a hub: search, status, settings). */
+  function loggedIn() {
+    const hub = isHub();
     $("#booting").hidden = true;
+    $("#logged-out").hidden = true;
+    $("#hub-login").hidden = true;
+    for (const tab of document.querySelectorAll("#tabs a[data-only]")) {
+      tab.hidden = tab.dataset.only !== state.kind;
+    }
+    if (hub) $("#logout").textContent = "Sign out";
     $("#tabs").hidden = false;
     $("#logout").hidden = false;
     document.body.dataset.session = "1";
+    document.body.dataset.kind = state.kind;
     route();
   }
 
-  function loggedOut() {
+  /** No session (or it ended: ``message`` says why). A hub shows its token form. */
+  function loggedOut(message) {
     state.csrf = null;
     document.body.dataset.session = "";
     for (const el of document.querySelectorAll(".view")) el.hidden = true;
     $("#booting").hidden = true;
     $("#tabs").hidden = true;
     $("#logout").hidden = true;
-    $("#logged-out").hidden = false;
+    if (!isHub()) {
+      $("#logged-out").hidden = false;
+      return;
+    }
+    state.role = null;
+    state.name = null;
+    document.body.dataset.kind = "hub";
+    forgetData();
+    $("#logged-out").hidden = true;
+    $("#hub-login").hidden = false;
+    showMessage($("#hub-login-message"), message ? "Not signed in — " + message : "",
+      "error");
+    $("#hub-token").focus();
+  }
+
+  /** A hub page that signed out keeps nothing of what the token could read. */
+  function forgetData() {
+    state.settings = null;
+    state.searchSeq += 1;
+    state.statusSeq += 1;
+    clear($("#search-results"));
+    clear($("#status-body"));
+    clear($("#settings-form"));
+    for (const id of ["#search-error", "#settings-message", "#settings-readonly"]) {
+      $(id).hidden = true;
+    }
+  }
+
+  /** The hub's sign-in form: the token goes out once, in the body of POST /ui/login. */
+  async function hubLogin(event) {
+    event.preventDefault();
+    const input = $("#hub-token");
+    const msg = $("#hub-login-message");
+    const button = $("#hub-login-submit");
+    input.classList.remove("invalid");
+    if (!input.value.trim()) {
+      showMessage(msg, "Paste a hub token first.", "error");
+      input.classList.add("invalid");
+      input.focus();
+      return;
+    }
+    button.disabled = true;
+    showMessage(msg, "Signing in…", "info");
+    let answer;
+    try {
+      answer = await api("POST", "/ui/login", {token: input.value.trim()}, {keepSession: true});
+    } catch (exc) {
+      showMessage(msg, exc instanceof ApiError && exc.field === "token" ?
+        "Hub token " + exc.message : errorText(exc), "error");
+      input.classList.add("invalid");
+      input.select();
+      return;
+    } finally {
+      button.disabled = false;
+    }
+    input.value = "";  // the session cookie stands for it now
+    showMessage(msg, "");
+    state.kind = "hub";
+    state.csrf = answer.csrf;
+    state.role = answer.role || null;
+    state.name = answer.name || null;
+    loggedIn();
   }
 
   async function logout() {
     try {
-      await api("POST", "/ui/logout", {});
+      await api("POST", "/ui/logout", {}, {keepSession: true});
     } catch (exc) {
       // logged out either way
     }
@@ -268,8 +382,8 @@
 
   function route() {
     if (!state.csrf) return;
-    const match = /^#\/(search|memory|sync|settings)(?:\/(.*))?$/.exec(location.hash || "");
-    const view = match ? match[1] : "search";
+    const match = /^#\/([a-z]+)(?:\/(.*))?$/.exec(location.hash || "");
+    const view = match && VIEWS[state.kind].includes(match[1]) ? match[1] : "search";
     for (const el of document.querySelectorAll(".view")) {
       el.hidden = el.dataset.view !== view;
     }
@@ -293,8 +407,10 @@
       loadSync();
     } else if (view === "settings") {
       loadSettings();
+    } else if (view === "status") {
+      loadStatus();
     } else {
-      document.title = "Search · syncd";
+      setTitle("Search");
       if (!$("#search-results").firstChild) $("#q").focus();
     }
   }
@@ -421,11 +537,13 @@
   }
 
   function hitCard(memory, rrfMax, titles) {
+    const hub = isHub();
     const title = memory.title || firstLine(memory.content_preview) || "(empty)";
-    const item = h("li", {class: "hit card" + (memory.invalid_at ? " is-invalid" : ""),
-      dataset: {id: memory.id}});
+    const item = h("li", {class: "hit card" + (memory.invalid_at ? " is-invalid" : "") +
+      (hub ? " hit-inline" : ""), dataset: {id: memory.id}});
     const head = h("div", {class: "hit-head"},
-      h("a", {class: "hit-title", href: memoryHref(memory.id)}, title),
+      hub ? h("span", {class: "hit-title"}, title) :
+        h("a", {class: "hit-title", href: memoryHref(memory.id)}, title),
       h("span", {class: "score", title: "final score"},
         h("span", {class: "score-label"}, "score "), num(memory.score)));
     const meta = h("div", {class: "hit-meta"},
@@ -450,12 +568,55 @@
       item.append(h("p", {class: "via"}, "superseded by ", nodeRef(memory.superseded_by)));
     }
     if (memory.components) item.append(componentsView(memory.components, rrfMax));
+    const details = hub ? hitDetails(memory, titles) : null;
+    if (details) item.append(details);
     item.addEventListener("click", (event) => {
       if (event.target.closest("a")) return;
       if (window.getSelection && String(window.getSelection())) return;
-      location.hash = memoryHref(memory.id);
+      if (!details) {
+        location.hash = memoryHref(memory.id);
+      } else if (!event.target.closest("details")) {
+        details.open = !details.open;  // the hub has no memory view: the card opens in place
+      }
     });
     return item;
+  }
+
+  const HIT_KEYS = new Set(["id", "memory_type", "title", "content_preview", "score", "distance",
+    "kw_score", "graph_proximity", "importance", "realm", "valid_at", "invalid_at", "via",
+    "components", "fallback", "superseded_by"]);
+
+  /** A hit's fields, expandable in its card (on a hub, which has no memory view). */
+  function hitDetails(memory, titles) {
+    const optional = (value) => (typeof value === "number" ? num(value) : null);
+    const rows = [
+      ["id", h("span", {class: "mono"}, memory.id), "id"],
+      ["type", memory.memory_type, "memory_type"],
+      ["realm", memory.realm, "realm"],
+      ["title", memory.title, "title"],
+      ["content", memory.content_preview ?
+        h("div", {class: "content"}, memory.content_preview) : null, "content_preview"],
+      ["score", num(memory.score), "score"],
+      ["importance", num(memory.importance, 2), "importance"],
+      ["valid from", when(memory.valid_at, "always"), "valid_at"],
+      ["valid until", memory.invalid_at ? when(memory.invalid_at) :
+        h("span", {class: "now"}, "now"), "invalid_at"],
+      ["cosine distance", optional(memory.distance), "distance"],
+      ["keyword score", optional(memory.kw_score), "kw_score"],
+      ["graph proximity", optional(memory.graph_proximity), "graph_proximity"],
+      ["superseded by", memory.superseded_by ? nodeRef(memory.superseded_by,
+        titles.get(memory.superseded_by)) : null, "superseded_by"],
+      ["via graph", memory.via ? h("span", {},
+        nodeRef(memory.via.seed, titles.get(memory.via.seed)), " → ",
+        h("span", {class: "mono"}, memory.via.type), `, depth ${memory.via.depth}`) : null,
+      "via"],
+      ["fallback", memory.fallback ? "yes (nothing matched the query)" : "no", "fallback"],
+    ];
+    for (const [key, value] of Object.entries(memory)) {  // a newer server's fields
+      if (!HIT_KEYS.has(key)) rows.push([key, detailValue(key, value), key]);
+    }
+    return h("details", {class: "hit-details"}, h("summary", {}, "Details"),
+      kv(rows, "kv hit-kv"));
   }
 
   function firstLine(text) {
@@ -909,6 +1070,77 @@
     await loadSync([text, report.ok ? "ok" : "error"]);
   }
 
+  // ------------------------------------------------------------------ status (a hub)
+
+  const STATUS_FIELDS = [["version", "Version"], ["role", "Server role"], ["store", "Store"],
+    ["store_id", "Store id"], ["cursor", "Feed cursor"], ["embedding_model", "Embedding model"]];
+  const STATUS_COUNTS = [["memories", "Memories"], ["tombstones", "Tombstones"],
+    ["edges", "Edges"]];
+
+  async function loadStatus() {
+    setTitle("Status");
+    const root = $("#status-body");
+    const seq = ++state.statusSeq;
+    if (!root.firstChild) root.append(h("p", {class: "muted"}, "Loading…"));
+    let status;
+    let session = null;
+    try {
+      [status, session] = await Promise.all([api("GET", "/v1/agent/status"),
+        api("GET", "/ui/session", undefined, {keepSession: true}).catch((exc) => {
+          if (exc instanceof ApiError && exc.status === 401) throw exc;
+          return null;  // the status alone is still worth showing
+        })]);
+    } catch (exc) {
+      if (seq !== state.statusSeq) return;
+      clear(root).append(h("p", {class: "error", role: "alert"}, errorText(exc)));
+      return;
+    }
+    if (seq !== state.statusSeq) return;
+    if (session) {
+      state.role = session.role || state.role;
+      state.name = session.name || state.name;
+    }
+    renderStatus(status, session);
+  }
+
+  function statusValue(key, value) {
+    if (value === null || value === undefined || value === "") return null;
+    if (typeof value === "object") return h("pre", {class: "pre small"}, jsonText(value));
+    if (/_at$/.test(key)) return when(value);
+    if (key === "store_id" || key === "embedding_model" || key === "version") {
+      return h("span", {class: "mono"}, String(value));
+    }
+    return String(value);
+  }
+
+  function renderStatus(status, session) {
+    const root = clear($("#status-body"));
+    const known = new Set([...STATUS_FIELDS, ...STATUS_COUNTS].map(([key]) => key));
+    const extra = Object.entries(status).filter(([key]) => !known.has(key));
+    const counts = STATUS_COUNTS.filter(([key]) => key in status)
+      .concat(extra.filter(([, v]) => typeof v === "number").map(([key]) => [key,
+        key.replace(/_/g, " ")]));
+    const fields = STATUS_FIELDS.map(([key, label]) => [label, statusValue(key, status[key]),
+      key]).concat(extra.filter(([, v]) => typeof v !== "number").map(([key, value]) =>
+      [key.replace(/_/g, " "), statusValue(key, value), key]));
+    const role = state.role;
+    const expires = session && typeof session.expires_in === "number" ?
+      when(new Date(Date.now() + session.expires_in * 1000).toISOString()) : null;
+    root.append(h("div", {class: "grid"},
+      h("section", {class: "card", id: "status-hub"}, h("h2", {}, "Hub"), kv(fields)),
+      h("div", {},
+        h("section", {class: "card", id: "status-session"}, h("h2", {}, "Signed in"), kv([
+          ["Token", state.name ? h("span", {class: "mono"}, state.name) :
+            h("span", {class: "muted"}, "(name not reported; sign in again to see it)"), "name"],
+          ["Role", role ? badge(role, role === "read" ? "warn" : "ok") : null, "role"],
+          ["Can change settings", role ? (role === "read" ? "no (read-only token)" : "yes") :
+            null, "can_write"],
+          ["Session ends", expires, "expires_in"],
+        ])),
+        h("section", {class: "card", id: "status-counts"}, h("h2", {}, "Contents"),
+          kv(counts.map(([key, label]) => [label, statusValue(key, status[key]), key]))))));
+  }
+
   // ------------------------------------------------------------------ settings
 
   const W = {kind: "float", min: 0, max: 10};
@@ -963,14 +1195,37 @@
   ];
 
   async function loadSettings() {
-    document.title = "Settings · syncd";
+    setTitle("Settings");
     const msg = $("#settings-message");
+    settingsAccess();
     try {
       const settings = await api("GET", "/v1/agent/memory/settings");
       state.settings = settings;
       renderSettings(settings);
     } catch (exc) {
+      if (sessionEnded()) return;
       showMessage(msg, "Could not load the settings: " + errorText(exc), "error");
+    }
+  }
+
+  /** A hub page whose session just ended (a 401): it shows the sign-in form instead. */
+  function sessionEnded() {
+    return isHub() && !state.csrf;
+  }
+
+  function readOnlySettings() {
+    return isHub() && state.role === "read";
+  }
+
+  /** A hub session with a read token sees the settings but cannot edit them. */
+  function settingsAccess() {
+    if (!isHub()) return;
+    const readOnly = readOnlySettings();
+    $("#settings-readonly").hidden = !readOnly;
+    $("#settings-save").disabled = readOnly;
+    $("#settings-reset").disabled = readOnly;
+    for (const input of $("#settings-form").querySelectorAll("[data-path]")) {
+      if (readOnly || input.dataset.locked === "1") input.disabled = true;
     }
   }
 
@@ -1002,6 +1257,7 @@
       if ($(".fields", groups[key]).firstChild) form.append(groups[key]);
     }
     for (const fieldset of nested) form.append(fieldset);
+    settingsAccess();
   }
 
   function groupFieldset(path, label, spec, value) {
@@ -1059,7 +1315,11 @@
         value === null || value === undefined ? "" : String(value);
       input.dataset.initial = input.value;
     }
-    const hint = rangeHint(spec);
+    let hint = rangeHint(spec);
+    if (isHub() && path === "embedding_model") {  // the hub reports its embedder's model
+      input.dataset.locked = "1";
+      hint = "the hub's embedder (not editable here)";
+    }
     const control = spec.kind === "bool" ?
       h("label", {class: "check", for: id}, input, h("span", {class: "field-name"}, label)) :
       h("label", {class: "field-name", for: id}, label);
@@ -1158,15 +1418,19 @@
     const form = $("#settings-form");
     const msg = $("#settings-message");
     const body = {};
+    const hub = isHub();
     let errors = 0;
     let first = null;
     for (const input of form.querySelectorAll("[data-path]")) {
+      if (input.disabled) continue;
       const [value, error] = readField(input);
       setFieldError(input.dataset.path, error);
       if (error) {
         errors += 1;
         first = first || input;
-      } else setPath(body, input.dataset.path, value);
+      } else if (!hub || isChanged(input)) {
+        setPath(body, input.dataset.path, value);  // a hub gets only what changed: a patch
+      }
     }
     if (errors) {
       showMessage(msg, `Not saved: ${errors} field${errors === 1 ? "" : "s"} to fix.`, "error");
@@ -1177,20 +1441,25 @@
     save.disabled = true;
     showMessage(msg, "Saving…", "info");
     try {
-      const settings = await api("PUT", "/v1/agent/memory/settings", body);
+      let settings = await api("PUT", "/v1/agent/memory/settings", body);
+      if (hub) {
+        // what the hub serves now (its GET reports the embedder's model, its PUT the stored one)
+        settings = await api("GET", "/v1/agent/memory/settings").catch(() => settings);
+      }
       state.settings = settings;
       renderSettings(settings);
       showMessage(msg, "Saved.", "ok");
     } catch (exc) {
+      if (sessionEnded()) return;
       if (exc instanceof ApiError && exc.field && setFieldError(exc.field, exc.message)) {
-        showMessage(msg, `Not saved: the daemon refused ${exc.field}.`, "error");
+        showMessage(msg, `Not saved: ${serverName()} refused ${exc.field}.`, "error");
         const input = form.querySelector(`[data-path="${CSS.escape(exc.field)}"]`);
         if (input) input.focus();
       } else {
         showMessage(msg, "Not saved: " + errorText(exc), "error");
       }
     } finally {
-      save.disabled = false;
+      save.disabled = readOnlySettings();
     }
   }
 

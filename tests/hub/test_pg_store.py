@@ -105,6 +105,39 @@ async def test_feed_pages_stay_bounded_over_many_vector_only_transactions(pg_dsn
         await store.close()
 
 
+async def test_a_starting_process_loads_every_vector_in_bounded_reads(
+        pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    writer = await open_store(pg_dsn)
+    try:
+        for b in range(6):
+            await writer.apply([node(f"memory:{b}-{i}", f"batch {b} note {i}", 1)
+                                for i in range(5)], [], model=MODEL)
+        await writer.apply([node("memory:0-0", "batch 0 note 0 edited", 2)], [], model=MODEL)
+        await writer.apply([NodeRow(id="memory:1-0", content="gone", deleted=True,
+                                    updated_at=format_ns(BASE + 3))], [], model=MODEL)
+    finally:
+        await writer.close()
+    monkeypatch.setattr("syncd.hub.pg.recall.ROWS_PER_READ", 7)  # two 5-row imports per read
+    reads: list[int] = []
+    original = asyncpg.pool.PoolConnectionProxy.fetch
+
+    async def counting(self: asyncpg.pool.PoolConnectionProxy, query: str, *args: object,
+                       **kw: object) -> list[asyncpg.Record]:
+        found = await original(self, query, *args, **kw)  # type: ignore[arg-type]
+        if "FROM vectors v JOIN feed_tx" in query:
+            reads.append(len(found))
+        return found
+
+    monkeypatch.setattr(asyncpg.pool.PoolConnectionProxy, "fetch", counting)
+    reader = await PgHubStore.open(pg_dsn, embedder=HashingEmbedder(), follow=False)
+    try:
+        expected = {f"memory:{b}-{i}" for b in range(6) for i in range(5)} - {"memory:1-0"}
+        assert set(reader.vectors.index.ids) == expected
+        assert len(reads) >= 3 and max(reads) <= 10, reads  # never all 30 at once
+    finally:
+        await reader.close()
+
+
 async def test_another_processes_vectors_and_token_changes_reach_this_one(pg_dsn: str) -> None:
     writer, reader = await open_store(pg_dsn), await open_store(pg_dsn)
     try:

@@ -35,6 +35,7 @@ from protocol.settings import MemorySettings
 from syncd.hub.pg.migrate import Conn
 
 MARKS_PER_READ = 500
+ROWS_PER_READ = 20_000
 _PLACEHOLDER = re.compile(r"\?")
 
 
@@ -105,14 +106,20 @@ class VectorTail:
     async def catch_up(self, conn: Conn) -> int:
         applied = 0
         while True:
-            marks = await conn.fetch("SELECT seq, tx FROM feed_tx WHERE seq > $1 ORDER BY seq "
-                                     "LIMIT $2", self.seq, MARKS_PER_READ)
-            if not marks:
+            # At most MARKS_PER_READ marks, fewer once they hold ROWS_PER_READ written rows (a
+            # transaction writes no more vectors than rows, or a re-embed batch of them): a
+            # process starting on a big database never holds more than one batch in flight.
+            end = await conn.fetchval(
+                "SELECT coalesce(min(seq) FILTER (WHERE total >= $3), max(seq)) FROM "
+                "(SELECT seq, sum(rows) OVER (ORDER BY seq) AS total FROM "
+                "(SELECT seq, rows FROM feed_tx WHERE seq > $1 ORDER BY seq LIMIT $2) AS s) "
+                "AS w", self.seq, MARKS_PER_READ, ROWS_PER_READ)
+            if end is None:
                 return applied
             rows = await conn.fetch(
                 "SELECT v.memory_id, v.vec FROM vectors v JOIN feed_tx f ON f.tx = v.tx "
                 "WHERE f.seq > $1 AND f.seq <= $2 AND v.model = $3 ORDER BY f.seq",
-                self.seq, marks[-1][0], self.index.model)
+                self.seq, end, self.index.model)
             changes: list[tuple[str, npt.NDArray[np.float32] | None]] = []
             for mid, blob in rows:
                 values = None if blob is None else from_blob(blob)
@@ -121,4 +128,4 @@ class VectorTail:
                 changes.append((mid, values))
             self.index.apply(changes)
             applied += len(changes)
-            self.seq = int(marks[-1][0])
+            self.seq = int(end)

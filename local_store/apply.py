@@ -216,7 +216,7 @@ def edge_from_wire(wire: EdgeRow) -> Row:
     }
 
 
-def _safe_id(value: object) -> str | None:
+def safe_id(value: object) -> str | None:
     """An id as it may appear in an error report: never with private content in it."""
     return strip_private(value) if isinstance(value, str) else None
 
@@ -259,7 +259,7 @@ def apply_batch(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow],
             if values is not None and redacted_text(wire, row):
                 values = None  # embedded from the secret: re-embedded from the redacted text
         except ValidationError as exc:
-            result.problems.append(RowProblem("node", index, _safe_id(wire.id), exc.field, exc.message))
+            result.problems.append(RowProblem("node", index, safe_id(wire.id), exc.field, exc.message))
             continue
         known[row["id"]] = key
         winners[row["id"]] = (row, None if values is None else Vector(model, values))
@@ -269,7 +269,7 @@ def apply_batch(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow],
         try:
             erow = edge_from_wire(ewire)
         except ValidationError as exc:
-            result.problems.append(RowProblem("edge", index, _safe_id(ewire.id), exc.field, exc.message))
+            result.problems.append(RowProblem("edge", index, safe_id(ewire.id), exc.field, exc.message))
             continue
         _note_version(writer, result, erow["updated_at"])
         if writer.apply_edge(erow):

@@ -24,9 +24,7 @@ def load_or_create_key(data_dir: Path) -> Ed25519PrivateKey:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         return load_key(path)
-    key = Ed25519PrivateKey.generate()
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption())
+    pem = new_key_pem()
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(pem)
@@ -36,16 +34,28 @@ def load_or_create_key(data_dir: Path) -> Ed25519PrivateKey:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         raise
-    return key
+    return key_from_pem(pem, str(path))
 
 
 def load_key(path: Path) -> Ed25519PrivateKey:
     if os.stat(path).st_mode & 0o077:
         raise KeyFileError(f"{path} is readable or writable by others; run `chmod 600 {path}`")
+    return key_from_pem(path.read_bytes(), str(path))
+
+
+def new_key_pem() -> bytes:
+    """A new Ed25519 key as unencrypted PKCS#8 PEM."""
+    return Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption())
+
+
+def key_from_pem(pem: bytes, where: str) -> Ed25519PrivateKey:
+    """The Ed25519 key in ``pem``; ``KeyFileError`` naming ``where`` otherwise."""
     try:
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        key = serialization.load_pem_private_key(pem, password=None)
     except ValueError as exc:
-        raise KeyFileError(f"{path} is not a PEM private key: {exc}") from None
+        raise KeyFileError(f"{where} is not a PEM private key: {exc}") from None
     if not isinstance(key, Ed25519PrivateKey):
-        raise KeyFileError(f"{path} is not an Ed25519 key")
+        raise KeyFileError(f"{where} is not an Ed25519 key")
     return key

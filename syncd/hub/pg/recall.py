@@ -32,6 +32,7 @@ from local_store.records import parse_timestamp
 from local_store.vectors import VectorIndex
 from protocol.query import QueryRequest, QueryResponse
 from protocol.settings import MemorySettings
+from syncd.hub.pg.marks import batch_end
 from syncd.hub.pg.migrate import Conn
 
 MARKS_PER_READ = 500
@@ -106,14 +107,9 @@ class VectorTail:
     async def catch_up(self, conn: Conn) -> int:
         applied = 0
         while True:
-            # At most MARKS_PER_READ marks, fewer once they hold ROWS_PER_READ written rows (a
-            # transaction writes no more vectors than rows, or a re-embed batch of them): a
-            # process starting on a big database never holds more than one batch in flight.
-            end = await conn.fetchval(
-                "SELECT coalesce(min(seq) FILTER (WHERE total >= $3), max(seq)) FROM "
-                "(SELECT seq, sum(rows) OVER (ORDER BY seq) AS total FROM "
-                "(SELECT seq, rows FROM feed_tx WHERE seq > $1 ORDER BY seq LIMIT $2) AS s) "
-                "AS w", self.seq, MARKS_PER_READ, ROWS_PER_READ)
+            # A transaction writes no more vectors than rows (or a re-embed batch of them), so
+            # a process starting on a big database never holds more than one batch in flight.
+            end = await batch_end(conn, self.seq, MARKS_PER_READ, ROWS_PER_READ)
             if end is None:
                 return applied
             rows = await conn.fetch(

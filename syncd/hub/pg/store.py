@@ -13,7 +13,6 @@ from typing import Any
 import asyncpg
 import msgspec
 import numpy as np
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from local_store import ValidationError
@@ -23,21 +22,23 @@ from local_store.apply import (
     edge_from_wire,
     node_from_wire,
     redacted_text,
+    safe_id,
     vector_from_wire,
     vectors_from_wires,
 )
 from local_store.arguments import msgspec_field
 from local_store.columns import NODE_WIRE
 from local_store.embed import Embedder, HashingEmbedder, from_blob, to_blob
-from local_store.merge import EDGE_HASHED, content_hash, wins
+from local_store.merge import EDGE_HASHED, content_hash, version_key, wins
 from local_store.records import parse_timestamp
-from local_store.redact import strip_private
 from local_store.store import wire_vectors
 from local_store.views import wire_edge, wire_node
 from protocol.query import QueryRequest, QueryResponse
 from protocol.rows import EdgeRow, NodeRow
 from protocol.settings import DEFAULT_SETTINGS, MemorySettings, merge_patch, settings_decoder
 from protocol.timestamp import format_ns, parse_ns
+from syncd.hub.keys import key_from_pem, new_key_pem
+from syncd.hub.pg.marks import batch_end
 from syncd.hub.pg.migrate import Conn, migrate
 from syncd.hub.pg.recall import VectorTail, keyword_text, run_recall
 from syncd.hub.pg.tokens import PgTokens
@@ -169,7 +170,7 @@ class PgHubStore:
                 "SELECT id, updated_at, origin, content_hash, md5(content) FROM memories "
                 "WHERE id = ANY($1::text[])", ids)} if ids else {}
             fresh = {mid: row for mid, row in node_rows.items()
-                     if wins(_key(row), current[mid][:3] if mid in current else None)}
+                     if wins(version_key(row), current[mid][:3] if mid in current else None)}
             written = await self._write_nodes(conn, fresh, tx)
             await self._write_vectors(conn, written, fresh, vectors, current, model, tx)
             written_edges = await self._write_edges(conn, edge_rows, tx)
@@ -196,11 +197,11 @@ class PgHubStore:
                 if values is not None and redacted_text(wire, row):
                     values = None  # embedded from the private span: the hub re-embeds it
             except ValidationError as exc:
-                result.problems.append(RowProblem("node", index, _safe_id(wire.id), exc.field,
+                result.problems.append(RowProblem("node", index, safe_id(wire.id), exc.field,
                                                   exc.message))
                 continue
             held = rows.get(row["id"])
-            if held is not None and not wins(_key(row), _key(held)):
+            if held is not None and not wins(version_key(row), version_key(held)):
                 continue  # the same id twice in one batch: the later version key wins
             rows[row["id"]] = row
             vectors.pop(row["id"], None)
@@ -215,12 +216,12 @@ class PgHubStore:
             try:
                 row = edge_from_wire(wire)
             except ValidationError as exc:
-                result.problems.append(RowProblem("edge", index, _safe_id(wire.id), exc.field,
+                result.problems.append(RowProblem("edge", index, safe_id(wire.id), exc.field,
                                                   exc.message))
                 continue
             row["content_hash"] = content_hash(row, EDGE_HASHED)
             held = rows.get(row["id"])
-            if held is None or wins(_key(row), _key(held)):
+            if held is None or wins(version_key(row), version_key(held)):
                 rows[row["id"]] = row
         return rows
 
@@ -304,18 +305,11 @@ class PgHubStore:
 
     async def signing_key(self) -> Ed25519PrivateKey:
         """The hub's entitlement key: the first process to ask creates it, all share it."""
-        candidate = Ed25519PrivateKey.generate()
-        pem = candidate.private_bytes(serialization.Encoding.PEM,
-                                      serialization.PrivateFormat.PKCS8,
-                                      serialization.NoEncryption()).decode()
         async with self._connection() as conn:
             await conn.execute("INSERT INTO signing_keys (name, pem) VALUES ('entitlement', $1) "
-                               "ON CONFLICT (name) DO NOTHING", pem)
+                               "ON CONFLICT (name) DO NOTHING", new_key_pem().decode())
             stored = await conn.fetchval("SELECT pem FROM signing_keys WHERE name = 'entitlement'")
-        key = serialization.load_pem_private_key(stored.encode(), password=None)
-        if not isinstance(key, Ed25519PrivateKey):
-            raise ValueError("signing_keys.entitlement is not an Ed25519 key")
-        return key
+        return key_from_pem(stored.encode(), "signing_keys.entitlement")
 
     # ------------------------------------------------------------------ reads
 
@@ -352,15 +346,8 @@ class PgHubStore:
         boundary; ``end`` is where the running count of written rows reaches ``limit``."""
         if limit is None:
             end = await conn.fetchval("SELECT coalesce(max(seq), 0) FROM feed_tx")
-        else:
-            # The first `limit` marks at most: where their running row count reaches `limit`,
-            # else the last of them (marks of vector-only transactions count no rows, so a
-            # page never grows past `limit` marks, however many there are).
-            end = await conn.fetchval(
-                "SELECT coalesce(min(seq) FILTER (WHERE total >= $2), max(seq), 0) FROM "
-                "(SELECT seq, sum(rows) OVER (ORDER BY seq) AS total FROM "
-                "(SELECT seq, rows FROM feed_tx WHERE seq > $1 ORDER BY seq LIMIT $2) AS s) "
-                "AS w", start, limit)
+        else:  # at most `limit` marks, fewer once they hold `limit` rows (marks.py)
+            end = await batch_end(conn, start, limit, limit) or 0
         end = max(int(end), start)
         node_where, edge_where = ["f.seq > $1", "f.seq <= $2"], ["f.seq > $1", "f.seq <= $2"]
         node_params: list[object] = [start, end]
@@ -480,16 +467,10 @@ async def _upsert(conn: Conn, sql: str, columns: tuple[str, ...],
     return {r[0] for r in await conn.fetch(sql, *arrays, tx, *extra)}
 
 
-def _key(row: Mapping[str, Any]) -> tuple[str, str, str]:
-    return (row["updated_at"], row["origin"], row["content_hash"])
-
 
 def _md5(text: str) -> str:
     return hashlib.md5(text.encode(), usedforsecurity=False).hexdigest()
 
-
-def _safe_id(value: object) -> str | None:
-    return strip_private(value) if isinstance(value, str) else None
 
 
 def _wire_edge(record: asyncpg.Record) -> EdgeRow:

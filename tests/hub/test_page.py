@@ -50,6 +50,14 @@ async def test_the_hub_page_logs_in_with_a_token_and_keeps_its_role(
             assert resp.status == 200 and "default-src 'self'" in resp.headers[
                 "Content-Security-Policy"]
         assert (await page_login(http, url, "syncd_wrong"))[0] == 401
+        for body in ({}, {"token": ""}, {"token": 5}, ["x"]):
+            async with http.post(f"{url}/ui/login", json=body) as resp:
+                error = (await resp.json())["error"]
+                assert (resp.status, error["field"]) == (422, "token"), body
+                assert "Set-Cookie" not in resp.headers
+        async with http.post(f"{url}/ui/login", data="token=x",
+                             headers={"Content-Type": "application/x-www-form-urlencoded"}) as resp:
+            assert resp.status == 415 and "Set-Cookie" not in resp.headers
         assert (await page_login(http, url, writer, Origin="https://evil.test"))[0] == 403
         status, as_reader = await page_login(http, url, reader)
         assert status == 200

@@ -259,6 +259,11 @@ def test_error_message_form() -> None:
     ("[sync]\noverlap_secs = -1", {}, "sync.overlap_secs = -1: must be >= 0"),
     ("[embedding]\nthreads = 0", {}, "embedding.threads = 0: must be >= 1"),
     ("[hub]\ntoken_lifetime_days = 0", {}, "hub.token_lifetime_days = 0: must be > 0"),
+    ("[hub]\nreembed_secs = -1", {}, "hub.reembed_secs = -1: must be >= 0"),
+    ('[hub]\nstore = "mysql://db/hub"', {},
+     "hub.store = \"mysql://db/hub\": store: must be `sqlite` or a postgresql:// DSN"),
+    ('[hub]\nstore = "postgresql://db/hub"\nstore_file = "/etc/dsn"', {},
+     "hub.store_file = \"/etc/dsn\": set either store (a DSN) or store_file, not both"),
     # choices
     ('[daemon]\nlog_level = "verbose"', {}, 'daemon.log_level = "verbose": must be one of'),
     ('[hub]\ncursor = "wall"', {}, 'hub.cursor = "wall": must be one of "ingest", "origin"'),

@@ -6,6 +6,8 @@ Rules:
   * WAL with ``synchronous=NORMAL``: a committed transaction survives a process crash (kill -9);
     only an OS crash or power loss can drop the last commits. ``busy_timeout`` covers the
     checkpointer and outside readers (CLI, backup); ``journal_size_limit`` bounds the WAL.
+  * Checkpoints run on their own thread after each write (``checkpoint.Checkpointer``); the
+    automatic checkpoint inside a COMMIT is only a backstop at ``BACKSTOP_PAGES``.
   * Migrations are ``schema/NNNN_name.sql`` applied in order, each in its own transaction
     together with its ``schema_migrations`` record. Applied files are never edited.
 """
@@ -25,6 +27,7 @@ LOCK_FILENAME = "syncd.lock"
 BUSY_TIMEOUT_MS = 10_000
 JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
 CACHE_KIB = 64 * 1024
+BACKSTOP_PAGES = 10_000
 
 
 class DataDirLock:
@@ -77,7 +80,7 @@ def _configure(conn: sqlite3.Connection, *, readonly: bool) -> None:
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
-        conn.execute("PRAGMA wal_autocheckpoint = 1000")
+        conn.execute(f"PRAGMA wal_autocheckpoint = {BACKSTOP_PAGES}")
 
 
 def migration_files() -> list[tuple[int, str, str]]:

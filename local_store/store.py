@@ -37,6 +37,7 @@ from local_store.arguments import (
     parse_links,
     redact_request,
 )
+from local_store.checkpoint import Checkpointer
 from local_store.columns import EDGE_ALL, EDGE_SELECT, NODE_COLUMNS, NODE_SELECT
 from local_store.embed import Embedder, HashingEmbedder, from_blob
 from local_store.errors import NotFoundError, StoreClosedError, ValidationError
@@ -91,6 +92,7 @@ class Store:
         self._closed = False
         self.index = VectorIndex(embedder.model_id, embedder.dim)
         self._recall_reader = SyncReader(data_dir / db.DB_FILENAME)
+        self.checkpointer = Checkpointer(data_dir / db.DB_FILENAME, pool, lambda: writer.conn)
         self._settings = DEFAULT_SETTINGS
         # Set by the daemon: None when graph expansion may run, else the reason it may not
         # (recall then runs with expand_hops = 0 and says so in ``gated``/``gate_reason``).
@@ -159,6 +161,7 @@ class Store:
             return
         self._closed = True
         await self._reader.close()
+        await self.checkpointer.close()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._pool, self._writer.conn.close)
         await self._recall_reader.close()
@@ -187,6 +190,7 @@ class Store:
             raise StoreClosedError("the store is closed")
         loop = asyncio.get_running_loop()
         result, events = await loop.run_in_executor(self._pool, _transaction, self._writer, fn)
+        self.checkpointer.poke()
         if events:
             self.index.apply([(memory_id, values) for memory_id, model, values in events
                               if model is None or model == self.index.model])
@@ -676,12 +680,7 @@ class Store:
         truncate it when no reader still needs it. Returns SQLite's (busy, log, checkpointed)."""
         if self._closed:
             raise StoreClosedError("the store is closed")
-
-        def run() -> tuple[int, int, int]:
-            row = self._writer.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-            return int(row[0]), int(row[1]), int(row[2])
-
-        return await asyncio.get_running_loop().run_in_executor(self._pool, run)
+        return await self.checkpointer.truncate()
 
     async def disk_bytes(self) -> int:
         """Bytes on disk of the database and its WAL/shared-memory files."""

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from local_store.errors import ValidationError
-from local_store.merge import NODE_HASHED, content_hash, hash_values, wins
+from local_store.merge import NODE_HASHED, hash_values, node_hash, wins
 from local_store.records import (
     MEMORY_TYPES,
     STATUSES,
@@ -42,6 +42,7 @@ _NODE_TEXT = ("labels", "realm", "memory_type", "title", "content", "tags", "sta
               "source_session_id", "source_run_id", "superseded_by", "provenance", "topic_key",
               "memory_class", "space", "writer_agent_id")
 _NODE_TIMES = ("created_at", "valid_at", "invalid_at")
+_NODE_TEXT_ATTRS = operator.attrgetter(*_NODE_TEXT)
 
 
 @dataclass(slots=True)
@@ -86,15 +87,20 @@ def node_from_wire(wire: NodeRow) -> Row:
     updated = parse_timestamp(wire.updated_at, "updated_at")
     if updated is None:
         raise ValidationError("updated_at", "is required")
-    row: Row = {"id": mid.strip()}
-    for name in _NODE_TEXT:
-        value = getattr(wire, name)
-        if value is not None:
-            if value.__class__ is not str:
-                raise ValidationError(name, f"must be a string, got {type(value).__name__}")
-            if "<" in value:
-                value = strip_private(value)
-        row[name] = value
+    texts = _NODE_TEXT_ATTRS(wire)
+    row: Row = dict(zip(_NODE_TEXT, texts, strict=True))
+    row["id"] = mid.strip()
+    try:  # one join tells whether every text is a string without a "<" (the common case)
+        clean = "<" not in "".join([value for value in texts if value is not None])
+    except TypeError:
+        clean = False
+    if not clean:
+        for name, value in zip(_NODE_TEXT, texts, strict=True):
+            if value is not None:
+                if value.__class__ is not str:
+                    raise ValidationError(name, f"must be a string, got {type(value).__name__}")
+                if "<" in value:
+                    row[name] = strip_private(value)
     if row["provenance"] is not None:
         row["provenance"] = strip_private_json_text(row["provenance"])
     raw_created = wire.created_at
@@ -127,7 +133,7 @@ def node_from_wire(wire: NodeRow) -> Row:
     row["deleted"] = 1 if wire.deleted else 0
     row["local_seq"] = 0
     row["dedupe_key"] = row["source_uris"] = row["mentions"] = row["last_seen"] = None
-    row["content_hash"] = content_hash(row, NODE_HASHED)
+    row["content_hash"] = node_hash(row)
     return row
 
 
@@ -235,16 +241,17 @@ def apply_batch(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow],
                 model: str) -> ApplyResult:
     """Run inside the writer's transaction. Nodes first, then edges (endpoints may be absent)."""
     result = ApplyResult(bound=format_ns(writer.clock.physical_ns() + writer.clock.max_drift_ns))
-    known = writer.current_keys("memories", [n.id for n in nodes if isinstance(n.id, str)])
+    ids = [wire.id.strip() if isinstance(wire.id, str) else "" for wire in nodes]
+    known = writer.current_keys("memories", [mid for mid in ids if mid])
+    stored = set(known)  # before this batch: ids not in it get plain INSERTs
     held = [current is not None and already_held(wire, current)
-            for wire in nodes for current in (known.get(wire.id) if isinstance(wire.id, str)
-                                              else None,)]
+            for wire, mid in zip(nodes, ids, strict=True) for current in (known.get(mid),)]
     batch = vectors_from_wires([wire for wire, h in zip(nodes, held, strict=True) if not h])
     winners: dict[str, tuple[Row, Vector | None]] = {}
     fresh = 0
     for index, wire in enumerate(nodes):
         if held[index]:
-            _note_version(writer, result, known[wire.id][0])  # type: ignore[index]
+            _note_version(writer, result, known[ids[index]][0])
             result.skipped_nodes += 1
             continue
         fresh += 1
@@ -264,7 +271,8 @@ def apply_batch(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow],
         known[row["id"]] = key
         winners[row["id"]] = (row, None if values is None else Vector(model, values))
         result.applied_nodes += 1
-    writer.apply_nodes(list(winners.values()), model)
+    writer.apply_nodes(list(winners.values()), model,
+                       {mid for mid in winners if mid not in stored})
     for index, ewire in enumerate(edges):
         try:
             erow = edge_from_wire(ewire)

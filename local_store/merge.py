@@ -12,6 +12,7 @@ documented policy for concurrent delete-vs-update is "later HLC stamp wins".
 from __future__ import annotations
 
 import hashlib
+import operator
 from collections.abc import Mapping, Sequence
 
 VersionKey = tuple[str, str, str]
@@ -23,11 +24,18 @@ NODE_HASHED = (
     "superseded_by", "provenance", "topic_key", "deleted",
 )
 EDGE_HASHED = ("src", "dst", "type", "realm", "target_namespace", "props", "deleted")
+_NODE_HASHED_ITEMS = operator.itemgetter(*NODE_HASHED)
 
 
 def content_hash(row: Mapping[str, object], fields: Sequence[str]) -> str:
     """A digest of the replicated fields: None, str, int and float values, unit-separated."""
     return hash_values([row.get(name) for name in fields])
+
+
+def node_hash(row: Mapping[str, object]) -> str:
+    """``content_hash(row, NODE_HASHED)`` for a row holding every node field (one C call
+    gathers the values)."""
+    return hash_values(_NODE_HASHED_ITEMS(row))
 
 
 def hash_values(values: Sequence[object]) -> str:

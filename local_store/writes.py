@@ -26,6 +26,7 @@ from local_store.columns import (
     EDGE_SELECT,
     EDGE_UPSERT,
     NODE_COLUMNS,
+    NODE_INSERT,
     NODE_SELECT,
     NODE_UPSERT,
     edge_params,
@@ -278,22 +279,30 @@ class Writer:
 
     # ------------------------------------------------------------------ remote versions
 
-    def apply_nodes(self, winners: list[tuple[Row, Vector | None]], model: str) -> None:
+    def apply_nodes(self, winners: list[tuple[Row, Vector | None]], model: str,
+                    new_ids: set[str] | frozenset[str] = frozenset()) -> None:
         """Write remote versions that already won LWW, in bulk. Each replaces any pending local
-        edit of its id; a winner without a vector drops the stale vector of that model."""
+        edit of its id; a winner without a vector drops the stale vector of that model.
+
+        ``new_ids`` are ids this transaction found absent from the store: they have no row, FTS
+        entry, vector or outbox entry to replace, so they take plain INSERTs and skip the
+        clean-up statements (a fresh bootstrap is all new ids)."""
         for row, _ in winners:
             row["local_seq"] = self.next_seq()
-        ids = [row["id"] for row, _ in winners]
-        purged = [row["id"] for row, _ in winners if row["deleted"] and not row["content"]]
+        old = [(row, vector) for row, vector in winners if row["id"] not in new_ids]
+        old_ids = [row["id"] for row, _ in old]
+        purged = [row["id"] for row, _ in old if row["deleted"] and not row["content"]]
         if purged and self.any_live(purged):
             self.purge_index = True  # a hard delete's tombstone replaces indexed text
-        self.fts_remove(ids)
-        self.conn.executemany(NODE_UPSERT, [node_params(row) for row, _ in winners])
+        self.fts_remove(old_ids)
+        self.conn.executemany(NODE_INSERT, [node_params(row) for row, _ in winners
+                                            if row["id"] in new_ids])
+        self.conn.executemany(NODE_UPSERT, [node_params(row) for row, _ in old])
         if winners:
             self.fts_add_seqs(winners[0][0]["local_seq"], winners[-1][0]["local_seq"])
         self.conn.executemany(
             "DELETE FROM vectors WHERE memory_id = ? AND (model = ? OR ?)",
-            [(row["id"], model, row["deleted"]) for row, vector in winners
+            [(row["id"], model, row["deleted"]) for row, vector in old
              if vector is None or row["deleted"]])
         self.conn.executemany(
             "INSERT INTO vectors (memory_id, model, dim, vec) VALUES (?, ?, ?, ?) "
@@ -301,14 +310,15 @@ class Writer:
             [(row["id"], vector.model, int(vector.values.shape[0]), to_blob(vector.values))
              for row, vector in winners if vector is not None and not row["deleted"]])
         self.conn.executemany("DELETE FROM outbox WHERE kind = 'node' AND item_id = ?",
-                              [(row["id"],) for row, _ in winners])
+                              [(item_id,) for item_id in old_ids])
+        events = self.vector_events
         for row, vector in winners:
             if row["deleted"]:
-                self.vector_events.append((row["id"], None, None))
+                events.append((row["id"], None, None))
             elif vector is None:
-                self.vector_events.append((row["id"], model, None))
+                events.append((row["id"], model, None))
             else:
-                self.vector_events.append((row["id"], vector.model, vector.values))
+                events.append((row["id"], vector.model, vector.values))
 
     def apply_edge(self, row: Row) -> bool:
         row["content_hash"] = content_hash(row, EDGE_HASHED)

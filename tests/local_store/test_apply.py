@@ -266,3 +266,21 @@ async def test_keyword_index_matches_the_rows_after_shuffled_batches(tmp_path: P
                             ).fetchone()[0] == len(live)
     finally:
         conn.close()
+
+
+async def test_new_and_held_ids_mix_in_one_batch(store: Store) -> None:
+    """New ids take plain INSERTs: an id already held (even sent with surrounding spaces) or sent
+    twice in one batch must still be an update, never a duplicate-key failure."""
+    await store.apply([node(1, T0, content="one"), node(2, T0, content="two")], [], model=MODEL)
+    spaced = node(1, T0 + 5, content="one, newer")
+    spaced.id = f"  {spaced.id} "
+    batch = [spaced, node(3, T0, content="three"), node(3, T0 + 9, content="three, newer"),
+             node(2, T0 - 1, content="two, older"), node(4, T0, content="four")]
+    result = await store.apply(batch, [], model=MODEL)
+    assert not result.problems
+    assert (result.applied_nodes, result.skipped_nodes) == (4, 1)  # only 2's older version loses
+    contents = {n.id: n.content for n in (await store.export(model=MODEL))[0]}
+    assert contents == {"memory:00000001": "one, newer", "memory:00000002": "two",
+                        "memory:00000003": "three, newer", "memory:00000004": "four"}
+    found = await store.recall({"query": "newer"}, mode="keyword")
+    assert {m.id for m in found.memories} >= {"memory:00000001", "memory:00000003"}

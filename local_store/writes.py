@@ -26,10 +26,10 @@ from local_store.columns import (
     EDGE_SELECT,
     EDGE_UPSERT,
     NODE_COLUMNS,
-    NODE_INSERT,
     NODE_SELECT,
     NODE_UPSERT,
     edge_params,
+    node_batches,
     node_params,
 )
 from local_store.embed import to_blob
@@ -295,9 +295,11 @@ class Writer:
         if purged and self.any_live(purged):
             self.purge_index = True  # a hard delete's tombstone replaces indexed text
         self.fts_remove(old_ids)
-        self.conn.executemany(NODE_INSERT, [node_params(row) for row, _ in winners
-                                            if row["id"] in new_ids])
-        self.conn.executemany(NODE_UPSERT, [node_params(row) for row, _ in old])
+        for sql, params in node_batches((row for row, _ in winners if row["id"] in new_ids),
+                                        upsert=False):
+            self.conn.executemany(sql, params)
+        for sql, params in node_batches((row for row, _ in old), upsert=True):
+            self.conn.executemany(sql, params)
         if winners:
             self.fts_add_seqs(winners[0][0]["local_seq"], winners[-1][0]["local_seq"])
         self.conn.executemany(

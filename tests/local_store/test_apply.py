@@ -284,3 +284,28 @@ async def test_new_and_held_ids_mix_in_one_batch(store: Store) -> None:
                         "memory:00000003": "three, newer", "memory:00000004": "four"}
     found = await store.recall({"query": "newer"}, mode="keyword")
     assert {m.id for m in found.memories} >= {"memory:00000001", "memory:00000003"}
+
+
+async def test_rows_with_different_null_columns_store_exactly_what_they_carry(
+        store: Store) -> None:
+    """Rows are written in groups by which columns are NULL (literal NULLs instead of bound
+    Nones): every pattern, new or replacing a version with the opposite pattern, stores its
+    own values — a field cleared by the newer version is NULL, not left over."""
+    def version(i: int, ns: int, filled: bool) -> NodeRow:
+        extra = ({"title": f"t{i}", "topic_key": f"k{i}", "superseded_by": "memory:x",
+                  "provenance": '{"a":1}', "invalid_at": format_ns(ns), "space": "s"}
+                 if filled else {})
+        return node(i, ns, content=f"c{i}-{filled}", **extra)
+
+    first = [version(i, T0, filled=i % 2 == 0) for i in range(40)]
+    await store.apply(first, [], model=MODEL)
+    second = [version(i, T0 + 10, filled=i % 2 == 1) for i in range(0, 40, 3)]  # flip a third
+    await store.apply(second, [], model=MODEL)
+    got = {n.id: n for n in (await store.export(model=MODEL, include_deleted=True))[0]}
+    expected = {r.id: r for r in first} | {r.id: r for r in second}
+    assert set(got) == set(expected)
+    for mid, sent in expected.items():
+        held = got[mid]
+        for name in ("title", "topic_key", "superseded_by", "provenance", "invalid_at",
+                     "space", "content", "updated_at"):
+            assert getattr(held, name) == getattr(sent, name), (mid, name)

@@ -139,10 +139,13 @@ def node_from_wire(wire: NodeRow) -> Row:
 
 def redacted_text(wire: NodeRow, row: Row) -> bool:
     """Did redaction change the row's text? Then a vector that came with it was computed from
-    the private span (by a writer that does not redact, like the plane) and must not be kept."""
-    return any(value is not None and "<" in value and value != row[name]
-               for name, value in (("content", wire.content), ("title", wire.title),
-                                   ("tags", wire.tags)))
+    the private span (by a writer that does not redact, like the plane) and must not be kept.
+    (An unredacted text is the wire's own string object, so ``is`` settles the common case.)"""
+    for value, kept in ((wire.content, row["content"]), (wire.title, row["title"]),
+                        (wire.tags, row["tags"])):
+        if value is not None and value is not kept and "<" in value and value != kept:
+            return True
+    return False
 
 
 def already_held(wire: NodeRow, current: tuple[str, str, str]) -> bool:
@@ -248,17 +251,18 @@ def apply_batch(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow],
             for wire, mid in zip(nodes, ids, strict=True) for current in (known.get(mid),)]
     batch = vectors_from_wires([wire for wire, h in zip(nodes, held, strict=True) if not h])
     winners: dict[str, tuple[Row, Vector | None]] = {}
+    versions: list[str] = []  # every version seen, for the clock (noted once, below)
     fresh = 0
     for index, wire in enumerate(nodes):
         if held[index]:
-            _note_version(writer, result, known[ids[index]][0])
+            versions.append(known[ids[index]][0])
             result.skipped_nodes += 1
             continue
         fresh += 1
         try:
             row = node_from_wire(wire)
             key = (row["updated_at"], row["origin"], row["content_hash"])
-            _note_version(writer, result, row["updated_at"])
+            versions.append(key[0])
             if not wins(key, known.get(row["id"])):
                 result.skipped_nodes += 1
                 continue
@@ -279,11 +283,12 @@ def apply_batch(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow],
         except ValidationError as exc:
             result.problems.append(RowProblem("edge", index, safe_id(ewire.id), exc.field, exc.message))
             continue
-        _note_version(writer, result, erow["updated_at"])
+        versions.append(erow["updated_at"])
         if writer.apply_edge(erow):
             result.applied_edges += 1
         else:
             result.skipped_edges += 1
+    _note_versions(result, versions)
     _receive_versions(writer, result)
     return result
 
@@ -315,13 +320,18 @@ def vectors_from_wires(wires: list[NodeRow]) -> list[npt.NDArray[np.float32] | N
     return out
 
 
-def _note_version(writer: Writer, result: ApplyResult, version: str) -> None:
-    if result.max_version is None or version > result.max_version:
-        result.max_version = version
-    if version > result.bound:
-        result.beyond_drift.append(version)
-    elif result.max_within is None or version > result.max_within:
-        result.max_within = version
+def _note_versions(result: ApplyResult, versions: list[str]) -> None:
+    """The batch's largest version, and which versions lie beyond the drift bound (rare: a
+    writer whose clock runs ahead) — one ``max`` over the list on the common path."""
+    if not versions:
+        return
+    top = max(versions)
+    result.max_version = top
+    if top <= result.bound:
+        result.max_within = top
+        return
+    result.beyond_drift = [v for v in versions if v > result.bound]
+    result.max_within = max((v for v in versions if v <= result.bound), default=None)
 
 
 def _receive_versions(writer: Writer, result: ApplyResult) -> None:

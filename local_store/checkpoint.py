@@ -70,12 +70,16 @@ class Checkpointer:
         loop = asyncio.get_running_loop()
         while True:
             self._again = False
-            if self._stalled:  # a reader held frames back: copy them between writes, as SQLite would
-                frames, done = await loop.run_in_executor(self._writer_pool, self._finish)
-            else:
-                frames, done = await loop.run_in_executor(self._pool, self._checkpoint)
-                if frames >= self.restart_frames and done == frames and not self._closed:
+            try:
+                if self._stalled:  # a reader held frames back: copy them between writes
                     frames, done = await loop.run_in_executor(self._writer_pool, self._finish)
+                else:
+                    frames, done = await loop.run_in_executor(self._pool, self._checkpoint)
+                    if frames >= self.restart_frames and done == frames and not self._closed:
+                        frames, done = await loop.run_in_executor(self._writer_pool, self._finish)
+            except RuntimeError as exc:  # an executor was shut down: the store is closing
+                self.last_error = f"RuntimeError: {exc}"
+                return
             self._stalled = done < frames
             await asyncio.sleep(self.min_gap)
             if not self._again or self._closed or self._holds:

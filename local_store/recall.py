@@ -40,6 +40,7 @@ from local_store.ranking import (
     tokenize,
 )
 from local_store.records import MEMORY_TYPES, parse_timestamp
+from local_store.vectors import nearest_rows
 from protocol.query import (
     Linked,
     QueryRequest,
@@ -59,11 +60,11 @@ Fetch = Callable[[str, Sequence[object]], list[Any]]
 
 @dataclass(frozen=True, slots=True)
 class Semantic:
-    """The query's cosine against every indexed vector, with the ids in the same order — a
-    snapshot taken on the event loop (where the index is updated), so the reader thread never
-    sees the index mid-update. Copying the id list is a pointer copy: ~0.3 ms at 100k."""
+    """The query's cosine against every indexed vector, with the ids in the same order — one
+    locked snapshot of the index (``VectorIndex.snapshot``), so recall never sees it mid-update.
+    The ids are the index's shared immutable tuple: no per-query copy."""
 
-    ids: list[str]
+    ids: Sequence[str]
     sims: npt.NDArray[np.float32]
 
 CAND_K = 50
@@ -84,6 +85,7 @@ CANDIDATE_FLOOR = 0.15
 ROW_COLUMNS = ("id", "memory_type", "title", "content_preview", "tags", "importance",
         "realm", "created_at", "valid_at", "invalid_at", "superseded_by", "dedupe_key")
 ROW_SQL = ", ".join(f"m.{c}" for c in ROW_COLUMNS)
+FTS_SQL = "SELECT rowid, -rank AS score FROM memories_fts WHERE memories_fts MATCH ?"
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,10 +170,11 @@ class Recall:
         tokens = tokenize(request.query)
         cands: dict[str, Candidate] = {}
         best_cosine, strict_hit = -1.0, False
-        if mode != "keyword":
-            best_cosine = self._semantic_leg(filters, mode, cands)
+        # The keyword leg goes first: its hits tell the semantic leg which rows it may skip.
         if mode != "vector" and tokens:
             strict_hit = self._keyword_leg(tokens, filters, mode, cands)
+        if mode != "keyword":
+            best_cosine = self._semantic_leg(filters, mode, cands, strict_hit)
         self._hydrate(cands, filters, mode)
         if mode == "syncd":
             if strict_hit or best_cosine >= QUERY_COSINE_GATE:
@@ -195,20 +198,32 @@ class Recall:
 
     # ------------------------------------------------------------------ legs
 
-    def _semantic_leg(self, filters: Filters, mode: Mode, cands: dict[str, Candidate]) -> float:
+    def _semantic_leg(self, filters: Filters, mode: Mode, cands: dict[str, Candidate],
+                      strict_hit: bool) -> float:
         """Adds up to 50 candidates; returns the best cosine over the whole index (−1: none)."""
         semantic = self._semantic
         if semantic is None or not semantic.ids:
             return -1.0
-        where, params = filters.sql()
         sims, every = semantic.sims, semantic.ids
+        # The gate looks at the whole store: a realm filter must not make a real query look
+        # like nonsense because its realm's best match is weaker.
+        best = float(sims.max())
+        if mode == "syncd" and not strict_hit and best < QUERY_COSINE_GATE:
+            return best  # the answer is the fallback: no candidate stays
+        keyword_hits = set(cands)  # the keyword leg ran first
+        where, params = filters.sql()
         want = min(len(every), CAND_K * FIRST_SAMPLE)
+        looked_up: dict[str, dict[str, Any] | None] = {}
         while True:
-            top = np.argpartition(-sims, want - 1)[:want] if want < len(every) else np.arange(
-                len(every))
-            cos = {every[i]: float(sims[i]) for i in top}
-            allowed = self._rows_for(list(cos), where, params)
-            if len(allowed) >= CAND_K or want >= len(every):
+            top = nearest_rows(sims, want)
+            cos = dict(zip([every[i] for i in top.tolist()], sims[top].tolist(), strict=True))
+            nearest = sorted(cos, key=lambda mid: (-cos[mid], mid))
+            # Ranked by cosine alone, the first CAND_K that pass the filters are the candidates;
+            # the plane's key mixes in importance, so it needs every row that passes.
+            enough = len(nearest) if mode == "plane" else CAND_K
+            matter = _can_matter(nearest, cos, keyword_hits) if mode == "syncd" else len(nearest)
+            allowed = self._first_allowed(nearest[:matter], enough, where, params, looked_up)
+            if len(allowed) >= CAND_K or want >= len(every) or matter < len(nearest):
                 break
             want = min(len(every), want * OVERSAMPLE)
         if mode == "plane":
@@ -219,9 +234,23 @@ class Recall:
         for rank, mid in enumerate(ranked):
             cand = cands.setdefault(mid, Candidate(mid))
             cand.vec_rank, cand.cosine, cand.row = rank, cos[mid], allowed[mid]
-        # The gate looks at the whole store: a realm filter must not make a real query look
-        # like nonsense because its realm's best match is weaker.
-        return float(sims.max())
+        return best
+
+    def _first_allowed(self, nearest: list[str], enough: int, where: str, params: list[object],
+                       looked_up: dict[str, dict[str, Any] | None]) -> dict[str, dict[str, Any]]:
+        """The ids of ``nearest`` that pass the filters, with their rows, in ``nearest``'s
+        order: the first ``enough`` when they all pass (usually: half the row reads of reading
+        all), else every one that passes. ``looked_up`` keeps each id's row (None: filtered
+        out) for the next, wider call."""
+        allowed: dict[str, dict[str, Any]] = {}
+        for prefix in (nearest[:enough], nearest):
+            missing = [mid for mid in prefix if mid not in looked_up]
+            found = self._rows_for(missing, where, params)
+            looked_up.update((mid, found.get(mid)) for mid in missing)
+            allowed = {mid: row for mid in prefix if (row := looked_up[mid]) is not None}
+            if len(allowed) >= enough:
+                break
+        return allowed
 
     def _rows_for(self, ids: list[str], where: str,
                   params: list[object]) -> dict[str, dict[str, Any]]:
@@ -289,32 +318,44 @@ class Recall:
 
     def _fts_rows(self, match: str, where: str,
                   params: list[object]) -> list[tuple[float, dict[str, Any]]]:
-        """Best BM25 hits that pass the filters. FTS5 ranks inside its index first (``ORDER BY
-        rank LIMIT``); only those rows are then filtered and hydrated. When the filters drop
+        """Best BM25 hits that pass the filters. The keyword index finds its best hits first
+        (``LIMIT``); only those rows are then filtered and hydrated. When the filters drop
         too many, the limit grows until the index has no more hits."""
         inner = CAND_K * 4
         while True:
-            hits = self._fetch("SELECT rowid, -rank FROM memories_fts WHERE memories_fts MATCH ? "
-                               "ORDER BY rank LIMIT ?", [match, inner])
-            if not hits:
-                return []
-            score = {int(r[0]): float(r[1]) for r in hits}
-            found: list[Any] = []
-            rowids = list(score)
-            for start in range(0, len(rowids), 500):
-                chunk = rowids[start:start + 500]
-                found += self._fetch(
-                    f"SELECT m.rowid, m.content, {ROW_SQL} FROM memories m WHERE {where} "
-                    f"AND m.rowid IN ({','.join('?' * len(chunk))})", [*params, *chunk])
-            found.sort(key=lambda r: (-score[r[0]], r[2]))
-            rows = []
-            for r in found[:CAND_K]:
-                row = dict(zip(ROW_COLUMNS, r[2:], strict=True))
-                row["content"] = r[1]
-                rows.append((score[r[0]], row))
-            if len(rows) >= CAND_K or len(hits) < inner or inner >= 1 << 20:
-                return rows
+            hits, tie = self._fts_hits(match, inner)
+            found = self._passing_hits(hits, where, params)
+            if tie is not None and not (len(found) >= CAND_K and found[CAND_K - 1][0] > tie):
+                # Hits tied at the cut may be among the answer: take FTS5's own choice of them.
+                hits = self._fetch(f"{FTS_SQL} ORDER BY rank LIMIT ?", [match, inner])
+                found = self._passing_hits(hits, where, params)
+            if len(found) >= CAND_K or len(hits) < inner or inner >= 1 << 20:
+                return [(score, _keyword_row(r)) for score, r in found[:CAND_K]]
             inner *= 8
+
+    def _fts_hits(self, match: str, limit: int) -> tuple[list[Any], float | None]:
+        """The ``limit`` best BM25 hits (rowid, score) and, when the last of them ties with the
+        next best hit, their score (which tied hits make the cut is then the sorter's choice).
+
+        SQLite's sorter picks them: FTS5's own ``ORDER BY rank`` looks each returned hit up in
+        the index again (~0.3 ms more at 100k memories, over 1 ms for a broad OR query)."""
+        hits = self._fetch(f"{FTS_SQL} ORDER BY score DESC LIMIT ?", [match, limit + 1])
+        cut_tied = len(hits) > limit and hits[limit][1] == hits[limit - 1][1]
+        return hits[:limit], float(hits[limit][1]) if cut_tied else None
+
+    def _passing_hits(self, hits: list[Any], where: str, params: list[object]) -> list[Any]:
+        """(score, row) of the hits whose rows pass the filters, best first (ties by id); each
+        row is (rowid, content, *ROW_COLUMNS)."""
+        score = {int(r[0]): float(r[1]) for r in hits}
+        found: list[Any] = []
+        rowids = list(score)
+        for start in range(0, len(rowids), 500):
+            chunk = rowids[start:start + 500]
+            found += self._fetch(
+                f"SELECT m.rowid, m.content, {ROW_SQL} FROM memories m WHERE {where} "
+                f"AND m.rowid IN ({','.join('?' * len(chunk))})", [*params, *chunk])
+        found.sort(key=lambda r: (-score[r[0]], r[2]))
+        return [(score[r[0]], r) for r in found]
 
     # ------------------------------------------------------------------ rows, graph, scores
 
@@ -433,10 +474,30 @@ class Recall:
         return out
 
 
+def _can_matter(nearest: list[str], cos: dict[str, float], keyword_hits: set[str]) -> int:
+    """syncd: how many of ``nearest`` (best first) can change the answer. A memory stays only
+    when its relevance reaches CANDIDATE_FLOOR, so one with a lower cosine stays only as a
+    keyword hit — whose vector rank counts the memories before it. Past the last keyword hit,
+    memories under the floor are dropped whatever their rows say: no need to read them."""
+    if not keyword_hits <= set(nearest):
+        return len(nearest)  # a keyword hit further out (or in a wider search) may get a rank
+    end = len(nearest)
+    while end and cos[nearest[end - 1]] < CANDIDATE_FLOOR and nearest[end - 1] not in keyword_hits:
+        end -= 1
+    return end
+
+
 def _relevance(c: Candidate) -> float:
     semantic = max(0.0, c.cosine or 0.0)
     keyword = max(0.0, c.kw_raw or 0.0)
     return max(semantic, keyword) + 0.3 * min(semantic, keyword)
+
+
+def _keyword_row(r: Sequence[Any]) -> dict[str, Any]:
+    """A row from ``_passing_hits`` as a candidate row with its content (for coverage)."""
+    row = dict(zip(ROW_COLUMNS, r[2:], strict=True))
+    row["content"] = r[1]
+    return row
 
 
 def _ns(value: object) -> int | None:

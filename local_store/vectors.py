@@ -7,8 +7,11 @@ Rules:
     committed write (never from inside the transaction). Removal swaps in the last row, so the
     matrix stays dense; capacity grows by doubling.
   * Writers (the event loop, after a commit) and readers (recall's thread) meet at one lock:
-    ``snapshot`` compares a query with every row and copies the id list while holding it, so a
-    reader never sees a row moved under it.
+    ``snapshot`` compares a query with every row and takes the ids while holding it, so a reader
+    never sees a row moved under it.
+  * Snapshots share one immutable tuple of the ids, built on the first snapshot after a write
+    that added or moved an id (re-embedding a known id moves nothing), so a read-mostly store
+    copies its 100k ids (~0.5 ms) once per write rather than once per query.
 """
 
 from __future__ import annotations
@@ -19,6 +22,32 @@ import numpy as np
 import numpy.typing as npt
 
 Matrix = npt.NDArray[np.float32]
+SAMPLE_STRIDE = 8  # nearest_rows: partition every 8th similarity first
+
+
+def nearest_rows(sims: npt.NDArray[np.float32], k: int) -> npt.NDArray[np.intp]:
+    """Positions of the ``k`` (≥ 1) largest ``sims``, in no order: the same set as
+    ``np.argpartition(-sims, k - 1)[:k]``, in half its time on 100k rows.
+
+    The k-th largest of a strided sample is a floor that at least k rows reach, so the top k
+    are among the rows reaching it (about 8·k): only those are partitioned. When the k-th
+    largest value also belongs to a row left out, which of the tied rows make the cut is
+    argpartition's choice, so then argpartition decides over every row (NaN rows never count,
+    as with argpartition while k rows are not NaN).
+    """
+    n = len(sims)
+    if k >= n:
+        return np.arange(n)
+    sample = sims[::SAMPLE_STRIDE]
+    if len(sample) > 2 * k:
+        floor = np.partition(sample, len(sample) - k)[len(sample) - k]
+        rows = np.flatnonzero(sims >= floor)
+        if len(rows) >= k:
+            top = rows[np.argpartition(-sims[rows], k - 1)[:k]]
+            cut = sims[top].min()
+            if np.count_nonzero(sims[rows] == cut) == np.count_nonzero(sims[top] == cut):
+                return top
+    return np.argpartition(-sims, k - 1)[:k]
 
 
 class VectorIndex:
@@ -27,6 +56,7 @@ class VectorIndex:
         self.dim = dim
         self._matrix: Matrix = np.zeros((max(capacity, 1), dim), dtype=np.float32)
         self._ids: list[str] = []
+        self._frozen_ids: tuple[str, ...] | None = None  # ``_ids`` as of now; None: stale
         self._rows: dict[str, int] = {}
         self._lock = threading.Lock()
 
@@ -55,10 +85,12 @@ class VectorIndex:
         """The live rows (a view; do not keep it across writes)."""
         return self._matrix[: len(self._ids)]
 
-    def snapshot(self, query: npt.ArrayLike) -> tuple[list[str], npt.NDArray[np.float32]]:
+    def snapshot(self, query: npt.ArrayLike) -> tuple[tuple[str, ...], npt.NDArray[np.float32]]:
         """(ids, cosine of ``query`` with each) as of one instant — safe from any thread."""
         with self._lock:
-            return list(self._ids), self.similarities(query)
+            if self._frozen_ids is None:
+                self._frozen_ids = tuple(self._ids)
+            return self._frozen_ids, self.similarities(query)
 
     def upsert(self, memory_id: str, vector: npt.ArrayLike) -> None:
         values = np.asarray(vector, dtype=np.float32).reshape(-1)
@@ -77,6 +109,7 @@ class VectorIndex:
                 self._matrix = grown
             self._ids.append(memory_id)
             self._rows[memory_id] = row
+            self._frozen_ids = None
         self._matrix[row] = values
 
     def apply(self, changes: list[tuple[str, npt.NDArray[np.float32] | None]]) -> None:
@@ -97,6 +130,7 @@ class VectorIndex:
         row = self._rows.pop(memory_id, None)
         if row is None:
             return
+        self._frozen_ids = None
         last = len(self._ids) - 1
         if row != last:
             moved = self._ids[last]

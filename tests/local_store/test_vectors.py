@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from local_store.vectors import VectorIndex
+from local_store.vectors import VectorIndex, nearest_rows
 
 
 def unit(rng: np.random.Generator, n: int, dim: int = 8) -> np.ndarray:
@@ -81,3 +81,22 @@ def test_snapshot_is_consistent_while_another_thread_writes() -> None:
         stop.set()
         thread.join()
     assert errors == []
+
+
+@pytest.mark.parametrize("values", ["distinct", "ties", "nan"])
+def test_nearest_rows_is_argpartitions_set(values: str) -> None:
+    """The fast top-k picks exactly the rows ``np.argpartition(-sims, k - 1)[:k]`` picks, also
+    when the k-th value is tied across the cut (few distinct values) or rows are NaN."""
+    rng = np.random.default_rng(11)
+    for trial in range(200):
+        n = int(rng.integers(1, 5000))
+        sims = rng.standard_normal(n).astype(np.float32)
+        if values == "ties":
+            sims = np.round(sims * rng.integers(1, 20)).astype(np.float32)
+        elif values == "nan":
+            sims[rng.random(n) < rng.random()] = np.nan
+        for k in {1, 50, 100, 800, int(rng.integers(1, n + 1))}:
+            k = min(k, n)
+            expected = np.arange(n) if k >= n else np.argpartition(-sims, k - 1)[:k]
+            got = nearest_rows(sims, k)
+            assert sorted(got.tolist()) == sorted(expected.tolist()), (trial, n, k)

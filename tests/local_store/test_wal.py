@@ -37,30 +37,3 @@ async def test_wal_is_bounded_once_a_long_reader_ends(tmp_path: Path) -> None:
         assert (await store.stats())["memories"] == 2400
     finally:
         await store.close()
-
-
-async def test_new_stores_use_16k_pages_and_older_4k_stores_keep_working(tmp_path: Path) -> None:
-    def page_size(data: Path) -> int:
-        conn = sqlite3.connect(data / "memory.db")
-        try:
-            return int(conn.execute("PRAGMA page_size").fetchone()[0])
-        finally:
-            conn.close()
-
-    async with await Store.open(tmp_path / "new") as store:
-        await store.save({"content": "a new store"})
-    assert page_size(tmp_path / "new") == 16384
-
-    old = tmp_path / "old"
-    old.mkdir()
-    conn = sqlite3.connect(old / "memory.db")  # as syncd 0.x created it: 4 KiB pages
-    conn.execute("PRAGMA page_size = 4096")
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("CREATE TABLE made_before (x)")
-    conn.close()
-    async with await Store.open(old) as store:
-        await store.save_many([{"content": f"old store row {i} " + "z" * 300} for i in range(500)])
-        found = await store.recall({"query": "old store row 7"}, mode="keyword")
-        assert found.memories
-        assert await store.integrity_check() == "ok"
-    assert page_size(old) == 4096

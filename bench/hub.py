@@ -42,7 +42,6 @@ import contextlib
 import ctypes
 import json
 import os
-import random
 import resource
 import shutil
 import signal
@@ -51,7 +50,6 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,10 +65,9 @@ sys.path.insert(0, str(ROOT))
 import aiohttp  # noqa: E402
 import msgspec  # noqa: E402
 
-from bench.store import REALMS, TYPES, VOCABULARY, Clock, pct, words  # noqa: E402
+from bench.store import Clock, pct, synthetic_rows  # noqa: E402
 from local_store import HashingEmbedder, Store  # noqa: E402
 from protocol.rows import ChangesResponse, NodeRow  # noqa: E402
-from protocol.timestamp import format_ns  # noqa: E402
 from syncd.sync.engine import SyncEngine, SyncOptions  # noqa: E402
 from syncd.sync.plane import PlaneClient  # noqa: E402
 from tests.pgserver import PgServer, PgServerError, find_bindir  # noqa: E402
@@ -100,19 +97,8 @@ def progress(message: str) -> None:
 # ---------------------------------------------------------------------- rows
 
 def node_rows(n: int, seed: int, start_ns: int, origin: str) -> list[NodeRow]:
-    """Remote rows as a laptop pushes them when the plane has no vector for them: distinct ids,
-    canonical stamps, no embedding."""
-    rng = random.Random(seed)
-    rows = []
-    for i in range(n):
-        stamp = format_ns(start_ns + i * 1_000)
-        rows.append(NodeRow(
-            id=f"memory:{uuid.UUID(int=rng.getrandbits(128), version=4)}", labels="Memory",
-            realm=rng.choice(REALMS), memory_type=rng.choice(TYPES), title=words(rng, 2, 6),
-            content=words(rng, 15, 40), tags=",".join(rng.sample(VOCABULARY, 2)),
-            importance=round(rng.random(), 2), status="active", created_at=stamp,
-            updated_at=stamp, valid_at=stamp, provenance='{"source":"bench"}', origin=origin))
-    return rows
+    """Remote rows as a laptop pushes them when the plane has no vector for them."""
+    return synthetic_rows(n, seed, start_ns, vectors=False, origin=origin, step_ns=1_000)
 
 
 @dataclass
@@ -311,16 +297,23 @@ async def new_token(home: Path, where: Sequence[str]) -> str:
         sys.executable, "-m", "syncd", "hub", "token", "create", *where, "--role", "write",
         "--name", "bench", env=hub_env(home), stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE)
+    async with asyncio.timeout(60):
+        out, err = await communicate(proc)
+    if proc.returncode != 0:
+        raise RuntimeError(f"syncd hub token create: exit {proc.returncode}: {err.decode()}")
+    return out.decode().strip()
+
+
+async def communicate(proc: asyncio.subprocess.Process) -> tuple[bytes, bytes]:
+    """``proc.communicate()``; a child still running when this fails or is cancelled (a
+    timeout around it) is killed."""
     try:
-        async with asyncio.timeout(60):
-            out, err = await proc.communicate()
+        out, err = await proc.communicate()
     finally:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-    if proc.returncode != 0:
-        raise RuntimeError(f"syncd hub token create: exit {proc.returncode}: {err.decode()}")
-    return out.decode().strip()
+    return out or b"", err or b""
 
 
 # ---------------------------------------------------------------------- import and paging
@@ -529,12 +522,7 @@ async def run_laptop(url: str, token: str, root: Path, rows: int) -> dict[str, A
         env={**env, "BENCH_HUB_TOKEN": token, "BENCH_HUB_T0": repr(STARTED)},
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, preexec_fn=_die_with_parent())  # stderr: ours
-    try:
-        out, _ = await proc.communicate()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+    out, _ = await communicate(proc)
     if proc.returncode != 0:
         raise RuntimeError(f"the laptop process exited {proc.returncode}")
     answer: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])

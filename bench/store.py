@@ -72,20 +72,24 @@ def unit_vectors(rng: np.random.Generator, n: int) -> np.ndarray:
     return m
 
 
-def synthetic_rows(n: int, seed: int, start_ns: int) -> list[NodeRow]:
-    """Remote rows as the plane sends them: distinct ids, canonical stamps, 384-d embeddings."""
+def synthetic_rows(n: int, seed: int, start_ns: int, *, vectors: bool = True,
+                   origin: str | None = None, step_ns: int = 1_000_000) -> list[NodeRow]:
+    """Remote rows as the plane sends them: distinct ids, canonical stamps ``step_ns`` apart,
+    384-d embeddings (``vectors=False``: none, as a laptop pushes rows the plane has no vector
+    for)."""
     rng = random.Random(seed)
-    vectors = unit_vectors(np.random.default_rng(seed), n).tolist()
+    embeddings = unit_vectors(np.random.default_rng(seed), n).tolist() if vectors else None
     rows = []
     for i in range(n):
-        stamp = format_ns(start_ns + i * 1_000_000)
+        stamp = format_ns(start_ns + i * step_ns)
         rows.append(NodeRow(
             id=f"memory:{uuid.UUID(int=rng.getrandbits(128), version=4)}", labels="Memory",
             realm=rng.choice(REALMS), memory_type=rng.choice(TYPES), title=words(rng, 2, 6),
             content=words(rng, 15, 40), tags=",".join(rng.sample(VOCABULARY, 2)),
-            importance=round(rng.random(), 2), status="active", embedding=vectors[i],
+            importance=round(rng.random(), 2), status="active",
+            embedding=None if embeddings is None else embeddings[i],
             created_at=stamp, updated_at=stamp, valid_at=stamp,
-            provenance='{"source":"bench"}'))
+            provenance='{"source":"bench"}', origin=origin))
     return rows
 
 

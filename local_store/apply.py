@@ -41,7 +41,6 @@ from protocol.timestamp import format_ns
 _NODE_TEXT = ("labels", "realm", "memory_type", "title", "content", "tags", "status",
               "source_session_id", "source_run_id", "superseded_by", "provenance", "topic_key",
               "memory_class", "space", "writer_agent_id")
-_NODE_TIMES = ("created_at", "valid_at", "invalid_at")
 _NODE_TEXT_ATTRS = operator.attrgetter(*_NODE_TEXT)
 
 

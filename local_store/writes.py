@@ -34,7 +34,7 @@ from local_store.columns import (
 )
 from local_store.embed import to_blob
 from local_store.errors import NotFoundError
-from local_store.merge import EDGE_HASHED, NODE_HASHED, content_hash, version_key, wins
+from local_store.merge import EDGE_HASHED, content_hash, node_hash, version_key, wins
 from local_store.records import Draft, new_memory_id, preview
 from protocol.hlc import TICK_NS, HybridClock
 from protocol.rows import edge_id
@@ -142,7 +142,7 @@ class Writer:
                 row["valid_at"] = row["valid_at"] or row["updated_at"]
             if row["deleted"] and row["invalid_at"] is None:
                 row["invalid_at"] = row["updated_at"]  # Kyma's soft delete (see ``delete``)
-        row["content_hash"] = content_hash(row, NODE_HASHED)
+        row["content_hash"] = node_hash(row)
         row["local_seq"] = self.next_seq()
         if local and vector is not None:
             self.drop_stale_vectors(row, vector.model)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -150,12 +151,20 @@ class Recall:
     """One recall request: synchronous, run on the store's reader thread in one hop (all its
     SQL and scoring), after the query was embedded and compared with the index."""
 
-    def __init__(self, fetch: Fetch, semantic: Semantic | None, settings: MemorySettings,
-                 now_ns: Callable[[], int] = time.time_ns) -> None:
+    def __init__(self, fetch: Fetch, semantic: Semantic | Future[Semantic | None] | None,
+                 settings: MemorySettings, now_ns: Callable[[], int] = time.time_ns) -> None:
         self._fetch = fetch
-        self._semantic = semantic
+        self._semantic_source = semantic
         self._settings = settings
         self._now_ns = now_ns
+
+    @property
+    def _semantic(self) -> Semantic | None:
+        """The query's similarities. Given as a future, they are being computed on another
+        thread while the keyword leg runs (the matrix product is memory-bound and releases the
+        GIL); the semantic leg waits for them here."""
+        source = self._semantic_source
+        return source.result() if isinstance(source, Future) else source
 
     def run(self, request: QueryRequest, mode: Mode = "syncd", graph_allowed: bool = True,
             started: float | None = None) -> QueryResponse:

@@ -92,6 +92,9 @@ class Store:
         self._closed = False
         self.index = VectorIndex(embedder.model_id, embedder.dim)
         self._recall_reader = SyncReader(data_dir / db.DB_FILENAME)
+        # Recall embeds the query and compares it with the index here, while its keyword leg
+        # runs on the recall reader's thread.
+        self._query_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="syncd-query")
         self.checkpointer = Checkpointer(data_dir / db.DB_FILENAME, pool, lambda: writer.conn)
         self._settings = DEFAULT_SETTINGS
         # Set by the daemon: None when graph expansion may run, else the reason it may not
@@ -165,6 +168,7 @@ class Store:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._pool, self._writer.conn.close)
         await self._recall_reader.close()
+        self._query_pool.shutdown(wait=False)
         await loop.run_in_executor(self._pool, self._lock.release)
         self._pool.shutdown(wait=False)
 
@@ -576,25 +580,23 @@ class Store:
             parse_timestamp(request.as_of, "as_of")
         started = time.perf_counter()
         gated = self.graph_gate() if graph and self.graph_gate is not None else None
+        semantic = None
+        if mode != "keyword" and len(self.index) and request.query.strip():
+            semantic = self._query_pool.submit(self._semantic_for, request.query)
         loop = asyncio.get_running_loop()
+        engine = Recall(self._recall_reader.fetch, semantic, self._settings)
         response = await loop.run_in_executor(self._recall_reader.pool, functools.partial(
-            self._recall_on_reader, request, mode, graph and gated is None, started))
+            engine.run, request, mode, graph and gated is None, started))
         if gated is not None:
             response.gated, response.gate_reason = ["graph"], gated
         return response
 
-    def _recall_on_reader(self, request: QueryRequest, mode: Mode, graph: bool,
-                          started: float) -> QueryResponse:
-        """The whole recall in one thread hop: embed the query, compare it with the index (a
-        locked snapshot), then every query and the scoring."""
-        semantic = None
-        index = self.index
-        if mode != "keyword" and len(index) and request.query.strip():
-            vector = np.asarray(self.embedder.embed([request.query])[0], dtype=np.float32)
-            if vector.any():
-                semantic = Semantic(*index.snapshot(vector))
-        engine = Recall(self._recall_reader.fetch, semantic, self._settings)
-        return engine.run(request, mode, graph, started)
+    def _semantic_for(self, query: str) -> Semantic | None:
+        """On the query thread: embed the query and compare it with the index (a locked
+        snapshot). Recall's keyword leg runs meanwhile on the recall reader's thread; at 100k
+        memories this overlaps its ~0.7 ms with the ~7 ms matrix product."""
+        vector = np.asarray(self.embedder.embed([query])[0], dtype=np.float32)
+        return Semantic(*self.index.snapshot(vector)) if vector.any() else None
 
     @property
     def settings(self) -> MemorySettings:

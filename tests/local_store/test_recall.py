@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from local_store import HashingEmbedder, Store, ValidationError
+from local_store.embed import Vectors
 from protocol.rows import NodeRow
 from protocol.timestamp import format_ns
 
@@ -216,3 +220,49 @@ async def test_settings_patch_and_bad_settings(store: Store) -> None:
     assert await store.dump() == before
     merged = await store.put_settings({"w_graph": 0.7, "hitl": {"enabled": True}})
     assert merged.w_graph == 0.7 and merged.w_recency == 0.3 and merged.hitl.enabled is True
+
+
+class GatedEmbedder(HashingEmbedder):
+    """Embeds a query only once the keyword leg has run (``keyword_ran``), or fails after 10 s:
+    recall must embed on its own thread while the keyword leg runs, not before it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.keyword_ran = threading.Event()
+        self.gate = False
+        self.broken = False
+
+    def embed(self, texts: list[str]) -> Vectors:
+        if self.broken:
+            raise RuntimeError("embedder broke")
+        if self.gate and not self.keyword_ran.wait(10):
+            raise AssertionError("the query was embedded before the keyword leg ran")
+        return super().embed(texts)
+
+
+async def test_query_embedding_overlaps_the_keyword_leg(tmp_path: Path) -> None:
+    embedder = GatedEmbedder()
+    store = await Store.open(tmp_path, embedder=embedder)
+    try:
+        saved = (await store.save({"content": "rotate the signing keys every quarter"}))["node_id"]
+        fetch = store._recall_reader.fetch
+
+        def watched(sql: str, params: Sequence[object] = ()) -> list[Any]:
+            rows = fetch(sql, params)
+            if "memories_fts MATCH" in sql:
+                embedder.keyword_ran.set()
+            return rows
+
+        store._recall_reader.fetch = watched  # type: ignore[method-assign]
+        embedder.gate = True
+        res = await store.recall({"query": "signing keys"})
+        assert [m.id for m in res.memories] == [saved]
+        assert res.memories[0].distance is not None  # the semantic leg ran with the vector
+        # An embedder that fails fails the recall (no hang), and the next recall works.
+        embedder.broken = True
+        with pytest.raises(RuntimeError, match="embedder broke"):
+            await store.recall({"query": "signing keys"})
+        embedder.broken = False
+        assert [m.id for m in (await store.recall({"query": "signing keys"})).memories] == [saved]
+    finally:
+        await store.close()

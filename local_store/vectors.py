@@ -114,13 +114,39 @@ class VectorIndex:
 
     def apply(self, changes: list[tuple[str, npt.NDArray[np.float32] | None]]) -> None:
         """Upserts (a vector) and removals (None) in order, under one lock acquisition — what a
-        committed transaction hands over, thousands at a time for a pulled page."""
+        committed transaction hands over, thousands at a time for a pulled page. A run of ids
+        new to the index is appended as one block (a bootstrap page is all new ids)."""
         with self._lock:
+            appending: dict[str, npt.NDArray[np.float32]] = {}
             for memory_id, values in changes:
-                if values is None or values.shape[0] != self.dim:
-                    self._remove(memory_id)
-                else:
+                if values is not None and values.shape[0] == self.dim:
+                    if memory_id in appending or memory_id not in self._rows:
+                        appending[memory_id] = values
+                        continue
+                    self._append(appending)
                     self._upsert(memory_id, values)
+                else:
+                    self._append(appending)
+                    self._remove(memory_id)
+            self._append(appending)
+
+    def _append(self, new: dict[str, npt.NDArray[np.float32]]) -> None:
+        """Add rows for ids not in the index (emptying ``new``), growing the matrix once."""
+        if not new:
+            return
+        start = len(self._ids)
+        end = start + len(new)
+        if end > self._matrix.shape[0]:
+            grown = np.zeros((max(end, start * 2), self.dim), dtype=np.float32)
+            grown[:start] = self._matrix[:start]
+            self._matrix = grown
+        # Straight into the matrix's rows: a temporary (np.stack) costs a fresh allocation,
+        # and first-touch page faults are most of a copy's cost on a VM.
+        np.concatenate(list(new.values()), out=self._matrix[start:end].reshape(-1))
+        self._ids.extend(new)
+        self._rows.update(zip(new, range(start, end), strict=True))
+        self._frozen_ids = None
+        new.clear()
 
     def remove(self, memory_id: str) -> None:
         with self._lock:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from local_store.vectors import VectorIndex, nearest_rows
 
@@ -100,3 +102,39 @@ def test_nearest_rows_is_argpartitions_set(values: str) -> None:
             expected = np.arange(n) if k >= n else np.argpartition(-sims, k - 1)[:k]
             got = nearest_rows(sims, k)
             assert sorted(got.tolist()) == sorted(expected.tolist()), (trial, n, k)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 12), st.booleans(), st.integers(0, 1)), max_size=40),
+       st.lists(st.integers(0, 12), max_size=8), st.integers(1, 16))
+def test_apply_equals_one_change_at_a_time(changes: list[tuple[int, bool, int]],
+                                           held: list[int], capacity: int) -> None:
+    """``apply`` appends runs of new ids as one block; the result must be what upserting and
+    removing one change at a time gives: an id added then removed in one batch is gone, an id
+    sent twice keeps its last vector, a wrong-width vector removes the id."""
+    rng = np.random.default_rng(len(changes))
+    batch: list[tuple[str, np.ndarray | None]] = []
+    for key, remove, width in changes:
+        vector = rng.standard_normal(4 if width else 3).astype(np.float32)
+        batch.append((f"id{key}", None if remove else vector))
+    bulk, single = VectorIndex("m", 4, capacity=capacity), VectorIndex("m", 4, capacity=capacity)
+    for key in held:
+        vector = rng.standard_normal(4).astype(np.float32)
+        bulk.upsert(f"id{key}", vector)
+        single.upsert(f"id{key}", vector)
+    bulk.apply(batch)
+    for mid, values in batch:
+        if values is None or values.shape[0] != 4:
+            single.remove(mid)
+        else:
+            single.upsert(mid, values)
+    assert sorted(bulk.ids) == sorted(single.ids)
+    assert len(set(bulk.ids)) == len(bulk)
+    got = {mid: bulk.matrix[row].tolist() for row, mid in enumerate(bulk.ids)}
+    want = {mid: single.matrix[row].tolist() for row, mid in enumerate(single.ids)}
+    assert got == want
+    query = np.ones(4, dtype=np.float32)
+    ids, sims = bulk.snapshot(query)
+    assert dict(zip(ids, sims.tolist(), strict=True)) == pytest.approx(
+        {mid: float(np.asarray(v, dtype=np.float32) @ query) for mid, v in want.items()},
+        abs=1e-5)  # float32 sums in another order

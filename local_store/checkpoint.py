@@ -17,6 +17,11 @@ Rules:
   * One run at a time. Pokes that arrive during a run or within ``min_gap`` after it coalesce
     into one more run, so a stream of small saves costs a checkpoint every ``min_gap`` seconds,
     not one per save.
+  * While a reader holds frames back (a pass could not copy them all), the next pass runs on
+    the writer's thread right after the next write, with no ``min_gap``: the first pass after
+    the reader ends copies the backlog before more than a write or two is appended, and the
+    WAL restarts at the size it had (S4). Such a pass copies nothing the reader still needs,
+    so it is short — what SQLite's own checkpoint did at every COMMIT in that state.
   * The writer keeps SQLite's own automatic checkpoint as a backstop at ``db.BACKSTOP_PAGES``:
     it only fires when this falls behind.
   * A failed checkpoint is recorded in ``last_error`` and never raised: the backstop and the
@@ -81,7 +86,8 @@ class Checkpointer:
                 self.last_error = f"RuntimeError: {exc}"
                 return
             self._stalled = done < frames
-            await asyncio.sleep(self.min_gap)
+            if not self._stalled:
+                await asyncio.sleep(self.min_gap)
             if not self._again or self._closed or self._holds:
                 return
 

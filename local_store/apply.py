@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from local_store.errors import ValidationError
+from local_store.floats import float32_rows
 from local_store.merge import NODE_HASHED, hash_values, node_hash, wins
 from local_store.records import (
     MEMORY_TYPES,
@@ -304,13 +305,11 @@ def vectors_from_wires(wires: list[NodeRow]) -> list[npt.NDArray[np.float32] | N
     if len(dims) != 1:
         return None
     dim = dims.pop()
-    packer = _PACKERS.get(dim) or _PACKERS.setdefault(dim, struct.Struct(f"<{dim}f"))
-    try:  # one precompiled Struct per row, then one join: the fastest way from lists of floats
-        packed = b"".join([packer.pack(*(wires[i].embedding or ())) for i in present])
-    except (struct.error, TypeError, OverflowError):
+    if dim == 0:
         return None
-    matrix = np.frombuffer(packed, dtype="<f4").reshape(len(present), dim)
-    if dim == 0 or not np.isfinite(matrix).all():
+    lists = [wires[i].embedding or [] for i in present]
+    matrix = float32_rows(lists, dim)
+    if matrix is None:  # not all floats, or not all finite: struct says which, row by row
         return None
     nonzero: npt.NDArray[np.bool_] = np.asarray(matrix.any(axis=1))
     for row, i in enumerate(present):

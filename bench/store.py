@@ -245,7 +245,7 @@ async def main(quick: bool) -> int:
     load = os.getloadavg()[0]
     sizes = (1_000, 10_000) if quick else (1_000, 10_000, 100_000)
     saves = 100 if quick else 300
-    runs = 1 if quick else 3
+    runs = 1 if quick else 5
     rng = random.Random(7)
     rows: list[Row] = []
     notes: list[str] = []

@@ -59,4 +59,3 @@ def _array_header(length: int) -> bytes:
     if length < 1 << 16:
         return b"\xdc" + length.to_bytes(2, "big")
     return b"\xdd" + length.to_bytes(4, "big")
-

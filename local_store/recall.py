@@ -149,7 +149,8 @@ def weights_from(s: MemorySettings) -> Weights:
 
 class Recall:
     """One recall request: synchronous, run on the store's reader thread in one hop (all its
-    SQL and scoring), after the query was embedded and compared with the index."""
+    SQL and scoring). The query's similarities come ready, or as a future computed on another
+    thread meanwhile, awaited only when the semantic leg needs them."""
 
     def __init__(self, fetch: Fetch, semantic: Semantic | Future[Semantic | None] | None,
                  settings: MemorySettings, now_ns: Callable[[], int] = time.time_ns) -> None:

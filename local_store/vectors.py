@@ -103,10 +103,7 @@ class VectorIndex:
         row = self._rows.get(memory_id)
         if row is None:
             row = len(self._ids)
-            if row == self._matrix.shape[0]:
-                grown = np.zeros((row * 2, self.dim), dtype=np.float32)
-                grown[:row] = self._matrix
-                self._matrix = grown
+            self._reserve(row + 1)
             self._ids.append(memory_id)
             self._rows[memory_id] = row
             self._frozen_ids = None
@@ -136,10 +133,7 @@ class VectorIndex:
             return
         start = len(self._ids)
         end = start + len(new)
-        if end > self._matrix.shape[0]:
-            grown = np.zeros((max(end, start * 2), self.dim), dtype=np.float32)
-            grown[:start] = self._matrix[:start]
-            self._matrix = grown
+        self._reserve(end)
         # Straight into the matrix's rows: a temporary (np.stack) costs a fresh allocation,
         # and first-touch page faults are most of a copy's cost on a VM.
         np.concatenate(list(new.values()), out=self._matrix[start:end].reshape(-1))
@@ -147,6 +141,14 @@ class VectorIndex:
         self._rows.update(zip(new, range(start, end), strict=True))
         self._frozen_ids = None
         new.clear()
+
+    def _reserve(self, rows: int) -> None:
+        """Room for ``rows`` rows: the matrix at least doubles when it grows."""
+        have = len(self._ids)
+        if rows > self._matrix.shape[0]:
+            grown = np.zeros((max(rows, have * 2), self.dim), dtype=np.float32)
+            grown[:have] = self._matrix[:have]
+            self._matrix = grown
 
     def remove(self, memory_id: str) -> None:
         with self._lock:

@@ -154,7 +154,7 @@ class Store:
         rows = await self._fetch("SELECT memory_id, vec FROM vectors WHERE model = ? AND dim = ?",
                                  (model, dim))
         self.index = VectorIndex.from_rows(model, dim, [r[0] for r in rows],
-                                           b"".join(r[1] for r in rows))
+                                           [r[1] for r in rows])
         found = await self._fetch("SELECT value FROM meta WHERE key = 'settings'")
         if found:
             self._settings = settings_decoder.decode(found[0][0])

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from local_store.vectors import VectorIndex, nearest_rows
+from local_store.vectors import BLOCK, VectorIndex, nearest_rows
 
 
 def unit(rng: np.random.Generator, n: int, dim: int = 8) -> np.ndarray:
@@ -138,3 +138,30 @@ def test_apply_equals_one_change_at_a_time(changes: list[tuple[int, bool, int]],
     assert dict(zip(ids, sims.tolist(), strict=True)) == pytest.approx(
         {mid: float(np.asarray(v, dtype=np.float32) @ query) for mid, v in want.items()},
         abs=1e-5)  # float32 sums in another order
+
+
+@pytest.mark.parametrize("n", [1, BLOCK - 1, BLOCK, 3 * BLOCK + 5])
+def test_blocks_of_rows_land_in_their_columns(n: int) -> None:
+    """Vectors are columns, written ``BLOCK`` rows at a time: built from blobs and appended in
+    one batch onto a held row, every id keeps exactly its own vector, across block edges."""
+    rng = np.random.default_rng(n)
+    vectors = unit(rng, n, dim=24)
+    ids = [f"id{i}" for i in range(n)]
+    loaded = VectorIndex.from_rows("m", 24, ids, [v.astype("<f4").tobytes() for v in vectors])
+    applied = VectorIndex("m", 24, capacity=2)
+    applied.upsert("held", np.ones(24, dtype=np.float32))
+    applied.apply(list(zip(ids, vectors, strict=True)))
+    for index, offset in ((loaded, 0), (applied, 1)):
+        assert index.ids[offset:] == ids
+        np.testing.assert_array_equal(index.matrix[offset:], vectors)
+        query = unit(rng, 1, dim=24)[0]
+        _, sims = index.snapshot(query)
+        np.testing.assert_allclose(sims[offset:], vectors.astype(np.float64) @ query, atol=1e-6)
+
+
+def test_from_rows_refuses_a_count_mismatch() -> None:
+    blob = np.zeros(4, dtype="<f4").tobytes()
+    with pytest.raises(ValueError, match="2 ids but 1 vectors"):
+        VectorIndex.from_rows("m", 4, ["a", "b"], [blob])
+    with pytest.raises(ValueError):  # a blob of the wrong width
+        VectorIndex.from_rows("m", 4, ["a"], [blob + blob])

@@ -201,6 +201,8 @@ def test_any_permutation_and_split_converges(spec: list[tuple[int, int, str, str
                     for part in (shuffled[:cut], shuffled[cut:]):
                         await s.apply([r for r in part if isinstance(r, NodeRow)],
                                       [r for r in part if isinstance(r, EdgeRow)], model=MODEL)
+                    # applies skip SQLite's reference check: every vector still has its memory
+                    assert await s._fetch("PRAGMA foreign_key_check") == []
                     results.append(await state(s))
         return results
 
@@ -309,3 +311,53 @@ async def test_rows_with_different_null_columns_store_exactly_what_they_carry(
         for name in ("title", "topic_key", "superseded_by", "provenance", "invalid_at",
                      "space", "content", "updated_at"):
             assert getattr(held, name) == getattr(sent, name), (mid, name)
+
+
+def _writer_checks_references(store: Store) -> bool:
+    return bool(store._writer.conn.execute("PRAGMA foreign_keys").fetchone()[0])
+
+
+async def test_batch_applies_keep_every_vector_with_its_memory(store: Store) -> None:
+    """Applies, pulls and reconciles run without SQLite's per-vector reference check; their
+    vectors must still all belong to memory rows (new, updated, deleted, hard-deleted, redacted,
+    re-applied), and the writer checks references again afterwards — also after a failure."""
+    rows = [node(i, T0 + i) for i in range(30)]
+    await store.apply(rows, [], model=MODEL)
+    changed = [node(i, T0 + 1000 + i, content=f"v2 {i}") for i in range(0, 30, 3)]
+    changed += [node(i, T0 + 1000 + i, deleted=True) for i in range(1, 30, 3)]
+    changed += [node(i, T0 + 1000 + i, content="", deleted=True) for i in range(2, 30, 9)]
+    changed += [node(100, T0, content="key <private>sk-1</private>")]
+    await store.apply(changed, [], model=MODEL)
+    await store.apply(changed, [], model=MODEL)
+    await store.pull([node(200 + i, T0 + i) for i in range(10)], [], model=MODEL,
+                     state={"cursor": "c1"})
+    await store.reconcile([node(300 + i, T0 + i) for i in range(10)], [], model=MODEL)
+    assert await store._fetch("PRAGMA foreign_key_check") == []
+    vectors = await store._fetch("SELECT count(*) FROM vectors v JOIN memories m "
+                                 "ON m.id = v.memory_id WHERE m.deleted = 0")
+    assert vectors[0][0] > 30  # the check looked at real rows
+    assert _writer_checks_references(store)
+
+    before = await store.dump()
+    try:
+        await store.apply([node(400, T0), "not a row"], [], model=MODEL)  # type: ignore[list-item]
+    except Exception:
+        pass
+    else:
+        raise AssertionError("a batch holding a non-row must fail")
+    assert await store.dump() == before
+    assert _writer_checks_references(store)
+
+
+async def test_the_reference_check_sees_an_orphan_vector(store: Store) -> None:
+    """The check the test above relies on does find a vector without its memory."""
+    await store.apply([node(1, T0)], [], model=MODEL)
+    conn = store._writer.conn
+    conn.execute("PRAGMA foreign_keys = OFF")
+    try:
+        conn.execute("INSERT INTO vectors (memory_id, model, dim, vec) "
+                     "VALUES ('memory:nowhere', 'm', 1, x'00000000')")
+    finally:
+        conn.execute("PRAGMA foreign_keys = ON")
+    assert [tuple(r) for r in await store._fetch("PRAGMA foreign_key_check")] == [
+        ("vectors", 2, "memories", 0)]

@@ -11,11 +11,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from local_store import Store
 from local_store.merge import NODE_HASHED, content_hash
+from local_store.writes import KEYS_OF_JSON_IDS
 from protocol.rows import EdgeRow, NodeRow, edge_id
 from protocol.timestamp import format_autosi, format_ns
 
@@ -361,3 +363,29 @@ async def test_the_reference_check_sees_an_orphan_vector(store: Store) -> None:
         conn.execute("PRAGMA foreign_keys = ON")
     assert [tuple(r) for r in await store._fetch("PRAGMA foreign_key_check")] == [
         ("vectors", 2, "memories", 0)]
+
+
+async def test_reapply_finds_held_ids_with_any_characters(store: Store) -> None:
+    """The re-apply lookup sends ids as JSON (or, for ids holding a NUL, which JSON cannot
+    carry through SQLite, as IN lists): every id must be found again, so a re-applied batch
+    skips every row instead of failing on a duplicate insert."""
+    odd = ["memory:a\x00b", 'memory:q"uote\\', "memory:é✓𝄞", "memory:tab\tnl\n", "memory:x"]
+    rows = [msgspec.structs.replace(node(0, T0 + i, content=f"c{i}"), id=mid)
+            for i, mid in enumerate(odd)]
+    plain = [r for r in rows if "\x00" not in (r.id or "")]
+    first = await store.apply(rows, [], model=MODEL)
+    assert (first.applied_nodes, first.problems) == (len(odd), [])
+    snapshot = await store.dump()
+    for batch in (rows, plain, rows[::-1]):
+        again = await store.apply(batch, [], model=MODEL)
+        assert (again.applied_nodes, again.skipped_nodes, again.problems) == (0, len(batch), [])
+    assert await store.dump() == snapshot
+
+
+async def test_the_reapply_lookup_searches_the_primary_key(store: Store) -> None:
+    """One probe of the id index per wanted id, never a scan of the table."""
+    sql = KEYS_OF_JSON_IDS.format(table="memories")
+    plan = [str(r[3]) for r in store._writer.conn.execute(f"EXPLAIN QUERY PLAN {sql}",
+                                                          ('["memory:x"]',))]
+    assert plan == ["SCAN j VIRTUAL TABLE INDEX 1:",
+                    "SEARCH t USING INDEX sqlite_autoindex_memories_1 (id=?)"], plan

@@ -69,6 +69,9 @@ class Semantic:
     sims: npt.NDArray[np.float32]
 
 CAND_K = 50
+# A backstop, never reached in normal work: the query's future always settles (a refused or
+# cancelled job fails it), but a reader thread must not wait forever on a bug.
+SEMANTIC_WAIT_S = 60.0
 SEED_N = 10
 EXPAND_CAP = 200
 MAX_HOPS = 2
@@ -165,7 +168,7 @@ class Recall:
         thread while the keyword leg runs (the matrix product is memory-bound and releases the
         GIL); the semantic leg waits for them here."""
         source = self._semantic_source
-        return source.result() if isinstance(source, Future) else source
+        return source.result(SEMANTIC_WAIT_S) if isinstance(source, Future) else source
 
     def run(self, request: QueryRequest, mode: Mode = "syncd", graph_allowed: bool = True,
             started: float | None = None) -> QueryResponse:

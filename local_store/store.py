@@ -18,7 +18,7 @@ import socket
 import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -584,16 +584,31 @@ class Store:
             parse_timestamp(request.as_of, "as_of")
         started = time.perf_counter()
         gated = self.graph_gate() if graph and self.graph_gate is not None else None
-        semantic = None
+        semantic: Future[Semantic | None] | None = None
         if mode != "keyword" and len(self.index) and request.query.strip():
-            semantic = self._query_pool.submit(self._semantic_for, request.query)
+            semantic = Future()
         loop = asyncio.get_running_loop()
         engine = Recall(self._recall_reader.fetch, semantic, self._settings)
-        response = await loop.run_in_executor(self._recall_reader.pool, functools.partial(
+        # The keyword leg's thread gets its work first: started second, it waited for a core
+        # until the product was done (p50 at 100k: 8.92–9.24 against 9.10–9.90 ms).
+        running = loop.run_in_executor(self._recall_reader.pool, functools.partial(
             engine.run, request, mode, graph and gated is None, started))
+        if semantic is not None:
+            self._start_semantic(semantic, request.query)
+        response = await running
         if gated is not None:
             response.gated, response.gate_reason = ["graph"], gated
         return response
+
+    def _start_semantic(self, into: Future[Semantic | None], query: str) -> None:
+        """Compute ``_semantic_for(query)`` on the query thread into ``into`` — which always
+        settles, so the recall waiting on it never hangs (a refused or cancelled job fails it)."""
+        try:
+            job = self._query_pool.submit(self._semantic_for, query)
+        except BaseException as exc:  # the recall's own thread raises it
+            into.set_exception(exc)
+            return
+        job.add_done_callback(functools.partial(_settle, into))
 
     def _semantic_for(self, query: str) -> Semantic | None:
         """On the query thread: embed the query and compare it with the index (a locked
@@ -774,6 +789,16 @@ def _open_writer(path: Path, wall: Callable[[], int]) -> tuple[Writer, str]:
     clock = HybridClock(int(values["hlc_node"]), wall=wall,
                         last_ns=int(values.get("hlc_last", "0")))
     return Writer(conn, clock, values["replica_id"]), values["store_id"]
+
+
+def _settle(into: Future[T], done: Future[T]) -> None:
+    """Pass ``done``'s outcome on to ``into``."""
+    if done.cancelled():
+        into.set_exception(StoreClosedError("the store closed during recall"))
+    elif (error := done.exception()) is not None:
+        into.set_exception(error)
+    else:
+        into.set_result(done.result())
 
 
 def _transaction(writer: Writer, fn: Callable[[Writer], T],

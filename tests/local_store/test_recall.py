@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -9,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from local_store import HashingEmbedder, Store, ValidationError
+from local_store import HashingEmbedder, Store, StoreClosedError, ValidationError
 from local_store.embed import Vectors
 from protocol.rows import NodeRow
 from protocol.timestamp import format_ns
@@ -264,5 +265,29 @@ async def test_query_embedding_overlaps_the_keyword_leg(tmp_path: Path) -> None:
             await store.recall({"query": "signing keys"})
         embedder.broken = False
         assert [m.id for m in (await store.recall({"query": "signing keys"})).memories] == [saved]
+    finally:
+        await store.close()
+
+
+async def test_a_query_job_refused_or_cancelled_fails_the_recall_without_a_hang(
+        tmp_path: Path) -> None:
+    """The keyword leg starts before the query's job is queued and then waits for it: a job
+    the query thread refuses (shut down) or drops (cancelled at close) must fail the recall."""
+    store = await Store.open(tmp_path, embedder=HashingEmbedder())
+    try:
+        await store.save({"content": "rotate the signing keys every quarter"})
+        release = threading.Event()
+        store._query_pool.submit(release.wait, 10)  # occupies the query thread
+        queued = asyncio.ensure_future(store.recall({"query": "signing keys"}))
+        await asyncio.sleep(0.05)
+        assert not queued.done()  # its job waits behind the blocker
+        store._query_pool.shutdown(wait=False, cancel_futures=True)
+        release.set()
+        with pytest.raises(StoreClosedError, match="closed during recall"):
+            await asyncio.wait_for(queued, 10)
+        with pytest.raises(RuntimeError, match="after shutdown"):
+            await asyncio.wait_for(store.recall({"query": "signing keys"}), 10)
+        keyword = await store.recall({"query": "signing keys"}, mode="keyword")
+        assert len(keyword.memories) == 1  # no query job: the keyword leg alone still works
     finally:
         await store.close()

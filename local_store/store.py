@@ -807,7 +807,7 @@ def _transaction(writer: Writer, fn: Callable[[Writer], T],
     exists — one index lookup per vector, 3–4% of a fresh 10k apply's CPU. ``apply_batch``
     writes a vector only for a memory row it writes in the same transaction, and memory rows
     are never deleted (a delete leaves a tombstone row), so the reference holds regardless;
-    ``tests/local_store/test_apply_references.py`` checks it. The pragma is a no-op inside a
+    ``tests/local_store/test_apply.py`` checks it (``PRAGMA foreign_key_check``). The pragma is a no-op inside a
     transaction, so it is switched around one."""
     if not foreign_keys:
         writer.conn.execute("PRAGMA foreign_keys = OFF")

@@ -375,10 +375,10 @@ class Writer:
         does not survive ``json_each``, so ids holding one are looked up in ``IN`` lists, as all
         are by an SQLite built without its JSON functions (before 3.38 they were optional)."""
         wanted = list(ids)
-        out: dict[str, tuple[str, str, str]] = {}
         if self.json_ids and "\x00" not in "".join(wanted):
             found = self.conn.execute(KEYS_OF_JSON_IDS.format(table=table), (json.dumps(wanted),))
             return {r[0]: (r[1], r[2], r[3]) for r in found}
+        out: dict[str, tuple[str, str, str]] = {}
         for chunk in chunks(wanted):
             sql = (f"SELECT id, updated_at, origin, content_hash FROM {table} "
                    f"WHERE id IN ({marks(chunk)})")

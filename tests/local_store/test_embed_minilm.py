@@ -297,6 +297,16 @@ def test_fused_graph_refuses_a_model_it_does_not_know(edit: str, message: str) -
         fused_minilm(_edited_model(edit))
 
 
+def test_fused_graph_without_onnx_names_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "onnx", None)  # `import onnx` now raises ImportError
+    embedder = MiniLMEmbedder()
+    with pytest.raises(EmbedderUnavailable, match="'onnx'"):
+        embedder.embed(["anything"])
+    assert not embedder.loaded
+    # The file's own graph needs no onnx package.
+    assert MiniLMEmbedder(fused=False).embed(["anything"]).shape == (1, 384)
+
+
 def test_bad_thread_count() -> None:
     with pytest.raises(ValueError):
         MiniLMEmbedder(intra_op_threads=0)

@@ -96,11 +96,11 @@ r["token_count"] = len(e._tokenizer.encode("deploy " * 400).ids)
 # The fused graph (the default) against the model file's own graph: same vectors, batched
 # (right-padded, several lengths, blank rows, a truncated text) and one at a time.
 exported = em.MiniLMEmbedder(fused=False)
-mixed = batch + ["deploy " * 300, "a", "how do I deploy"]
+mixed = batch + ["deploy " * 300, "a", "how do I deploy", "\u200b", "日本語のテキスト", "🙂" * 50]
 exported_whole = exported.embed(mixed)
 r["fused_vs_exported_batch"] = float(np.abs(e.embed(mixed) - exported_whole).max())
 r["fused_vs_exported_single"] = max(
-    float(np.abs(e.embed([t]) - exported.embed([t])).max()) for t in texts + mixed[:20])
+    float(np.abs(e.embed([t]) - exported.embed([t])).max()) for t in texts + mixed[:20] + mixed[-6:])
 import onnx
 from local_store.minilm_graph import fused_minilm
 graph, weights = fused_minilm(em._MINILM_MODEL.verify(em._MINILM_MODEL.locate()))

@@ -171,9 +171,10 @@ class MiniLMEmbedder:
                 if self._fused:
                     import onnx  # noqa: F401  (minilm_graph reads the model with it)
             except ImportError as exc:
+                needed = "'onnxruntime', 'tokenizers' and 'onnx'" if self._fused else (
+                    "'onnxruntime' and 'tokenizers'")
                 raise EmbedderUnavailable(
-                    f"{MINILM_MODEL_ID} needs the Python packages 'onnxruntime', 'tokenizers' "
-                    f"and 'onnx' ({exc})") from exc
+                    f"{MINILM_MODEL_ID} needs the Python packages {needed} ({exc})") from exc
             model = _MINILM_MODEL.verify(model_path)
             _MINILM_TOKENIZER.verify(tokenizer_path)
 

@@ -4,8 +4,11 @@ Run from the repo root:  .venv/bin/python bench/store.py [--quick]
 
 What is measured (HashingEmbedder throughout, so no model cost; its own cost is printed apart):
   * save p50/p95 over N individual ``Store.save`` calls (validate, redact, embed, one
-    BEGIN IMMEDIATE transaction) at store sizes 1k, 10k and 100k memories. The store is filled
-    through ``Store.apply`` in batches of 5,000 synthetic remote rows between the measurements.
+    BEGIN IMMEDIATE transaction) at store sizes 1k, 10k and 100k memories: one store per size,
+    filled through ``Store.apply`` in batches of 5,000 synthetic remote rows, then saved to in
+    turns of 10 saves per store, so every size is timed in the same minutes (this VM's speed
+    drifts by 30% over a minute; timed one size after the other, the drift showed up as a
+    size effect).
   * apply throughput into an empty store: 10,000 fresh rows with 384-float embeddings (as the
     control plane sends them), the same rows without embeddings, and re-applying the same
     10,000 rows (all skipped by LWW). Each is the median of R runs, each on a fresh store.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import os
 import random
@@ -42,6 +46,7 @@ from protocol.timestamp import format_ns
 DIM = 384
 FILL_BATCH = 5_000
 APPLY_ROWS = 10_000
+SAVE_TURN = 10  # saves per store per turn: the sizes take turns, so each sees the same minutes
 REALMS = ("work", "personal", "oss")
 TYPES = ("fact", "decision", "preference", "learning", "procedure")
 
@@ -128,9 +133,11 @@ async def fill(store: Store, target: int, clock: Clock, seed: int) -> float:
     return spent
 
 
-async def time_saves(store: Store, n: int, rng: random.Random, seen: set[str]) -> list[float]:
+async def time_saves(store: Store, n: int, rng: random.Random, seen: set[str],
+                     warm_up: int = 10) -> list[float]:
+    """``n`` timed saves, after ``warm_up`` untimed ones (the statement cache, the executors)."""
     samples = []
-    for i in range(n + 10):
+    for i in range(n + warm_up):
         content = words(rng, 15, 40)
         while content in seen:
             content = words(rng, 15, 40)
@@ -143,7 +150,7 @@ async def time_saves(store: Store, n: int, rng: random.Random, seen: set[str]) -
         elapsed = time.perf_counter() - t0
         if res.get("deduped"):
             raise RuntimeError("a timed save was deduplicated; contents must be unique")
-        if i >= 10:  # the first 10 warm the statement cache and the executors
+        if i >= warm_up:
             samples.append(elapsed * 1000)
     return samples
 
@@ -255,17 +262,29 @@ async def main(quick: bool) -> int:
         root = Path(tmp)
         clock, seen = Clock(), set[str]()
         fill_seconds = 0.0
-        async with await Store.open(root / "sized", embedder=HashingEmbedder()) as store:
+        async with contextlib.AsyncExitStack() as stack:
+            stores: dict[int, Store] = {}
             for size in sizes:
+                store = await stack.enter_async_context(
+                    await Store.open(root / f"sized-{size}", embedder=HashingEmbedder()))
                 fill_seconds += await fill(store, size, clock, seed=size)
+                stores[size] = store
+            filled = 0
+            for store in stores.values():
                 await store.checkpointer.wait_idle()  # the fill's checkpoint is not a save's
-                gc.collect()
-                samples = await time_saves(store, saves, rng, seen)
+                filled += (await store.stats())["memories"]
+            gc.collect()
+            samples_by_size: dict[int, list[float]] = {size: [] for size in sizes}
+            for turn in range(0, saves, SAVE_TURN):
+                for size, store in stores.items():
+                    samples_by_size[size] += await time_saves(
+                        store, min(SAVE_TURN, saves - turn), rng, seen,
+                        warm_up=10 if turn == 0 else 0)
+            for size, samples in samples_by_size.items():
                 p50_by_size[size] = pct(samples, 50)
                 rows.append((f"save @ {size // 1000}k memories", str(len(samples)),
                              ms(pct(samples, 50)), ms(pct(samples, 95)),
                              verdict(p50_by_size[size] <= 3.0), "p50 <= 3 ms"))
-            filled = (await store.stats())["memories"]
         small, large = sizes[0], sizes[-1]
         ratio = p50_by_size[large] / p50_by_size[small]
         rows.append((f"save p50 ratio {large // 1000}k / {small // 1000}k", "", "", "",

@@ -1,0 +1,47 @@
+"""Smoke runs of the store and embedder benchmarks, end to end with small counts (no timing is
+asserted: timing goals live in the printed tables)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_bench(*args: str) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNCD_")}
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.splitlines()
+
+
+def test_bench_store_quick_prints_its_table() -> None:
+    lines = run_bench("bench/store.py", "--quick")
+    rows = {line.split("|")[0].strip(): line for line in lines if "|" in line}
+    for metric in ("save @ 1k memories", "save @ 10k memories", "save p50 ratio 10k / 1k",
+                   "HashingEmbedder.embed, 1 text", "baseline: sqlite3 INSERT+COMMIT",
+                   "apply fresh, 384-d embeddings", "apply fresh, no embeddings",
+                   "re-apply same rows (all skipped)"):
+        assert metric in rows, "\n".join(lines)
+    # Every size got the same number of timed saves (they are taken in turns).
+    assert rows["save @ 1k memories"].split("|")[1].strip() == "100"
+    assert rows["save @ 10k memories"].split("|")[1].strip() == "100"
+    assert lines[-1].startswith("run time:"), "\n".join(lines)
+
+
+def test_bench_embed_small_prints_both_graphs() -> None:
+    lines = run_bench("bench/embed.py", "--queries", "30", "--batches", "1", "--loads", "1")
+    text = "\n".join(lines)
+    fused = next(line for line in lines if line.startswith("single query embed, fused (ms)"))
+    exported = next(line for line in lines
+                    if line.startswith("single query embed, exported (ms)"))
+    assert fused.split()[5] == "30" and exported.split()[5] == "30", text
+    assert "×1.00 of exported" in exported, text
+    for label in ("memory texts", "short queries"):
+        for graph in ("fused", "exported"):
+            assert any(line.startswith(f"batch of 64 {label}, {graph} (ms)") for line in lines), text
+    assert any(line.startswith("load, fresh process (ms)") for line in lines), text

@@ -45,3 +45,24 @@ def test_bench_embed_small_prints_both_graphs() -> None:
         for graph in ("fused", "exported"):
             assert any(line.startswith(f"batch of 64 {label}, {graph} (ms)") for line in lines), text
     assert any(line.startswith("load, fresh process (ms)") for line in lines), text
+
+
+def test_bench_recall_speed_quick_prints_its_table() -> None:
+    lines = run_bench("bench/recall_speed.py", "--quick")
+    rows = [[cell.strip() for cell in line.split("|")] for line in lines if "|" in line]
+    found = {(row[0], row[1]) for row in rows}
+    for size in ("1,000", "10,000"):
+        for metric in ("recall syncd", "recall plane", "baseline numpy top-50"):
+            assert (metric, size) in found, "\n".join(lines)
+    for metric in ("open + index load", "default model load + first",
+                   "default model query embed"):
+        assert any(row[0] == metric for row in rows), "\n".join(lines)
+
+
+def test_bench_recall_eval_prints_every_mode() -> None:
+    lines = run_bench("bench/recall_eval.py", "--embedder", "hashing")
+    modes = {line.split()[0]: line.split()[1:] for line in lines
+             if line.split() and line.split()[0] in ("keyword", "vector", "plane", "syncd")}
+    assert sorted(modes) == ["keyword", "plane", "syncd", "vector"], "\n".join(lines)
+    for values in modes.values():  # recall@5, recall@10, MRR, nonsense hit rate, p50 ms
+        assert len(values) == 5 and all(0.0 <= float(v) <= 1.0 for v in values[:4])

@@ -105,113 +105,116 @@ class _Exported:
 def fused_minilm(model_bytes: bytes) -> tuple[bytes, Weights]:
     """The fused graph (serialised ModelProto, weights external) and the weights by name."""
     import onnx
-    from onnx import TensorProto, helper
 
-    exported = _Exported(onnx.load_model_from_string(model_bytes))
-    dense = exported.dense_weights()
-    epsilon = exported.layer_norm_epsilon()
-    weights: Weights = {}
-    declared: list[Any] = []
+    graph = _FusedGraph(_Exported(onnx.load_model_from_string(model_bytes)))
+    x = graph.embeddings()
+    for index in range(LAYERS):
+        x = graph.layer(index, x, last=index == LAYERS - 1)
+    return graph.serialise(), graph.weights
 
-    def weight(name: str, value: npt.NDArray[Any], shape: tuple[int, ...]) -> str:
-        if value.shape != shape:
-            raise GraphMismatch(f"{name} has shape {value.shape}, expected {shape}")
-        weights[name] = np.ascontiguousarray(value, dtype=np.float32)
-        tensor = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=shape,
-                             data_location=TensorProto.EXTERNAL)
-        entry = tensor.external_data.add()
-        entry.key, entry.value = "location", "in-memory"  # replaced by add_external_initializers
-        declared.append(tensor)
-        return name
 
-    def const(name: str, shape: tuple[int, ...]) -> str:
-        return weight(name, exported.constant(name), shape)
+class _FusedGraph:
+    """The fused graph's nodes, in order, and its weights (declared external, kept here)."""
 
-    def matrix(layer: str, shape: tuple[int, int]) -> npt.NDArray[Any]:
-        if layer not in dense:
+    def __init__(self, exported: _Exported) -> None:
+        from onnx import TensorProto, helper
+
+        self._proto, self._node = TensorProto, helper.make_node
+        self._exported = exported
+        self._dense = exported.dense_weights()
+        self._epsilon = exported.layer_norm_epsilon()
+        self.weights: Weights = {}
+        self._declared: list[Any] = []
+        self._nodes: list[Any] = []
+
+    def embeddings(self) -> str:
+        e = _EMBED
+        self._add("EmbedLayerNormalization",
+                  ["input_ids", "token_type_ids",
+                   self._const(e + "word_embeddings.weight", (VOCABULARY, HIDDEN)),
+                   self._const(e + "position_embeddings.weight", (MAX_POSITIONS, HIDDEN)),
+                   self._const(e + "token_type_embeddings.weight", (2, HIDDEN)),
+                   self._const(e + "LayerNorm.weight", (HIDDEN,)),
+                   self._const(e + "LayerNorm.bias", (HIDDEN,)),
+                   "attention_mask"],
+                  ["embedded", "mask_index"], epsilon=self._epsilon)
+        return "embedded"
+
+    def layer(self, index: int, x: str, *, last: bool) -> str:
+        """One encoder layer on ``x``; returns its output's name."""
+        p = _LAYER.format(index)
+        out = "last_hidden_state" if last else f"layer{index}"
+        attended = self._attention(p + "attention.", x)
+        projected = self._matmul(attended, p + "attention.output.dense", (HIDDEN, HIDDEN))
+        mid = self._add_norm(projected, x, p + "attention.output.", p + "attention_out")
+        widened = self._matmul(mid, p + "intermediate.dense", (HIDDEN, INTERMEDIATE))
+        self._add("BiasGelu", [widened, self._const(p + "intermediate.dense.bias",
+                                                    (INTERMEDIATE,))], [p + "activated"])
+        narrowed = self._matmul(p + "activated", p + "output.dense", (INTERMEDIATE, HIDDEN))
+        return self._add_norm(narrowed, mid, p + "output.", out)
+
+    def serialise(self) -> bytes:
+        from onnx import helper
+
+        batch = ["batch", "sequence"]
+        graph = helper.make_graph(
+            self._nodes, "all-MiniLM-L6-v2-fused",
+            [helper.make_tensor_value_info(name, self._proto.INT32, batch)
+             for name in ("input_ids", "attention_mask", "token_type_ids")],
+            [helper.make_tensor_value_info("last_hidden_state", self._proto.FLOAT,
+                                           [*batch, HIDDEN])],
+            initializer=self._declared)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                        helper.make_opsetid(_MS_DOMAIN, 1)])
+        model.ir_version = 8
+        return bytes(model.SerializeToString())
+
+    def _attention(self, a: str, x: str) -> str:
+        """Q, K and V in one weight and one bias, as the contrib op takes them."""
+        qkv = [a + "self.query", a + "self.key", a + "self.value"]
+        weight = np.concatenate([self._matrix(n, (HIDDEN, HIDDEN)) for n in qkv], axis=1)
+        bias = np.concatenate([self._exported.constant(n + ".bias") for n in qkv])
+        self._add("Attention",
+                  [x, self._weight(a + "qkv.weight", weight, (HIDDEN, 3 * HIDDEN)),
+                   self._weight(a + "qkv.bias", bias, (3 * HIDDEN,)), "mask_index"],
+                  [a + "attended"], num_heads=HEADS)
+        return a + "attended"
+
+    def _matmul(self, x: str, layer: str, shape: tuple[int, int]) -> str:
+        weight = self._weight(layer + ".weight", self._matrix(layer, shape), shape)
+        self._nodes.append(self._node("MatMul", [x, weight], [layer + ".out"]))
+        return layer + ".out"
+
+    def _add_norm(self, x: str, skip: str, prefix: str, out: str) -> str:
+        """LayerNorm(x + dense bias + skip): the dense layer's bias rides along."""
+        self._add("SkipLayerNormalization",
+                  [x, skip, self._const(prefix + "LayerNorm.weight", (HIDDEN,)),
+                   self._const(prefix + "LayerNorm.bias", (HIDDEN,)),
+                   self._const(prefix + "dense.bias", (HIDDEN,))],
+                  [out], epsilon=self._epsilon)
+        return out
+
+    def _add(self, op: str, inputs: list[str], outputs: list[str], **attrs: Any) -> None:
+        self._nodes.append(self._node(op, inputs, outputs, domain=_MS_DOMAIN, **attrs))
+
+    def _matrix(self, layer: str, shape: tuple[int, int]) -> npt.NDArray[Any]:
+        if layer not in self._dense:
             raise GraphMismatch(f"the model has no MatMul for {layer!r}")
-        value = exported.constant(dense[layer])
+        value = self._exported.constant(self._dense[layer])
         if value.shape != shape:
             raise GraphMismatch(f"{layer} weight has shape {value.shape}, expected {shape}")
         return value
 
-    hidden, inner = HIDDEN, INTERMEDIATE
-    nodes = [helper.make_node(
-        "EmbedLayerNormalization",
-        ["input_ids", "token_type_ids",
-         const(_EMBED + "word_embeddings.weight", (VOCABULARY, hidden)),
-         const(_EMBED + "position_embeddings.weight", (MAX_POSITIONS, hidden)),
-         const(_EMBED + "token_type_embeddings.weight", (2, hidden)),
-         const(_EMBED + "LayerNorm.weight", (hidden,)),
-         const(_EMBED + "LayerNorm.bias", (hidden,)),
-         "attention_mask"],
-        ["embedded", "mask_index"], domain=_MS_DOMAIN, epsilon=epsilon)]
-    x = "embedded"
-    for index in range(LAYERS):
-        p = _LAYER.format(index)
-        a = p + "attention."
-        qkv = [a + "self.query", a + "self.key", a + "self.value"]
-        out = f"layer{index}" if index < LAYERS - 1 else "last_hidden_state"
-        nodes += [
-            helper.make_node(
-                "Attention",
-                [x,
-                 weight(a + "qkv.weight",
-                        np.concatenate([matrix(n, (hidden, hidden)) for n in qkv], axis=1),
-                        (hidden, 3 * hidden)),
-                 weight(a + "qkv.bias",
-                        np.concatenate([exported.constant(n + ".bias") for n in qkv]),
-                        (3 * hidden,)),
-                 "mask_index"],
-                [p + "attended"], domain=_MS_DOMAIN, num_heads=HEADS),
-            helper.make_node(
-                "MatMul",
-                [p + "attended",
-                 weight(a + "output.dense.weight", matrix(a + "output.dense", (hidden, hidden)),
-                        (hidden, hidden))],
-                [p + "projected"]),
-            helper.make_node(
-                "SkipLayerNormalization",
-                [p + "projected", x,
-                 const(a + "output.LayerNorm.weight", (hidden,)),
-                 const(a + "output.LayerNorm.bias", (hidden,)),
-                 const(a + "output.dense.bias", (hidden,))],
-                [p + "attention_out"], domain=_MS_DOMAIN, epsilon=epsilon),
-            helper.make_node(
-                "MatMul",
-                [p + "attention_out",
-                 weight(p + "intermediate.dense.weight",
-                        matrix(p + "intermediate.dense", (hidden, inner)), (hidden, inner))],
-                [p + "widened"]),
-            helper.make_node(
-                "BiasGelu",
-                [p + "widened", const(p + "intermediate.dense.bias", (inner,))],
-                [p + "activated"], domain=_MS_DOMAIN),
-            helper.make_node(
-                "MatMul",
-                [p + "activated",
-                 weight(p + "output.dense.weight", matrix(p + "output.dense", (inner, hidden)),
-                        (inner, hidden))],
-                [p + "narrowed"]),
-            helper.make_node(
-                "SkipLayerNormalization",
-                [p + "narrowed", p + "attention_out",
-                 const(p + "output.LayerNorm.weight", (hidden,)),
-                 const(p + "output.LayerNorm.bias", (hidden,)),
-                 const(p + "output.dense.bias", (hidden,))],
-                [out], domain=_MS_DOMAIN, epsilon=epsilon),
-        ]
-        x = out
+    def _const(self, name: str, shape: tuple[int, ...]) -> str:
+        return self._weight(name, self._exported.constant(name), shape)
 
-    batch = ["batch", "sequence"]
-    graph = helper.make_graph(
-        nodes, "all-MiniLM-L6-v2-fused",
-        [helper.make_tensor_value_info(name, TensorProto.INT32, batch)
-         for name in ("input_ids", "attention_mask", "token_type_ids")],
-        [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT,
-                                       [*batch, hidden])],
-        initializer=declared)
-    fused = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                    helper.make_opsetid(_MS_DOMAIN, 1)])
-    fused.ir_version = 8
-    return fused.SerializeToString(), weights
+    def _weight(self, name: str, value: npt.NDArray[Any], shape: tuple[int, ...]) -> str:
+        if value.shape != shape:
+            raise GraphMismatch(f"{name} has shape {value.shape}, expected {shape}")
+        self.weights[name] = np.ascontiguousarray(value, dtype=np.float32)
+        tensor = self._proto(name=name, data_type=self._proto.FLOAT, dims=shape,
+                             data_location=self._proto.EXTERNAL)
+        entry = tensor.external_data.add()
+        entry.key, entry.value = "location", "in-memory"  # replaced by add_external_initializers
+        self._declared.append(tensor)
+        return name

@@ -133,7 +133,6 @@ class MiniLMEmbedder:
             raise ValueError(f"intra_op_threads must be >= 1, got {intra_op_threads}")
         self._threads = intra_op_threads if intra_op_threads is not None else _default_threads()
         self._fused = fused
-        self._ids_dtype: type[np.signedinteger[Any]] = np.int32 if fused else np.int64
         self._lock = threading.Lock()
         self._session: Any = None
         self._tokenizer: Any = None
@@ -176,9 +175,7 @@ class MiniLMEmbedder:
                 raise EmbedderUnavailable(
                     f"{MINILM_MODEL_ID} needs the Python packages {needed} ({exc})") from exc
             model = _MINILM_MODEL.verify(model_path)
-            _MINILM_TOKENIZER.verify(tokenizer_path)
-
-            tokenizer = Tokenizer.from_file(str(tokenizer_path))
+            tokenizer = Tokenizer.from_buffer(_MINILM_TOKENIZER.verify(tokenizer_path))
             # tokenizer.json carries truncation at 128 and fixed padding to 128: replace both.
             # We pad ourselves, per chunk, to the chunk's longest sequence.
             tokenizer.enable_truncation(max_length=MINILM_MAX_TOKENS)
@@ -226,8 +223,9 @@ class MiniLMEmbedder:
     def _run(self, seqs: list[npt.NDArray[np.int64]]) -> Vectors:
         """Mean-pooled (not yet normalised) last hidden states of one padded chunk."""
         width = max(len(s) for s in seqs)
-        input_ids = np.zeros((len(seqs), width), dtype=self._ids_dtype)  # [PAD] is id 0
-        mask = np.zeros((len(seqs), width), dtype=self._ids_dtype)
+        dtype = np.int32 if self._fused else np.int64  # the contrib ops take int32
+        input_ids = np.zeros((len(seqs), width), dtype=dtype)  # [PAD] is id 0
+        mask = np.zeros((len(seqs), width), dtype=dtype)
         for row, seq in enumerate(seqs):
             input_ids[row, :len(seq)] = seq
             mask[row, :len(seq)] = 1

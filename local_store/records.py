@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from local_store.errors import ValidationError
 from local_store.redact import (
+    REDACTED,
     contains_private_marker,
     strip_json_strings,
     strip_private_json_text,
@@ -285,8 +286,10 @@ def build_save(raw: Mapping[str, object], writer: Mapping[str, object], *,
     where = optional_str(args, "where", limit=MAX_CONTENT_CHARS, label=f"{p}where")
     learned = optional_str(args, "learned", limit=MAX_CONTENT_CHARS, label=f"{p}learned")
     content = fold_content(content, why, where, learned)
-    if not content.strip() or content.strip() == "[redacted]":
-        raise ValidationError(f"{p}content", "is empty (after removing <private> sections)")
+    if not content.replace(REDACTED, "").strip():
+        sent = raw.get("content")
+        raise ValidationError(f"{p}content", "is empty" if not isinstance(sent, str) or (
+            not sent.strip()) else "is empty after removing <private> sections")
     if len(content) > MAX_CONTENT_CHARS:
         raise ValidationError(f"{p}content", f"must be at most {MAX_CONTENT_CHARS} characters")
     realm = parse_realm(args.get("realm"), f"{p}realm")

@@ -113,6 +113,19 @@ async def test_bad_input_names_the_field_and_changes_nothing(
     assert await store.dump() == before
 
 
+@pytest.mark.parametrize(("content", "message"), [
+    ("", "is empty"),
+    (" \n", "is empty"),
+    ("<private>all secret</private>", "is empty after removing <private> sections"),
+    ("<private>a</private> <private>b</private>", "is empty after removing <private> sections"),
+])
+async def test_empty_content_says_whether_redaction_emptied_it(
+        store: Store, content: str, message: str) -> None:
+    with pytest.raises(ValidationError) as exc:
+        await store.save({"content": content})
+    assert (exc.value.field, exc.value.message) == ("content", message)
+
+
 async def test_status_and_importance_updates_make_new_versions(store: Store) -> None:
     res = await store.save({"content": "x"})
     v1 = (await store.get(res["id"]))["updated_at"]

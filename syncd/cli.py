@@ -455,20 +455,34 @@ def _import(client: Client, args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_FAILED
     nodes, edges = data.get("memory_nodes") or [], data.get("memory_edges") or []
-    applied, errors = [0, 0], []
+    total = len(nodes) + len(edges)
+    applied, refused = [0, 0], []
     for start in range(0, max(len(nodes), len(edges), 1), IMPORT_BATCH_ROWS):
         result = client.call("POST", "/v1/agent/memory/import", {
             "memory_nodes": nodes[start:start + IMPORT_BATCH_ROWS],
             "memory_edges": edges[start:start + IMPORT_BATCH_ROWS]})
         applied[0] += result["applied_nodes"]
         applied[1] += result["applied_edges"]
-        errors += [f"rows {start}+: {e}" for e in result["errors"]]
-        print(f"imported {min(start + IMPORT_BATCH_ROWS, max(len(nodes), len(edges)))} / "
-              f"{max(len(nodes), len(edges))} rows", file=sys.stderr)
-    print(f"applied {applied[0]} memories and {applied[1]} edges; {len(errors)} rows refused")
-    for error in errors[:20]:
+        refused += [_refusal(start, e) for e in result.get("row_errors") or ()] or [
+            f"rows {start}+: {e}" for e in result["errors"]]  # a daemon without row_errors
+        sent = min(start + IMPORT_BATCH_ROWS, len(nodes)) + min(start + IMPORT_BATCH_ROWS, len(edges))
+        print(f"sent {sent} / {total} rows", file=sys.stderr)
+    unchanged = total - applied[0] - applied[1] - len(refused)
+    print(f"applied {applied[0]} memories and {applied[1]} edges; {unchanged} rows unchanged "
+          f"(this store already holds that version or a newer one); {len(refused)} rows refused")
+    for error in refused[:20]:
         print(f"  {error}", file=sys.stderr)
-    return EXIT_OK if not errors else EXIT_FAILED
+    if len(refused) > 20:
+        print(f"  … and {len(refused) - 20} more", file=sys.stderr)
+    return EXIT_OK if not refused else EXIT_FAILED
+
+
+def _refusal(start: int, error: dict[str, Any]) -> str:
+    """One refused row, numbered as in the file (the daemon numbers rows within a batch)."""
+    where = f"memory_{error['kind']}s[{start + error['index']}]"
+    if error.get("id"):
+        where += f" ({error['id']})"
+    return f"{where}.{error.get('field') or 'row'}: {error['message']}"
 
 
 def _backup(data_dir: Path, dest: Path) -> int:

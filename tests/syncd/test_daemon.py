@@ -182,6 +182,37 @@ async def test_cli_round_trip_against_a_running_daemon(tmp_path: Path) -> None:
         await store.close()
 
 
+async def test_cli_import_numbers_refused_rows_as_in_the_file(tmp_path: Path) -> None:
+    """The daemon numbers refused rows within a 500-row batch; the CLI reports file positions,
+    counts unchanged rows apart, and shows its progress on stderr."""
+    data = tmp_path / "data"
+    proc = await start(data, "--listen", "127.0.0.1:0")
+    await wait_ready(proc)
+    try:
+        code, out, err = await cli(data, "save", "already here")
+        assert code == 0, err
+        export = tmp_path / "export.json"
+        assert (await cli(data, "export", "-o", str(export)))[0] == 0
+        held = json.loads(export.read_text())["memory_nodes"][0]
+        stamp = held["updated_at"]
+        nodes = [held] + [{"id": f"memory:n{i}", "content": f"note {i}", "updated_at": stamp}
+                          for i in range(1, 502)]
+        nodes.append({"id": "memory:bad", "content": "late", "updated_at": "garbage"})
+        rows = tmp_path / "rows.json"
+        rows.write_text(json.dumps({"memory_nodes": nodes, "memory_edges": []}))
+        code, out, err = await cli(data, "import", str(rows))
+        assert code == 1
+        assert out.startswith("applied 501 memories and 0 edges; 1 rows unchanged"), out
+        assert out.rstrip().endswith("1 rows refused"), out
+        assert "memory_nodes[502] (memory:bad).updated_at: invalid RFC 3339" in err, err
+        assert "sent 500 / 503 rows" in err and "sent 503 / 503 rows" in err, err
+        code, out, _ = await cli(data, "status", "--json")
+        assert code == 0 and json.loads(out)["memories"] == 502
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert (await finish(proc))[0] == 0
+
+
 async def test_syncd_open_prints_a_one_time_login_url(tmp_path: Path) -> None:
     data = tmp_path / "data"
     code, _, err = await cli(data, "open", "--no-browser")

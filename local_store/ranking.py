@@ -80,6 +80,13 @@ def rrf(vec_rank: int | None, kw_rank: int | None, k: float) -> float:
     return total
 
 
+def cosine_distance(cosine: float | None) -> float | None:
+    """``1 − cos`` in [0, 2], as the plane's (and pgvector's) ``cosine_distance``: float32
+    rounding puts a vector's cosine with itself a hair above 1, which must not read as a
+    negative distance."""
+    return None if cosine is None else min(2.0, max(0.0, 1.0 - cosine))
+
+
 def recency(created_ns: int | None, now_ns: int, half_life_days: float) -> float:
     """``exp(−ln2·age/half_life)`` on whole days' seconds as the plane does; 0.5 if unknown."""
     if created_ns is None:

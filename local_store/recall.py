@@ -31,6 +31,7 @@ from local_store.ranking import (
     Candidate,
     Weights,
     build_context,
+    cosine_distance,
     coverage,
     dedupe_linked,
     fts_match,
@@ -548,7 +549,7 @@ def _retrieved(c: Candidate, mode: Mode, fallback: bool) -> RetrievedMemory:
     return RetrievedMemory(
         id=c.id, memory_type=str(row.get("memory_type") or ""),
         title=_opt(row.get("title")), content_preview=str(row.get("content_preview") or ""),
-        score=c.score, distance=None if c.cosine is None else 1.0 - c.cosine,
+        score=c.score, distance=cosine_distance(c.cosine),
         kw_score=c.kw_raw, graph_proximity=c.graph_proximity,
         importance=float(row.get("importance") or 0.0), realm=_opt(row.get("realm")),
         valid_at=_opt(row.get("valid_at")), invalid_at=_opt(row.get("invalid_at")), via=via,

@@ -9,6 +9,7 @@ import pytest
 from local_store.ranking import (
     Candidate,
     build_context,
+    cosine_distance,
     coverage,
     dedupe_linked,
     fts_match,
@@ -62,6 +63,14 @@ def test_recency(age_days: float, half: float, expected: float) -> None:
     assert recency(now - int(age_days * DAY), now, half) == pytest.approx(expected)
     assert recency(None, now, half) == 0.5
     assert math.isclose(recency(now - DAY // 2, now, 30), math.exp(-math.log(2) * 0.5 / 30))
+
+
+@pytest.mark.parametrize(("cosine", "distance"), [
+    (None, None), (1.0000001, 0.0), (1.0, 0.0), (0.25, 0.75), (-1.0, 2.0), (-1.0000001, 2.0),
+])
+def test_cosine_distance_stays_in_the_planes_range(cosine: float | None,
+                                                   distance: float | None) -> None:
+    assert cosine_distance(cosine) == (None if distance is None else pytest.approx(distance))
 
 
 def test_coverage_ignores_stopwords() -> None:

@@ -13,6 +13,7 @@ from local_store.errors import (
     StoreClosedError,
     StoreError,
     StoreLockedError,
+    StoreUnusableError,
     ValidationError,
 )
 from local_store.store import Store
@@ -25,5 +26,6 @@ __all__ = [
     "StoreClosedError",
     "StoreError",
     "StoreLockedError",
+    "StoreUnusableError",
     "ValidationError",
 ]

@@ -20,7 +20,7 @@ import sqlite3
 from importlib import resources
 from pathlib import Path
 
-from local_store.errors import StoreLockedError
+from local_store.errors import StoreLockedError, StoreUnusableError
 
 DB_FILENAME = "memory.db"
 LOCK_FILENAME = "syncd.lock"
@@ -70,6 +70,29 @@ def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
     return conn
 
 
+def open_migrated(path: Path) -> sqlite3.Connection:
+    """The writer's connection, with every migration applied. A file that is not a usable
+    store (not SQLite, corrupt, or migrated by a newer syncd) raises ``StoreUnusableError``
+    naming it, and is left as it was."""
+    try:
+        conn = connect(path)
+        try:
+            migrate(conn)
+        except BaseException:
+            conn.close()
+            raise
+    except StoreUnusableError as exc:
+        raise StoreUnusableError(f"{path} cannot be used: {exc.message}") from None
+    except sqlite3.DatabaseError as exc:
+        if exc.sqlite_errorcode & 0xFF not in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
+            raise
+        raise StoreUnusableError(
+            f"{path} cannot be used: {exc}. It was left as it is: move it aside and restore "
+            "a backup (`syncd backup` makes them), or start with an empty data directory "
+            "and let sync fill it again") from None
+    return conn
+
+
 def _configure(conn: sqlite3.Connection, *, readonly: bool) -> None:
     conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     conn.execute("PRAGMA foreign_keys = ON")
@@ -100,8 +123,14 @@ def migrate(conn: sqlite3.Connection) -> list[str]:
         " number INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL) STRICT"
     )
     done = {row[0] for row in conn.execute("SELECT number FROM schema_migrations")}
+    files = migration_files()
+    known = max((number for number, _, _ in files), default=0)
+    if done and max(done) > known:
+        raise StoreUnusableError(
+            f"its schema is version {max(done)}, newer than this syncd knows ({known}): it was "
+            "written by a newer syncd; run that version (or restore a backup made by this one)")
     applied = []
-    for number, name, sql in migration_files():
+    for number, name, sql in files:
         if number in done:
             continue
         conn.execute("BEGIN IMMEDIATE")

@@ -4,6 +4,8 @@
     ├── ValidationError     bad input; names the field; nothing was written
     ├── NotFoundError       the id does not exist (or is a tombstone)
     ├── StoreLockedError    another process holds the data directory
+    ├── StoreUnusableError  the database file is not a usable syncd store (not SQLite, corrupt,
+    │                       or migrated by a newer syncd); it is left as it was
     └── StoreClosedError    the store was used after close()
 """
 
@@ -33,6 +35,10 @@ class NotFoundError(StoreError):
 
 class StoreLockedError(StoreError):
     code = "store_locked"
+
+
+class StoreUnusableError(StoreError):
+    code = "store_unusable"
 
 
 class StoreClosedError(StoreError):

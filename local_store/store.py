@@ -766,12 +766,7 @@ def _claim_data_dir(data_dir: Path, lock: db.DataDirLock) -> None:
 
 
 def _open_writer(path: Path, wall: Callable[[], int]) -> tuple[Writer, str]:
-    conn = db.connect(path)
-    try:
-        db.migrate(conn)
-    except BaseException:
-        conn.close()
-        raise
+    conn = db.open_migrated(path)
     conn.execute("BEGIN IMMEDIATE")
     try:
         values = dict(conn.execute("SELECT key, value FROM meta").fetchall())

@@ -29,7 +29,7 @@ from typing import Any
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from local_store import HashingEmbedder, Store, StoreLockedError
+from local_store import HashingEmbedder, Store, StoreLockedError, StoreUnusableError
 from local_store.embed import Embedder
 from syncd.config import is_loopback_host
 from syncd.entitlement.keeper import Keeper, attach_gate
@@ -110,6 +110,8 @@ class Daemon:
             store = await Store.open(self.data_dir, embedder=self.embedder)
         except StoreLockedError as exc:
             raise StartupError(str(exc), EXIT_TEMPFAIL) from None
+        except StoreUnusableError as exc:  # restarting cannot fix the file
+            raise StartupError(str(exc), EXIT_CONFIG) from None
         runner: web.AppRunner | None = None
         sync: SyncRunner | None = None
         keeper: Keeper | None = None

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from local_store import Store, StoreLockedError
+from local_store import Store, StoreLockedError, StoreUnusableError
 from local_store.embed import Embedder
 from syncd.daemon import EXIT_CONFIG, EXIT_OK, EXIT_TEMPFAIL, StartupError, listen, wait_for_stop
 from syncd.hub.app import create_hub_app
@@ -99,6 +99,8 @@ class Hub:
             store = await Store.open(self.data_dir, embedder=self.embedder, feed=True)
         except StoreLockedError as exc:
             raise StartupError(str(exc), EXIT_TEMPFAIL) from None
+        except StoreUnusableError as exc:
+            raise StartupError(str(exc), EXIT_CONFIG) from None
         return SqliteHubStore(store, FileTokens(self.data_dir))
 
     async def _watchdog(self) -> None:

@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from local_store import NotFoundError, Store, StoreLockedError, ValidationError
+from local_store import (
+    NotFoundError,
+    Store,
+    StoreLockedError,
+    StoreUnusableError,
+    ValidationError,
+)
 from local_store.redact import REDACTED
 from protocol.timestamp import format_ns, is_canonical
 
@@ -261,6 +267,55 @@ async def test_second_open_of_a_data_dir_is_refused(tmp_path: Path) -> None:
     await reopened.close()
 
 
+def _files(data: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(data.iterdir()) if p.name != "syncd.lock"}
+
+
+async def test_a_file_that_is_not_a_database_is_refused_and_left_alone(tmp_path: Path) -> None:
+    (tmp_path / "memory.db").write_bytes(b"these are not the bytes of a database\n" * 200)
+    before = _files(tmp_path)
+    for _ in range(3):
+        with pytest.raises(StoreUnusableError, match=r"memory\.db cannot be used: file is not "
+                                                     r"a database\. It was left as it is"):
+            await Store.open(tmp_path)
+    assert _files(tmp_path) == before
+    # nothing is left holding the lock or the file: once the file is moved aside, the data
+    # directory opens
+    (tmp_path / "memory.db").rename(tmp_path / "memory.db.corrupt")
+    reopened = await Store.open(tmp_path)
+    await reopened.close()
+
+
+async def test_a_corrupt_database_is_refused_and_left_alone(tmp_path: Path) -> None:
+    s = await Store.open(tmp_path)
+    await s.save({"content": "a"})
+    await s.close()
+    db = tmp_path / "memory.db"
+    for name in ("memory.db-wal", "memory.db-shm"):
+        assert not (tmp_path / name).exists()  # closed cleanly: all in the main file
+    data = bytearray(db.read_bytes())
+    data[4096:8192] = b"\xff" * 4096  # page 2: part of the schema's b-tree
+    db.write_bytes(bytes(data))
+    before = _files(tmp_path)
+    with pytest.raises(StoreUnusableError, match="malformed"):
+        await Store.open(tmp_path)
+    assert _files(tmp_path) == before
+
+
+async def test_a_store_migrated_by_a_newer_syncd_is_refused(tmp_path: Path) -> None:
+    s = await Store.open(tmp_path)
+    await s.close()
+    conn = sqlite3.connect(tmp_path / "memory.db")
+    with conn:
+        conn.execute("INSERT INTO schema_migrations VALUES (9999, '9999_future.sql', 'x')")
+    conn.close()
+    before = _files(tmp_path)
+    with pytest.raises(StoreUnusableError, match="schema is version 9999, newer than this "
+                                                 "syncd knows"):
+        await Store.open(tmp_path)
+    assert _files(tmp_path) == before
+
+
 async def test_hlc_and_identity_survive_restart(tmp_path: Path) -> None:
     s = await Store.open(tmp_path)
     await s.save({"content": "a"})
@@ -287,15 +342,3 @@ async def test_private_is_redacted_in_every_text_field(store: Store) -> None:
     for secret in ("sk-1", "'r'", ">w<", "tag</", "\"p\""):
         assert secret not in blob
     assert got["content"] == f"key {REDACTED} ok\nWhy: {REDACTED} why"
-
-
-async def test_a_corrupt_database_fails_open_cleanly(tmp_path: Path) -> None:
-    (tmp_path / "memory.db").write_bytes(b"this is not a database" * 100)
-    for _ in range(3):
-        with pytest.raises(sqlite3.DatabaseError):
-            await Store.open(tmp_path)
-    # nothing is left holding the lock or the file: a fresh dir next to it opens fine,
-    # and the lock on this one was released
-    (tmp_path / "memory.db").unlink()
-    reopened = await Store.open(tmp_path)
-    await reopened.close()

@@ -57,6 +57,28 @@ async def test_second_daemon_on_the_same_data_dir_refuses(tmp_path: Path) -> Non
         assert (await finish(first))[0] == 0
 
 
+@pytest.mark.parametrize("command", ["run", "hub"])
+async def test_an_unusable_database_exits_2_with_one_line_and_keeps_the_file(
+        tmp_path: Path, command: str) -> None:
+    """Not restarted by the units (restarting cannot fix a file), no traceback, file kept."""
+    data = tmp_path / "data"
+    data.mkdir()
+    garbage = b"not a database\n" * 300
+    (data / "memory.db").write_bytes(garbage)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "syncd", "--data-dir", str(data), command, "--listen",
+        "127.0.0.1:0", env=env_for(tmp_path), stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    code, err = await finish(proc)
+    assert code == 2, err
+    prefix = "syncd hub" if command == "hub" else "syncd"
+    assert err.strip().splitlines() == [
+        f"{prefix}: {data / 'memory.db'} cannot be used: file is not a database. It was left "
+        "as it is: move it aside and restore a backup (`syncd backup` makes them), or start "
+        "with an empty data directory and let sync fill it again"]
+    assert (data / "memory.db").read_bytes() == garbage
+
+
 @pytest.mark.parametrize("listen", ["0.0.0.0:0", "[::]:0"])
 async def test_non_loopback_bind_is_refused(tmp_path: Path, listen: str) -> None:
     proc = await start(tmp_path / "data", "--listen", listen)

@@ -342,7 +342,11 @@ HOOK_TIMEOUT_SECS = 1.0
 def _hook(args: argparse.Namespace) -> int:
     """Claude Code's ``UserPromptSubmit`` hook: stdin ``{"prompt", "session_id", "cwd", …}``,
     stdout ``{"hookSpecificOutput": {"hookEventName", "additionalContext"}}``. Never in the
-    agent's way: a down daemon, a missing token, bad input or any error prints nothing, exit 0."""
+    agent's way: a down daemon, a missing token, bad input or any error prints nothing, exit 0.
+
+    It recalls in the project's realm (the basename of ``cwd``), ``global`` and ``default`` —
+    where a memory saved without a realm lands, as agents' saves over MCP usually are. A
+    fallback answer (nothing matched the prompt) is not context: it prints nothing."""
     try:
         payload = json.loads(sys.stdin.read())
         prompt = payload.get("prompt") if isinstance(payload, dict) else None
@@ -350,13 +354,15 @@ def _hook(args: argparse.Namespace) -> int:
             return EXIT_OK
         cwd = payload.get("cwd")
         project = Path(cwd if isinstance(cwd, str) and cwd else Path.cwd()).name
-        realms = [project, "global"] if project and project != "global" else ["global"]
+        realms = list(dict.fromkeys(name for name in (project, "global", "default") if name))
         settings = _settings(args)
         client = Client.for_data_dir(settings["data_dir"], settings["url"],
                                      timeout=HOOK_TIMEOUT_SECS)
         result = client.call("POST", "/v1/agent/memory/query",
                              {"query": prompt, "realms": realms})
-        context = result.get("context") if isinstance(result, dict) else None
+        if not isinstance(result, dict) or result.get("fallback"):
+            return EXIT_OK
+        context = result.get("context")
         if isinstance(context, str) and context.strip():
             print(json.dumps({"hookSpecificOutput": {"hookEventName": "UserPromptSubmit",
                                                      "additionalContext": context}}))

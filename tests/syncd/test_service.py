@@ -178,6 +178,13 @@ async def test_hook_prints_the_context_for_the_project_realm(tmp_path: Path) -> 
         assert "portal" not in output["additionalContext"]  # another project's realm
         code, out, _ = await hook(data, payload("zzzz qqqq", tmp_path / "empty-project"))
         assert code == 0 and out == ""  # no memories, no output
+        code, _, err = await cli(data, "save", "billing invoices are numbered per tenant")
+        assert code == 0, err  # no realm: "default", where agents' saves over MCP land
+        code, out, _ = await hook(data, payload("how are billing invoices numbered?", project))
+        context = json.loads(out)["hookSpecificOutput"]["additionalContext"]
+        assert "numbered per tenant" in context and "portal" not in context
+        code, out, _ = await hook(data, payload("zzzz qqqq", project))
+        assert code == 0 and out == ""  # memories in these realms, but none matches: a fallback
     finally:
         proc.send_signal(signal.SIGTERM)
         assert (await finish(proc))[0] == 0

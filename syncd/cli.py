@@ -72,12 +72,14 @@ def build_parser() -> argparse.ArgumentParser:
                             "the daemon runs); the copy is integrity-checked")
     backup.add_argument("dest", type=Path)
 
-    service = sub.add_parser("service", help="install, uninstall or show the systemd user "
-                             "service / launchd agent")
+    service = sub.add_parser("service", help="install or uninstall the systemd user service / "
+                             "launchd agent, or show its status")
     service.add_argument("action", choices=["install", "uninstall", "status"])
     which = service.add_mutually_exclusive_group()
-    which.add_argument("--systemd", dest="platform", action="store_const", const="systemd")
-    which.add_argument("--launchd", dest="platform", action="store_const", const="launchd")
+    which.add_argument("--systemd", dest="platform", action="store_const", const="systemd",
+                       help="the systemd user unit (the default, except on macOS)")
+    which.add_argument("--launchd", dest="platform", action="store_const", const="launchd",
+                       help="the launchd agent (the default on macOS)")
     service.add_argument("--print", dest="print_only", action="store_true",
                          help="write the rendered unit to stdout only")
 

@@ -79,6 +79,10 @@ class Gate:
         self.license_file = license_file or data_dir / LICENSE_FILENAME
         self.wall = wall
         self.decision = Decision(False, "not_evaluated")
+        # Why the last token fetched from the control plane was not stored, until one is: the
+        # reason to show while no file entitles (an unpinned hub key reads as such, not as
+        # "no_token").
+        self._online_refusal: str | None = None
 
     # ------------------------------------------------------------------ hot path
 
@@ -107,6 +111,8 @@ class Gate:
         except Exception as exc:  # fail closed, whatever went wrong
             log.exception("entitlement check failed")
             decision = Decision(False, f"error: {type(exc).__name__}")
+        if decision.reason == "no_token" and self._online_refusal is not None:
+            decision = Decision(False, self._online_refusal, source="online")
         decision.checked_at = int(self.wall())
         self.decision = decision
         return decision
@@ -177,7 +183,9 @@ class Gate:
             claims = verify(token, self.pinned)
             now = int(self.wall())
             state = self._load_state()
-            if self.check_claims(claims, state, now, "online") is not None:
+            refusal = self.check_claims(claims, state, now, "online")
+            if refusal is not None:
+                self._online_refusal = refusal
                 return self.evaluate()  # refused: not an online check, the clock stays as it was
             reference = server_now if server_now is not None else claims.iat
             fresh = claims.seq > state.seq_hwm.get("online", 0)  # a replay proves nothing
@@ -185,9 +193,11 @@ class Gate:
                 state.clock_untrusted, state.clock_hwm, state.online_ok_at = False, now, now
                 self._save_state(state)
             self._write_atomic(self.data_dir / TOKEN_FILENAME, token.encode() + b"\n")
+            self._online_refusal = None
         except TokenError as exc:
             log.warning("the control plane sent an entitlement that does not verify: %s",
                         exc.reason)
+            self._online_refusal = exc.reason
         except Exception:
             log.exception("storing the entitlement failed")
         return self.evaluate()

@@ -174,8 +174,9 @@ async def test_keys_are_never_fetched(tmp_path: Path, hub: SigningHub,
         assert proxied.count() == 0 and other_proxy.count() == 0
 
         await asyncio.to_thread(token_path(data).unlink)
-        decision = await stranger.check(online=True)
-        assert not decision.entitled and decision.reason == "no_token"
+        decision = await stranger.check(online=True)  # refused, and shown as such
+        assert (decision.entitled, decision.reason, decision.source) == (
+            False, "unknown_key", "online")
         assert not await asyncio.to_thread(token_path(data).exists)
         assert other_proxy.count() == other_proxy.count("GET", ENTITLEMENT) == 1
 
@@ -329,6 +330,32 @@ def test_a_refused_online_token_does_not_restore_clock_trust(tmp_path: Path,
     assert not decision.entitled and decision.reason == "clock_untrusted", decision
     assert gate.allows("sync") == "clock_untrusted"
     assert state(tmp_path)["clock_untrusted"] is True
+
+
+@pytest.mark.parametrize(("offered", "reason"), [
+    ("token for another device", "wrong_device"),
+    ("token from an unpinned key", "unknown_key"),
+    ("token not yet valid", "not_yet_valid"),
+])
+def test_a_refused_online_token_is_the_reason_shown_until_one_is_stored(
+        tmp_path: Path, offered: str, reason: str) -> None:
+    """Nothing entitles and the plane's token was refused: the status says why (an unpinned
+    hub key, say), not "no_token"; a token that is stored ends it."""
+    clock = Clock(T)
+    gate = make_gate(tmp_path, pinned(HUB_KEY), clock)
+    assert gate.evaluate().reason == "no_token"
+    token = {
+        "token for another device": sign(HUB_KEY, claims(T, device="another")),
+        "token from an unpinned key": sign(OTHER_KEY, claims(T)),
+        "token not yet valid": sign(HUB_KEY, claims(T, nbf=T + DAY)),
+    }[offered]
+    decision = gate.accept_online(token, None)
+    assert (decision.entitled, decision.reason, decision.source) == (False, reason, "online")
+    assert gate.evaluate().reason == reason and gate.allows("sync") == reason
+    assert not token_path(tmp_path).exists()
+    assert gate.accept_online(sign(HUB_KEY, claims(T, seq=2)), None).entitled
+    token_path(tmp_path).unlink()
+    assert gate.evaluate().reason == "no_token"
 
 
 # ---------------------------------------------------------------------- E5

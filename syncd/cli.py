@@ -14,6 +14,7 @@ import os
 import sqlite3
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     service.add_argument("--print", dest="print_only", action="store_true",
                          help="write the rendered unit to stdout only")
 
-    sub.add_parser("sync", help="run one sync pass now and print its report")
+    sync = sub.add_parser("sync", help="run one sync pass now and print its report")
+    sync.add_argument("--json", action="store_true", help="the whole report, as JSON")
 
     open_ = sub.add_parser("open", help="print (and, on a desktop, open) a one-time login URL "
                            "for the web page")
@@ -307,8 +309,39 @@ def _hub(args: argparse.Namespace, settings: dict[str, Any]) -> int:
 
 def _sync(client: Client, args: argparse.Namespace) -> int:
     report = client.call("POST", "/v1/agent/sync/run", {})
-    print(json.dumps(report, indent=2))
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for line in _pass_summary(report):
+            print(line)
     return EXIT_OK if report.get("ok") else EXIT_FAILED
+
+
+def _n(count: object, one: str, many: str | None = None) -> str:
+    return f"{count} {one if count == 1 else many or one + 's'}"
+
+
+def _pass_summary(r: dict[str, Any]) -> list[str]:
+    """A sync pass's report for a person (``--json`` gives all of it)."""
+    head = f"sync {'ok' if r.get('ok') else 'failed'} in {r.get('took_ms', 0):.0f} ms"
+    lines = [f"{head}: pulled {_n(r.get('pulled_nodes'), 'memory', 'memories')} and "
+             f"{_n(r.get('pulled_edges'), 'edge')} in {_n(r.get('pull_pages'), 'page')}, pushed "
+             f"{_n(r.get('pushed_nodes'), 'memory', 'memories')} and "
+             f"{_n(r.get('pushed_edges'), 'edge')} in {_n(r.get('push_requests'), 'request')}"]
+    notes = [(r.get("reset"), f"the control plane looks reset ({r.get('reset')}): "
+                              "resynced from the start"),
+             (r.get("anti_entropy"), "anti-entropy: compared the whole store with the plane"),
+             (r.get("requeued"), f"{r.get('requeued')} rows queued again for push"),
+             (r.get("pull_problems"), f"{r.get('pull_problems')} pulled rows refused (see "
+                                      "`syncd status`)"),
+             (r.get("push_row_errors"), f"{r.get('push_row_errors')} pushed rows refused by "
+                                        "the plane"),
+             (r.get("future_rows"), f"{r.get('future_rows')} rows stamped ahead of this clock"),
+             (r.get("error"), f"error ({r.get('error_kind')}): {r.get('error')}")]
+    lines += [f"  {text}" for present, text in notes if present]
+    if r.get("error_kind") == "gated":
+        lines.append("  `syncd status` says why paid features are paused and what to do")
+    return lines
 
 
 def _mcp(data_dir: Path, listen_url: str) -> int:
@@ -389,6 +422,24 @@ def _open(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+GATE_HINTS = {
+    "no_token": "no entitlement yet: sync with a control plane whose key is pinned in "
+                "[entitlement] public_keys, or `syncd license install FILE`",
+    "unknown_key": "the control plane's entitlement is signed by a key that is not pinned: add "
+                   "the key `syncd hub key` prints to [entitlement] public_keys",
+    "wrong_device": "the entitlement was issued for another install (device_id)",
+    "clock_untrusted": "this computer's clock went back; the next successful online check "
+                       "clears it",
+}
+
+
+def _when(epoch: object) -> str:
+    """An entitlement's ``exp`` (seconds since the epoch) as a UTC time."""
+    if not isinstance(epoch, int | float):
+        return str(epoch)
+    return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
 def _status(client: Client, args: argparse.Namespace) -> int:
     status = client.call("GET", "/v1/agent/status")
     if args.json:
@@ -401,10 +452,13 @@ def _status(client: Client, args: argparse.Namespace) -> int:
     gate = status.get("entitlement") or {}
     if gate.get("entitled"):
         print(f"  {'entitlement':16} plan {gate.get('plan')} ({gate.get('source')}), sync "
-              f"{gate.get('sync')}, graph {gate.get('graph')}, expires {gate.get('exp')}")
+              f"{gate.get('sync')}, graph {gate.get('graph')}, expires {_when(gate.get('exp'))}")
     else:
         print(f"  {'entitlement':16} paid features paused ({gate.get('reason')}); saving, "
               "recall and export work as always")
+        hint = GATE_HINTS.get(str(gate.get("reason")))
+        if hint:
+            print(f"  {'':16} {hint}")
     sync = status.get("sync") or {}
     if not sync.get("configured"):
         print("  sync             off (no control_plane.url)")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,7 @@ async def test_licence_install_turns_a_running_daemon_on(tmp_path: Path,
         code, out, err = await cli(tmp_path, *base, "status")
         assert code == 0, err
         assert "paid features paused (no_token)" in out, out
+        assert "or `syncd license install FILE`" in out, out  # what to do about it
         code, out, err = await cli(tmp_path, *base, "save", "the staging keys rotate monthly")
         assert code == 0 and out.startswith("saved "), err
         code, out, err = await cli(tmp_path, *base, "recall", "staging keys")
@@ -144,5 +146,7 @@ async def test_licence_install_turns_a_running_daemon_on(tmp_path: Path,
             assert status == 200 and "gated" not in found
         code, out, err = await cli(tmp_path, *base, "status")
         assert code == 0 and "plan pro (license)" in out, out
+        expiry = datetime.fromtimestamp(claims["exp"], tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
+        assert f"expires {expiry}" in out, out
     finally:
         await stop(proc)

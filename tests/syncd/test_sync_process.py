@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from syncd.cli import _pass_summary
+from syncd.sync.engine import PassReport
 from tests.syncd.processes import cli, finish, spawn, wait_ready
 
 
@@ -60,12 +62,13 @@ async def test_two_daemons_sync_through_a_hub_process(tmp_path: Path, cursor: st
         code, out, err = await cli(tmp_path, *args("a", "save", "rotate the staging keys monthly",
                                                    "--type", "procedure"))
         assert code == 0, err
-        code, out, err = await cli(tmp_path, *args("a", "sync"))
+        code, out, err = await cli(tmp_path, *args("a", "sync", "--json"))
         assert code == 0, err + out
         assert json.loads(out)["pushed_nodes"] == 1
         code, out, err = await cli(tmp_path, *args("b", "sync"))
         assert code == 0, err + out
-        assert json.loads(out)["pulled_nodes"] == 1
+        assert out.startswith("sync ok in ") and ": pulled 1 memory and 0 edges in 1 page, " \
+            "pushed 0 memories and 0 edges in 0 requests" in out, out
         code, out, err = await cli(tmp_path, *args("b", "recall", "staging keys"))
         assert code == 0 and "rotate the staging keys monthly" in out, err + out
         code, out, err = await cli(tmp_path, *args("b", "status", "--json"))
@@ -113,3 +116,21 @@ async def test_sync_without_a_control_plane_says_so(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         code, err = await finish(proc)
         assert code == 0, err
+
+
+def test_a_failed_pass_reads_as_such_with_what_to_do() -> None:
+    report = PassReport(trigger="manual", started_at="t", took_ms=3.4,
+                        error="sync is paused: unknown_key", error_kind="gated").as_dict()
+    assert _pass_summary(report) == [
+        "sync failed in 3 ms: pulled 0 memories and 0 edges in 0 pages, pushed 0 memories and 0 "
+        "edges in 0 requests",
+        "  error (gated): sync is paused: unknown_key",
+        "  `syncd status` says why paid features are paused and what to do"]
+    report = PassReport(trigger="manual", started_at="t", ok=True, pulled_nodes=2, pull_pages=1,
+                        pushed_edges=1, push_requests=1, reset="store_id changed",
+                        pull_problems=1).as_dict()
+    assert _pass_summary(report) == [
+        "sync ok in 0 ms: pulled 2 memories and 0 edges in 1 page, pushed 0 memories and 1 edge "
+        "in 1 request",
+        "  the control plane looks reset (store_id changed): resynced from the start",
+        "  1 pulled rows refused (see `syncd status`)"]

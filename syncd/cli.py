@@ -14,12 +14,12 @@ import os
 import sqlite3
 import sys
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from syncd import __version__
 from syncd.client import Client, ClientError, DaemonDown
+from syncd.report import pass_summary, status_lines
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_TEMPFAIL = 0, 1, 2, 75
 IMPORT_BATCH_ROWS = 500
@@ -312,36 +312,9 @@ def _sync(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        for line in _pass_summary(report):
+        for line in pass_summary(report):
             print(line)
     return EXIT_OK if report.get("ok") else EXIT_FAILED
-
-
-def _n(count: object, one: str, many: str | None = None) -> str:
-    return f"{count} {one if count == 1 else many or one + 's'}"
-
-
-def _pass_summary(r: dict[str, Any]) -> list[str]:
-    """A sync pass's report for a person (``--json`` gives all of it)."""
-    head = f"sync {'ok' if r.get('ok') else 'failed'} in {r.get('took_ms', 0):.0f} ms"
-    lines = [f"{head}: pulled {_n(r.get('pulled_nodes'), 'memory', 'memories')} and "
-             f"{_n(r.get('pulled_edges'), 'edge')} in {_n(r.get('pull_pages'), 'page')}, pushed "
-             f"{_n(r.get('pushed_nodes'), 'memory', 'memories')} and "
-             f"{_n(r.get('pushed_edges'), 'edge')} in {_n(r.get('push_requests'), 'request')}"]
-    notes = [(r.get("reset"), f"the control plane looks reset ({r.get('reset')}): "
-                              "resynced from the start"),
-             (r.get("anti_entropy"), "anti-entropy: compared the whole store with the plane"),
-             (r.get("requeued"), f"{r.get('requeued')} rows queued again for push"),
-             (r.get("pull_problems"), f"{r.get('pull_problems')} pulled rows refused (see "
-                                      "`syncd status`)"),
-             (r.get("push_row_errors"), f"{r.get('push_row_errors')} pushed rows refused by "
-                                        "the plane"),
-             (r.get("future_rows"), f"{r.get('future_rows')} rows stamped ahead of this clock"),
-             (r.get("error"), f"error ({r.get('error_kind')}): {r.get('error')}")]
-    lines += [f"  {text}" for present, text in notes if present]
-    if r.get("error_kind") == "gated":
-        lines.append("  `syncd status` says why paid features are paused and what to do")
-    return lines
 
 
 def _mcp(data_dir: Path, listen_url: str) -> int:
@@ -422,51 +395,14 @@ def _open(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-GATE_HINTS = {
-    "no_token": "no entitlement yet: sync with a control plane whose key is pinned in "
-                "[entitlement] public_keys, or `syncd license install FILE`",
-    "unknown_key": "the control plane's entitlement is signed by a key that is not pinned: add "
-                   "the key `syncd hub key` prints to [entitlement] public_keys",
-    "wrong_device": "the entitlement was issued for another install (device_id)",
-    "clock_untrusted": "this computer's clock went back; the next successful online check "
-                       "clears it",
-}
-
-
-def _when(epoch: object) -> str:
-    """An entitlement's ``exp`` (seconds since the epoch) as a UTC time."""
-    if not isinstance(epoch, int | float):
-        return str(epoch)
-    return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
-
-
 def _status(client: Client, args: argparse.Namespace) -> int:
     status = client.call("GET", "/v1/agent/status")
     if args.json:
         print(json.dumps(status, indent=2))
         return EXIT_OK
     print(f"syncd {status['version']} at {client.url}")
-    for key in ("data_dir", "store_id", "replica_id", "embedder", "memories", "tombstones",
-                "edges", "outbox", "indexed_vectors"):
-        print(f"  {key:16} {status.get(key)}")
-    gate = status.get("entitlement") or {}
-    if gate.get("entitled"):
-        print(f"  {'entitlement':16} plan {gate.get('plan')} ({gate.get('source')}), sync "
-              f"{gate.get('sync')}, graph {gate.get('graph')}, expires {_when(gate.get('exp'))}")
-    else:
-        print(f"  {'entitlement':16} paid features paused ({gate.get('reason')}); saving, "
-              "recall and export work as always")
-        hint = GATE_HINTS.get(str(gate.get("reason")))
-        if hint:
-            print(f"  {'':16} {hint}")
-    sync = status.get("sync") or {}
-    if not sync.get("configured"):
-        print("  sync             off (no control_plane.url)")
-        return EXIT_OK
-    print(f"  sync             {sync['url']} (every {sync['interval_secs']:.0f} s)")
-    for key in ("last_success", "last_error", "cursor", "outbox", "clock_offset_ms",
-                "consecutive_failures", "auth_blocked"):
-        print(f"    {key:20} {sync.get(key)}")
+    for line in status_lines(status):
+        print(line)
     return EXIT_OK
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from syncd.cli import _pass_summary
+from syncd.report import pass_summary
 from syncd.sync.engine import PassReport
 from tests.syncd.processes import cli, finish, spawn, wait_ready
 
@@ -121,7 +121,7 @@ async def test_sync_without_a_control_plane_says_so(tmp_path: Path) -> None:
 def test_a_failed_pass_reads_as_such_with_what_to_do() -> None:
     report = PassReport(trigger="manual", started_at="t", took_ms=3.4,
                         error="sync is paused: unknown_key", error_kind="gated").as_dict()
-    assert _pass_summary(report) == [
+    assert pass_summary(report) == [
         "sync failed in 3 ms: pulled 0 memories and 0 edges in 0 pages, pushed 0 memories and 0 "
         "edges in 0 requests",
         "  error (gated): sync is paused: unknown_key",
@@ -129,7 +129,7 @@ def test_a_failed_pass_reads_as_such_with_what_to_do() -> None:
     report = PassReport(trigger="manual", started_at="t", ok=True, pulled_nodes=2, pull_pages=1,
                         pushed_edges=1, push_requests=1, reset="store_id changed",
                         pull_problems=1).as_dict()
-    assert _pass_summary(report) == [
+    assert pass_summary(report) == [
         "sync ok in 0 ms: pulled 2 memories and 0 edges in 1 page, pushed 0 memories and 1 edge "
         "in 1 request",
         "  the control plane looks reset (store_id changed): resynced from the start",

@@ -1,0 +1,81 @@
+"""How command results read to a person: ``syncd status`` and ``syncd sync`` (``--json``
+prints the raw answers instead)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+GATE_HINTS = {
+    "no_token": "no entitlement yet: sync with a control plane whose key is pinned in "
+                "[entitlement] public_keys, or `syncd license install FILE`",
+    "unknown_key": "the control plane's entitlement is signed by a key that is not pinned: add "
+                   "the key `syncd hub key` prints to [entitlement] public_keys",
+    "wrong_device": "the entitlement was issued for another install (device_id)",
+    "clock_untrusted": "this computer's clock went back; the next successful online check "
+                       "clears it",
+}
+
+
+def _when(epoch: object) -> str:
+    """An entitlement's ``exp`` (seconds since the epoch) as a UTC time."""
+    if not isinstance(epoch, int | float):
+        return str(epoch)
+    return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def status_lines(status: dict[str, Any]) -> list[str]:
+    """``GET /v1/agent/status`` below its first line: the store, the gate and sync."""
+    lines = [f"  {key:16} {status.get(key)}" for key in (
+        "data_dir", "store_id", "replica_id", "embedder", "memories", "tombstones", "edges",
+        "outbox", "indexed_vectors")]
+    return lines + _gate_lines(status.get("entitlement") or {}) + _sync_lines(
+        status.get("sync") or {})
+
+
+def _gate_lines(gate: dict[str, Any]) -> list[str]:
+    if gate.get("entitled"):
+        return [f"  {'entitlement':16} plan {gate.get('plan')} ({gate.get('source')}), sync "
+                f"{gate.get('sync')}, graph {gate.get('graph')}, expires "
+                f"{_when(gate.get('exp'))}"]
+    hint = GATE_HINTS.get(str(gate.get("reason")))
+    return [f"  {'entitlement':16} paid features paused ({gate.get('reason')}); saving, "
+            "recall and export work as always"] + ([f"  {'':16} {hint}"] if hint else [])
+
+
+def _sync_lines(sync: dict[str, Any]) -> list[str]:
+    if not sync.get("configured"):
+        return ["  sync             off (no control_plane.url)"]
+    return [f"  sync             {sync['url']} (every {sync['interval_secs']:.0f} s)"] + [
+        f"    {key:20} {sync.get(key)}" for key in (
+            "last_success", "last_error", "cursor", "outbox", "clock_offset_ms",
+            "consecutive_failures", "auth_blocked")]
+
+
+def _n(count: object, one: str, many: str | None = None) -> str:
+    return f"{count} {one if count == 1 else many or one + 's'}"
+
+
+def pass_summary(r: dict[str, Any]) -> list[str]:
+    """A sync pass's report for a person (``--json`` gives all of it)."""
+    head = f"sync {'ok' if r.get('ok') else 'failed'} in {r.get('took_ms', 0):.0f} ms"
+    lines = [f"{head}: pulled {_n(r.get('pulled_nodes'), 'memory', 'memories')} and "
+             f"{_n(r.get('pulled_edges'), 'edge')} in {_n(r.get('pull_pages'), 'page')}, pushed "
+             f"{_n(r.get('pushed_nodes'), 'memory', 'memories')} and "
+             f"{_n(r.get('pushed_edges'), 'edge')} in {_n(r.get('push_requests'), 'request')}"]
+    notes = [(r.get("reset"), f"the control plane looks reset ({r.get('reset')}): "
+                              "resynced from the start"),
+             (r.get("anti_entropy"), "anti-entropy: compared the whole store with the plane"),
+             (r.get("requeued"), f"{r.get('requeued')} rows queued again for push"),
+             (r.get("pull_problems"), f"{r.get('pull_problems')} pulled rows refused (see "
+                                      "`syncd status`)"),
+             (r.get("push_row_errors"), f"{r.get('push_row_errors')} pushed rows refused by "
+                                        "the plane"),
+             (r.get("future_rows"), f"{r.get('future_rows')} rows stamped ahead of this clock"),
+             (r.get("error"), f"error ({r.get('error_kind')}): {r.get('error')}")]
+    lines += [f"  {text}" for present, text in notes if present]
+    if r.get("error_kind") == "gated":
+        lines.append("  `syncd status` says why paid features are paused and what to do")
+    return lines
+
+

@@ -13,6 +13,7 @@ import logging
 import os
 import sqlite3
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # the reader left early (`syncd export | head`): no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit flush too
+        return EXIT_FAILED
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "hub" in argv and argv[argv.index("hub") + 1:argv.index("hub") + 2] == ["token"]:
         from syncd.hub.admin import token_main
@@ -434,7 +443,11 @@ def _export(client: Client, args: argparse.Namespace) -> int:
     body = client.call("GET", path)
     text = json.dumps(body, ensure_ascii=False)
     if args.output:
-        args.output.write_text(text, encoding="utf-8")
+        try:
+            _write_replacing(args.output, text.encode())
+        except OSError as exc:
+            print(f"syncd: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+            return EXIT_FAILED
         print(f"exported {len(body['memory_nodes'])} memories and {len(body['memory_edges'])} "
               f"edges to {args.output}", file=sys.stderr)
     else:
@@ -484,7 +497,9 @@ def _refusal(start: int, error: dict[str, Any]) -> str:
 
 
 def _backup(data_dir: Path, dest: Path) -> int:
-    """SQLite's online backup API from a read connection: consistent while the daemon writes."""
+    """SQLite's online backup API from a read connection: consistent while the daemon writes.
+    The copy is made beside ``dest`` and renamed to it only once it passes ``integrity_check``,
+    so a failed backup leaves no file that looks like one."""
     source_path = data_dir / "memory.db"
     if not source_path.exists():
         print(f"syncd: no store at {source_path}", file=sys.stderr)
@@ -492,21 +507,54 @@ def _backup(data_dir: Path, dest: Path) -> int:
     if dest.exists():
         print(f"syncd: {dest} exists; choose a new file", file=sys.stderr)
         return EXIT_FAILED
-    source = sqlite3.connect(f"file:{source_path}?mode=ro", uri=True)
-    target = sqlite3.connect(dest)
-    try:
-        source.execute("PRAGMA busy_timeout = 10000")
-        source.backup(target, pages=1024)
-        verdict = target.execute("PRAGMA integrity_check").fetchone()[0]
-        count = target.execute("SELECT count(*) FROM memories WHERE deleted = 0").fetchone()[0]
-    finally:
-        target.close()
-        source.close()
-    if verdict != "ok":
-        print(f"syncd: backup at {dest} failed its integrity check: {verdict}", file=sys.stderr)
+    if not dest.parent.is_dir():
+        print(f"syncd: {dest.parent} is not a directory", file=sys.stderr)
         return EXIT_FAILED
+    partial = dest.with_name(f".{dest.name}.partial")
+    try:
+        count, verdict = _copy_store(source_path, partial)
+        if verdict != "ok":
+            print(f"syncd: the backup failed its integrity check ({verdict}); nothing was "
+                  f"written to {dest}", file=sys.stderr)
+            return EXIT_FAILED
+        os.replace(partial, dest)
+    except (OSError, sqlite3.Error) as exc:
+        print(f"syncd: backup to {dest} failed: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        for leftover in (partial, partial.with_name(partial.name + "-journal")):
+            leftover.unlink(missing_ok=True)
     print(f"backed up {count} memories to {dest} (integrity_check: ok)")
     return EXIT_OK
+
+
+def _copy_store(source_path: Path, copy: Path) -> tuple[int, str]:
+    """(live memories, ``integrity_check``'s verdict) of a fresh backup of the store."""
+    source = sqlite3.connect(f"file:{source_path}?mode=ro", uri=True)
+    try:
+        target = sqlite3.connect(copy)
+        try:
+            source.execute("PRAGMA busy_timeout = 10000")
+            source.backup(target, pages=1024)
+            verdict = target.execute("PRAGMA integrity_check").fetchone()[0]
+            count = target.execute("SELECT count(*) FROM memories WHERE deleted = 0").fetchone()
+        finally:
+            target.close()
+    finally:
+        source.close()
+    return int(count[0]), str(verdict)
+
+
+def _write_replacing(path: Path, data: bytes) -> None:
+    """``path`` holds ``data`` or what it held before, never a part (a full disk, a crash)."""
+    fd, partial = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(partial, path)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
 
 
 COMMANDS = {"status": _status, "recall": _recall, "save": _save, "export": _export,

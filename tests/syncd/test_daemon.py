@@ -7,6 +7,7 @@ import asyncio
 import json
 import signal
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -233,6 +234,55 @@ async def test_cli_import_numbers_refused_rows_as_in_the_file(tmp_path: Path) ->
     finally:
         proc.send_signal(signal.SIGTERM)
         assert (await finish(proc))[0] == 0
+
+
+async def test_cli_file_errors_are_one_line_and_a_closed_pipe_is_no_traceback(
+        tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    proc = await start(data, "--listen", "127.0.0.1:0")
+    await wait_ready(proc)
+    try:
+        stamp = "2026-01-02T03:04:05.000000000+00:00"
+        rows = tmp_path / "rows.json"
+        rows.write_text(json.dumps({"memory_nodes": [
+            {"id": f"memory:n{i}", "content": f"note {i} " + "x" * 1000, "updated_at": stamp}
+            for i in range(300)], "memory_edges": []}))
+        assert (await cli(data, "import", str(rows)))[0] == 0
+        missing = tmp_path / "missing"
+        code, out, err = await cli(data, "export", "-o", str(missing / "x.json"))
+        assert (code, out) == (1, "") and err == (
+            f"syncd: cannot write {missing / 'x.json'}: No such file or directory\n")
+        code, out, err = await cli(data, "backup", str(missing / "x.db"))
+        assert (code, out, err) == (1, "", f"syncd: {missing} is not a directory\n")
+        assert not missing.exists()
+
+        def export_into_a_closed_pipe() -> tuple[int, bytes, bytes]:
+            with subprocess.Popen([sys.executable, "-m", "syncd", "--data-dir", str(data),
+                                   "export"], env=env_for(tmp_path), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE) as child:
+                assert child.stdout is not None and child.stderr is not None
+                head = child.stdout.read(100)
+                child.stdout.close()  # like `syncd export | head -c 100`
+                return child.wait(timeout=60), head, child.stderr.read()
+
+        code, head, err = await asyncio.to_thread(export_into_a_closed_pipe)
+        assert head.startswith(b'{"memory_nodes": [')
+        assert (code, err) == (1, b"")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert (await finish(proc))[0] == 0
+
+
+async def test_backup_of_an_unreadable_store_leaves_no_file(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "memory.db").write_bytes(b"not a database\n" * 300)
+    dest = tmp_path / "copies" / "copy.db"
+    dest.parent.mkdir()
+    code, out, err = await cli(data, "backup", str(dest))
+    assert (code, out) == (1, "")
+    assert err == f"syncd: backup to {dest} failed: file is not a database\n"
+    assert list(dest.parent.iterdir()) == []  # neither the copy nor its partial file
 
 
 async def test_syncd_open_prints_a_one_time_login_url(tmp_path: Path) -> None:

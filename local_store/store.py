@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import secrets
 import socket
 import sqlite3
@@ -69,6 +70,7 @@ from protocol.rows import EdgeRow, NodeRow
 from protocol.settings import DEFAULT_SETTINGS, MemorySettings, merge_patch, settings_decoder
 
 T = TypeVar("T")
+log = logging.getLogger("local_store")
 
 MAX_BATCH = 1000
 LIST_LIMIT_DEFAULT = 50
@@ -91,6 +93,9 @@ class Store:
         self._pool = pool
         self._closed = False
         self.index = VectorIndex(embedder.model_id, embedder.dim)
+        # The embedder's last failure ("Type: message"), None once it works: while it fails,
+        # memories are saved without a vector and recall is keyword-only.
+        self.embedder_error: str | None = None
         self._recall_reader = SyncReader(data_dir / db.DB_FILENAME)
         # Recall embeds the query and compares it with the index here, while its keyword leg
         # runs on the recall reader's thread.
@@ -206,9 +211,35 @@ class Store:
         if not texts:
             return []
         loop = asyncio.get_running_loop()
-        matrix = await loop.run_in_executor(None, self.embedder.embed, texts)
+        matrix = await loop.run_in_executor(None, self._run_embedder, texts)
         return [Vector(self.embedder.model_id, np.asarray(row, dtype=np.float32))
                 for row in matrix]
+
+    async def _embed_for_write(self, texts: list[str]) -> list[Vector | None]:
+        """Vectors for memories about to be written — or, while the embedder fails, None for
+        each: a save is never lost to the model. Such a memory is found by keyword recall,
+        and ``reembed_missing`` gives it a vector once the embedder works again."""
+        try:
+            return list(await self._embed(texts))
+        except Exception:
+            return [None] * len(texts)
+
+    def _run_embedder(self, texts: list[str]) -> Any:
+        """``embedder.embed``, keeping ``embedder_error`` (logged when it changes)."""
+        try:
+            matrix = self.embedder.embed(texts)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            if error != self.embedder_error:
+                log.warning("the embedder %s fails (%s): memories are saved without a vector "
+                            "and recall is keyword-only until it works", self.embedder.model_id,
+                            error)
+            self.embedder_error = error
+            raise
+        if self.embedder_error is not None:
+            log.info("the embedder %s works again", self.embedder.model_id)
+            self.embedder_error = None
+        return matrix
 
     async def _fetch(self, sql: str, params: Sequence[object] = ()) -> list[sqlite3.Row]:
         if self._closed:
@@ -220,7 +251,7 @@ class Store:
     async def save(self, args: Mapping[str, object]) -> dict[str, Any]:
         """``save_memory``: validate + redact + fold, embed, then one transaction."""
         draft = build_save(args, self.writer_info)
-        (vector,) = await self._embed([draft.content])
+        (vector,) = await self._embed_for_write([draft.content])
         result = await self._write(lambda w: w.save(draft, vector))
         if draft.coerced:
             result["coerced"] = dict(draft.coerced)
@@ -244,7 +275,7 @@ class Store:
                                                  label=f"memories[{index}]")))
             except ValidationError as exc:
                 errors.append(f"#{index}: {exc}")
-        vectors = await self._embed([d.content for _, d in drafts])
+        vectors = await self._embed_for_write([d.content for _, d in drafts])
 
         def run(w: Writer) -> list[dict[str, Any]]:
             return [w.save(d, v) for (_, d), v in zip(drafts, vectors, strict=True)]
@@ -351,7 +382,7 @@ class Store:
             tags=parse_tags([f"kind:{kind}"] if kind else []), importance=0.5,
             topic_key=topic, provenance=stamp_provenance(provenance, self.writer_info),
         )
-        (vector,) = await self._embed([draft.content])
+        (vector,) = await self._embed_for_write([draft.content])
 
         def run(w: Writer) -> dict[str, Any]:
             saved = w.save(draft, vector)
@@ -616,7 +647,10 @@ class Store:
         runs a large product on both cores, so the overlap is partial: it saved 0.35–0.6 ms at
         100k memories and nothing measurable at 10k. With MiniLM embedding the query, it saved
         1.2–1.6 ms of ~10 ms at 400 memories."""
-        vector = np.asarray(self.embedder.embed([query])[0], dtype=np.float32)
+        try:
+            vector = np.asarray(self._run_embedder([query])[0], dtype=np.float32)
+        except Exception:  # logged; the keyword leg answers alone
+            return None
         return Semantic(*self.index.snapshot(vector)) if vector.any() else None
 
     @property

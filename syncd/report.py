@@ -29,6 +29,9 @@ def status_lines(status: dict[str, Any]) -> list[str]:
     lines = [f"  {key:16} {status.get(key)}" for key in (
         "data_dir", "store_id", "replica_id", "embedder", "memories", "tombstones", "edges",
         "outbox", "indexed_vectors")]
+    if status.get("embedder_error"):
+        lines[3] += (f" — failing ({status['embedder_error']}): memories are saved without a "
+                     "vector and recall is keyword-only until it works")
     return lines + _gate_lines(status.get("entitlement") or {}) + _sync_lines(
         status.get("sync") or {})
 

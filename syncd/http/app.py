@@ -199,7 +199,8 @@ async def status(request: web.Request) -> web.Response:
         "configured": False}
     return reply({"version": __version__, "data_dir": str(store.data_dir),
                    "store_id": store.store_id, "replica_id": store.replica_id,
-                   "embedder": store.embedder.model_id, "indexed_vectors": len(store.index),
+                   "embedder": store.embedder.model_id, "embedder_error": store.embedder_error,
+                   "indexed_vectors": len(store.index),
                    **stats, "sync": sync, "entitlement": _entitlement(request)})
 
 

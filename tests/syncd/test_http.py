@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
+from syncd.report import status_lines
 from syncd.tools import TOOLS
+from tests.local_store.test_embedder_failure import FlakyEmbedder
 from tests.syncd.conftest import TOKEN, Daemon
 
 
@@ -239,3 +241,17 @@ async def test_status(daemon: Daemon) -> None:
     assert status == 200 and isinstance(body, dict)
     assert body["memories"] == 1 and body["outbox"] == 1 and body["indexed_vectors"] == 1
     assert body["store_id"] == daemon.store.store_id
+
+
+async def test_a_failing_embedder_shows_in_status_and_loses_no_save(daemon: Daemon) -> None:
+    daemon.store.embedder = FlakyEmbedder()
+    status, saved, _ = await daemon.call("POST", "/v1/agent/memory/tools/save_memory",
+                                         json={"content": "deploy with make release"})
+    assert status == 200 and isinstance(saved, dict) and saved["saved"] is True
+    status, body, _ = await daemon.call("GET", "/v1/agent/status")
+    assert status == 200 and isinstance(body, dict)
+    assert body["memories"] == 1 and body["indexed_vectors"] == 0
+    assert body["embedder_error"] == "RuntimeError: model.onnx: No such file or directory"
+    lines = status_lines(body)
+    assert lines[3].startswith("  embedder         hashing-384 — failing (RuntimeError: ")
+    assert lines[3].endswith("recall is keyword-only until it works")

@@ -435,6 +435,8 @@ def _save(client: Client, args: argparse.Namespace) -> int:
                          {k: v for k, v in body.items() if v is not None})
     verb = "updated" if result.get("upserted") else "exists" if result.get("deduped") else "saved"
     print(f"{verb} {result['node_id']}")
+    for note in (result.get("coerced") or {}).values():
+        print(f"syncd: note: {note}", file=sys.stderr)
     return EXIT_OK
 
 

@@ -77,8 +77,14 @@ def pass_summary(r: dict[str, Any]) -> list[str]:
              (r.get("future_rows"), f"{r.get('future_rows')} rows stamped ahead of this clock"),
              (r.get("error"), f"error ({r.get('error_kind')}): {r.get('error')}")]
     lines += [f"  {text}" for present, text in notes if present]
-    if r.get("error_kind") == "gated":
-        lines.append("  `syncd status` says why paid features are paused and what to do")
+    lines += [f"  {hint}" for kind, hint in PASS_HINTS if r.get("error_kind") == kind]
     return lines
+
+
+PASS_HINTS = (
+    ("gated", "`syncd status` says why paid features are paused and what to do"),
+    ("auth", "the control plane refused this install's token: fix control_plane.token_file "
+             "and run `syncd sync` (it reads the file again); scheduled passes wait for that"),
+)
 
 

@@ -134,3 +134,9 @@ def test_a_failed_pass_reads_as_such_with_what_to_do() -> None:
         "in 1 request",
         "  the control plane looks reset (store_id changed): resynced from the start",
         "  1 pulled rows refused (see `syncd status`)"]
+    report = PassReport(trigger="manual", started_at="t", error="HTTP 401: unknown token",
+                        error_kind="auth").as_dict()
+    assert pass_summary(report)[1:] == [
+        "  error (auth): HTTP 401: unknown token",
+        "  the control plane refused this install's token: fix control_plane.token_file and run "
+        "`syncd sync` (it reads the file again); scheduled passes wait for that"]

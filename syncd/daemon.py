@@ -1,6 +1,7 @@
 """``syncd run``: the daemon's lifecycle, explicit and in order.
 
-    open store → token → bind → ready → serve → (SIGTERM/SIGINT) → drain → close
+    (SIGTERM/SIGINT/SIGHUP handled from here on) open store → token → bind → ready → serve →
+    stop signal → drain → close
 
 Rules:
   * Nothing is served before the store is open and the socket is bound; ``ready`` fires after.
@@ -21,7 +22,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,6 +106,10 @@ class Daemon:
         self._stop.set()
 
     async def run(self, ready: Callable[[str], None] | None = None) -> int:
+        with stop_signals(self.stop):
+            return await self._run(ready)
+
+    async def _run(self, ready: Callable[[str], None] | None) -> int:
         check_bind(self.host, self.allow_non_loopback)
         try:
             store = await Store.open(self.data_dir, embedder=self.embedder)
@@ -140,7 +145,7 @@ class Daemon:
             if ready is not None:
                 ready(self.url)
             notify(f"READY=1\nSTATUS=serving {self.url}")
-            await self._wait_for_stop()
+            await self._stop.wait()
             notify("STOPPING=1")
             log.info("stopping: draining requests (up to %.0f s)", self.shutdown_timeout)
             return EXIT_OK
@@ -223,10 +228,6 @@ class Daemon:
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
-    async def _wait_for_stop(self) -> None:
-        await wait_for_stop(self._stop, self.stop)
-
-
 async def listen(runner: web.AppRunner, host: str, port: int, shutdown_timeout: float) -> str:
     """Bind ``host:port`` (port 0: any free one) and return the URL it serves on; a bind
     failure is a temporary failure (exit 75)."""
@@ -240,16 +241,24 @@ async def listen(runner: web.AppRunner, host: str, port: int, shutdown_timeout: 
     return f"http://{shown}:{runner.addresses[0][1]}"
 
 
-async def wait_for_stop(stopped: asyncio.Event, stop: Callable[[], None]) -> None:
-    """Until ``stopped`` is set — by ``stop``, which SIGTERM and SIGINT call meanwhile."""
+# SIGHUP too: the terminal of a foreground `syncd run` closing stops it cleanly, as SIGTERM
+# does, instead of killing it with its state file left behind.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def stop_signals(stop: Callable[[], None]) -> Iterator[None]:
+    """The ``STOP_SIGNALS`` call ``stop`` while this lasts — set up before any start-up work, so
+    a signal that comes during start-up, or just after "ready", is a clean stop once start-up
+    is done (installed only after "ready", a SIGTERM within ~10 ms of it killed the process)."""
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop)
     try:
-        await stopped.wait()
+        yield
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             with contextlib.suppress(NotImplementedError):
                 loop.remove_signal_handler(sig)
 

@@ -1,5 +1,5 @@
 """``syncd hub``: run the reference control plane — open the hub store (SQLite with its change
-feed, or PostgreSQL) → tokens → bind → serve → (SIGTERM/SIGINT) → drain → close. Exit codes as
+feed, or PostgreSQL) → tokens → bind → serve → (SIGTERM/SIGINT/SIGHUP) → drain → close. Exit codes as
 the daemon's: 0 clean stop, 2 configuration error, 75 temporary failure (data dir in use,
 database unreachable, port taken).
 """
@@ -15,7 +15,7 @@ from aiohttp import web
 
 from local_store import Store, StoreLockedError, StoreUnusableError
 from local_store.embed import Embedder
-from syncd.daemon import EXIT_CONFIG, EXIT_OK, EXIT_TEMPFAIL, StartupError, listen, wait_for_stop
+from syncd.daemon import EXIT_CONFIG, EXIT_OK, EXIT_TEMPFAIL, StartupError, listen, stop_signals
 from syncd.hub.app import create_hub_app
 from syncd.hub.keys import KeyFileError
 from syncd.hub.store import FileTokens, HubStore, SqliteHubStore, StoreUnavailableError
@@ -44,6 +44,10 @@ class Hub:
         self._stop.set()
 
     async def run(self, ready: Callable[[str], None] | None = None) -> int:
+        with stop_signals(self.stop):
+            return await self._run(ready)
+
+    async def _run(self, ready: Callable[[str], None] | None) -> int:
         backend = await self._open()
         runner: web.AppRunner | None = None
         try:
@@ -73,7 +77,7 @@ class Hub:
             if self.reembed_secs > 0:
                 tasks.append(asyncio.create_task(self._reembed(backend), name="reembed"))
             try:
-                await self._wait_for_stop()
+                await self._stop.wait()
             finally:
                 for task in tasks:
                     task.cancel()
@@ -122,5 +126,3 @@ class Hub:
                 log.exception("re-embedding failed")
             await asyncio.sleep(self.reembed_secs)
 
-    async def _wait_for_stop(self) -> None:
-        await wait_for_stop(self._stop, self.stop)

@@ -45,6 +45,25 @@ async def test_lifecycle_token_file_and_clean_exit(tmp_path: Path) -> None:
     assert not (data / "daemon.json").exists()
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+@pytest.mark.parametrize("command", ["run", "hub"])
+async def test_a_stop_signal_right_after_ready_is_a_clean_stop(
+        tmp_path: Path, command: str, sig: signal.Signals) -> None:
+    """The signal is sent as soon as "ready" is read (the handlers once came ~10 ms after it,
+    and a SIGTERM in between killed the process); SIGHUP and SIGINT stop it as SIGTERM does."""
+    data = tmp_path / "data"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "syncd", "--data-dir", str(data), command, "--listen",
+        "127.0.0.1:0", env=env_for(tmp_path), stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    await wait_ready(proc)
+    proc.send_signal(sig)
+    code, err = await finish(proc)
+    assert code == 0, err
+    assert "Traceback" not in err
+    assert not (data / "daemon.json").exists()  # the daemon removes it on a clean stop
+
+
 async def test_second_daemon_on_the_same_data_dir_refuses(tmp_path: Path) -> None:
     data = tmp_path / "data"
     first = await start(data, "--listen", "127.0.0.1:0")

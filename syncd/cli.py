@@ -139,6 +139,9 @@ def _main(argv: Sequence[str] | None) -> int:
         parser.error("recall: QUERY is required (unless --hook)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
                         "%(message)s", stream=sys.stderr)
+    # APScheduler logs two INFO lines per run of every job: 5,760 a day at the default 30 s
+    # sync interval, drowning what syncd itself says. Its warnings and errors still show.
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
     if args.command == "demo":
         from syncd.demo import run_demo
         code: int = asyncio.run(run_demo())

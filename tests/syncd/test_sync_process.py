@@ -140,3 +140,24 @@ def test_a_failed_pass_reads_as_such_with_what_to_do() -> None:
         "  error (auth): HTTP 401: unknown token",
         "  the control plane refused this install's token: fix control_plane.token_file and run "
         "`syncd sync` (it reads the file again); scheduled passes wait for that"]
+
+
+async def test_scheduled_passes_do_not_fill_the_log(tmp_path: Path) -> None:
+    """A pass every second against a plane that is down: syncd says so, APScheduler's two INFO
+    lines per run do not reach the log."""
+    config = tmp_path / "a.toml"
+    await write(tmp_path / "plane-token", "syncd_" + "x" * 43)
+    await write(config, '[control_plane]\nurl = "http://127.0.0.1:9"\n'
+                f'token_file = "{tmp_path / "plane-token"}"\n[sync]\ninterval_secs = 1\n')
+    proc = await spawn(tmp_path, "--config", str(config), "--data-dir", str(tmp_path / "a"),
+                       "run", "--listen", "127.0.0.1:0")
+    try:
+        await wait_ready(proc)
+        await asyncio.sleep(3.5)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code, err = await finish(proc)
+    assert code == 0, err
+    assert "apscheduler" not in err, err
+    assert "stopping: draining requests" in err  # the log after "ready" is here to be read
+

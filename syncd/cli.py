@@ -425,8 +425,16 @@ def _recall(client: Client, args: argparse.Namespace) -> int:
     if args.limit is not None:
         body["limit"] = args.limit
     result = client.call("POST", "/v1/agent/memory/query", body)
-    print(json.dumps(result, indent=2) if args.json else result["context"], end="" if
-          not args.json and result["context"] else "\n")
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return EXIT_OK
+    if not result["memories"]:
+        print("syncd: no memories found", file=sys.stderr)
+        return EXIT_OK
+    if result.get("fallback"):
+        print(f"syncd: nothing matches {args.query!r}; the most important recent memories "
+              "instead (scores 0):", file=sys.stderr)
+    print(result["context"], end="")
     return EXIT_OK
 
 

@@ -193,6 +193,12 @@ async def test_cli_round_trip_against_a_running_daemon(tmp_path: Path) -> None:
         assert code == 0 and out.startswith("Relevant memories:\n- [procedure] deploy")
         code, out, _ = await cli(data, "recall", "deploy", "--json", "--limit", "1")
         assert code == 0 and len(json.loads(out)["memories"]) == 1
+        code, out, err = await cli(data, "recall", "zzqx wvbn", "--realm", "p")
+        assert code == 0 and out.startswith("Relevant memories:\n- [procedure] deploy")
+        assert err == ("syncd: nothing matches 'zzqx wvbn'; the most important recent memories "
+                       "instead (scores 0):\n")  # a fallback says so
+        code, out, err = await cli(data, "recall", "deploy", "--realm", "elsewhere")
+        assert (code, out, err) == (0, "", "syncd: no memories found\n")
         code, out, _ = await cli(data, "status", "--json")
         assert code == 0 and json.loads(out)["memories"] == 1
         export = tmp_path / "export.json"

@@ -45,7 +45,10 @@ INSTRUCTIONS: Final = (
     "Save what a future session should know: decisions and why (save_memory, memory_type "
     "'decision'), learnings and gotchas (record_learning), preferences, procedures; use "
     "topic_key to update a memory in place instead of adding a copy, and verify_memory before "
-    "saving when unsure whether it is already known. End a long session with "
+    "saving when unsure whether it is already known. Give a memory that belongs to one "
+    "project realm = the project's directory name, and leave realm out for what holds "
+    "everywhere (the prompt hook recalls the project's realm, 'global' and 'default'). "
+    "End a long session with "
     "memory_session_summary. Never store secrets (tokens, passwords, keys, personal data) "
     "except inside <private>…</private>, which is redacted before anything is written."
 )

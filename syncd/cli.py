@@ -469,6 +469,9 @@ def _export(client: Client, args: argparse.Namespace) -> int:
 
 
 def _import(client: Client, args: argparse.Namespace) -> int:
+    """Send the file's rows in batches. Every refused row is reported by its place in the file,
+    whether this command found it ill-typed (it is then not sent: the daemon would refuse its
+    whole batch) or the daemon refused it."""
     try:
         data = json.loads(args.file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -478,19 +481,27 @@ def _import(client: Client, args: argparse.Namespace) -> int:
         print(f"syncd: {args.file}: expected an object with memory_nodes and memory_edges",
               file=sys.stderr)
         return EXIT_FAILED
-    nodes, edges = data.get("memory_nodes") or [], data.get("memory_edges") or []
-    total = len(nodes) + len(edges)
-    applied, refused = [0, 0], []
+    refused: list[str] = []
+    try:
+        nodes = _well_typed(data, "memory_nodes", refused)
+        edges = _well_typed(data, "memory_edges", refused)
+    except ValueError as exc:
+        print(f"syncd: {args.file}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    total = len(nodes) + len(edges) + len(refused)
+    applied, done = [0, 0], len(refused)
     for start in range(0, max(len(nodes), len(edges), 1), IMPORT_BATCH_ROWS):
+        parts = {"node": nodes[start:start + IMPORT_BATCH_ROWS],
+                 "edge": edges[start:start + IMPORT_BATCH_ROWS]}
         result = client.call("POST", "/v1/agent/memory/import", {
-            "memory_nodes": nodes[start:start + IMPORT_BATCH_ROWS],
-            "memory_edges": edges[start:start + IMPORT_BATCH_ROWS]})
+            "memory_nodes": [row for _, row in parts["node"]],
+            "memory_edges": [row for _, row in parts["edge"]]})
         applied[0] += result["applied_nodes"]
         applied[1] += result["applied_edges"]
-        refused += [_refusal(start, e) for e in result.get("row_errors") or ()] or [
-            f"rows {start}+: {e}" for e in result["errors"]]  # a daemon without row_errors
-        sent = min(start + IMPORT_BATCH_ROWS, len(nodes)) + min(start + IMPORT_BATCH_ROWS, len(edges))
-        print(f"sent {sent} / {total} rows", file=sys.stderr)
+        refused += [_refusal(e, parts[e["kind"]]) for e in result.get("row_errors") or ()] or [
+            f"a batch from row {start}: {e}" for e in result["errors"]]  # no row_errors
+        done += len(parts["node"]) + len(parts["edge"])
+        print(f"processed {done} / {total} rows", file=sys.stderr)
     unchanged = total - applied[0] - applied[1] - len(refused)
     print(f"applied {applied[0]} memories and {applied[1]} edges; {unchanged} rows unchanged "
           f"(this store already holds that version or a newer one); {len(refused)} rows refused")
@@ -501,9 +512,33 @@ def _import(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK if not refused else EXIT_FAILED
 
 
-def _refusal(start: int, error: dict[str, Any]) -> str:
-    """One refused row, numbered as in the file (the daemon numbers rows within a batch)."""
-    where = f"memory_{error['kind']}s[{start + error['index']}]"
+def _well_typed(data: dict[str, Any], key: str,
+                refused: list[str]) -> list[tuple[int, dict[str, Any]]]:
+    """``data[key]``'s rows with their place in the file; a row of the wrong shape for the
+    wire (not an object, an id that is a number…) goes to ``refused`` instead."""
+    import msgspec
+
+    from protocol.rows import EdgeRow, NodeRow
+    rows = data.get(key)
+    if rows is None:
+        return []
+    if not isinstance(rows, list):
+        raise ValueError(f"{key} must be a list of rows, got {type(rows).__name__}")
+    row_type = NodeRow if key == "memory_nodes" else EdgeRow
+    out = []
+    for index, row in enumerate(rows):
+        try:
+            msgspec.convert(row, row_type)
+        except msgspec.ValidationError as exc:
+            refused.append(f"{key}[{index}]: {exc}")
+            continue
+        out.append((index, row))
+    return out
+
+
+def _refusal(error: dict[str, Any], part: list[tuple[int, dict[str, Any]]]) -> str:
+    """A row the daemon refused, numbered as in the file (the daemon numbers a batch's rows)."""
+    where = f"memory_{error['kind']}s[{part[error['index']][0]}]"
     if error.get("id"):
         where += f" ({error['id']})"
     return f"{where}.{error.get('field') or 'row'}: {error['message']}"

@@ -213,6 +213,10 @@ async def test_cli_round_trip_against_a_running_daemon(tmp_path: Path) -> None:
         bad.write_text("[1, 2]")
         code, _, err = await cli(data, "import", str(bad))
         assert code == 1 and "expected an object" in err
+        bad.write_text('{"memory_nodes": 5}')
+        code, out, err = await cli(data, "import", str(bad))
+        assert (code, out, err) == (
+            1, "", f"syncd: {bad}: memory_nodes must be a list of rows, got int\n")
         code, out, _ = await cli(data, "backup", str(tmp_path / "copy.db"))
         assert code == 0 and "integrity_check: ok" in out
         code, _, err = await cli(data, "backup", str(tmp_path / "copy.db"))
@@ -246,15 +250,17 @@ async def test_cli_import_numbers_refused_rows_as_in_the_file(tmp_path: Path) ->
         stamp = held["updated_at"]
         nodes = [held] + [{"id": f"memory:n{i}", "content": f"note {i}", "updated_at": stamp}
                           for i in range(1, 502)]
+        nodes.insert(100, {"id": 5, "content": "an id that is a number"})  # not sent
         nodes.append({"id": "memory:bad", "content": "late", "updated_at": "garbage"})
         rows = tmp_path / "rows.json"
         rows.write_text(json.dumps({"memory_nodes": nodes, "memory_edges": []}))
         code, out, err = await cli(data, "import", str(rows))
         assert code == 1
         assert out.startswith("applied 501 memories and 0 edges; 1 rows unchanged"), out
-        assert out.rstrip().endswith("1 rows refused"), out
-        assert "memory_nodes[502] (memory:bad).updated_at: invalid RFC 3339" in err, err
-        assert "sent 500 / 503 rows" in err and "sent 503 / 503 rows" in err, err
+        assert out.rstrip().endswith("2 rows refused"), out
+        assert "memory_nodes[100]: Expected `str | null`, got `int` - at `$.id`" in err, err
+        assert "memory_nodes[503] (memory:bad).updated_at: invalid RFC 3339" in err, err
+        assert "processed 501 / 504 rows" in err and "processed 504 / 504 rows" in err, err
         code, out, _ = await cli(data, "status", "--json")
         assert code == 0 and json.loads(out)["memories"] == 502
     finally:

@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     backup = sub.add_parser("backup", help="online backup of the store to DEST (safe while "
                             "the daemon runs); the copy is integrity-checked")
     backup.add_argument("dest", type=Path)
+    restore = sub.add_parser("restore", help="make a backup the store again (the daemon must "
+                             "be stopped); the store it replaces is kept beside it")
+    restore.add_argument("source", type=Path)
 
     service = sub.add_parser("service", help="install or uninstall the systemd user service / "
                              "launchd agent, or show its status")
@@ -159,6 +162,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return _license(args, settings)
     if args.command == "backup":
         return _backup(settings["data_dir"], args.dest)
+    if args.command == "restore":
+        return _restore(settings["data_dir"], args.source)
     if args.command == "mcp":
         return _mcp(settings["data_dir"], settings["url"])
     if args.command == "service":
@@ -545,52 +550,30 @@ def _refusal(error: dict[str, Any], part: list[tuple[int, dict[str, Any]]]) -> s
 
 
 def _backup(data_dir: Path, dest: Path) -> int:
-    """SQLite's online backup API from a read connection: consistent while the daemon writes.
-    The copy is made beside ``dest`` and renamed to it only once it passes ``integrity_check``,
-    so a failed backup leaves no file that looks like one."""
-    source_path = data_dir / "memory.db"
-    if not source_path.exists():
-        print(f"syncd: no store at {source_path}", file=sys.stderr)
-        return EXIT_FAILED
-    if dest.exists():
-        print(f"syncd: {dest} exists; choose a new file", file=sys.stderr)
-        return EXIT_FAILED
-    if not dest.parent.is_dir():
-        print(f"syncd: {dest.parent} is not a directory", file=sys.stderr)
-        return EXIT_FAILED
-    partial = dest.with_name(f".{dest.name}.partial")
+    from local_store.backups import BackupError, backup
     try:
-        count, verdict = _copy_store(source_path, partial)
-        if verdict != "ok":
-            print(f"syncd: the backup failed its integrity check ({verdict}); nothing was "
-                  f"written to {dest}", file=sys.stderr)
-            return EXIT_FAILED
-        os.replace(partial, dest)
-    except (OSError, sqlite3.Error) as exc:
-        print(f"syncd: backup to {dest} failed: {exc}", file=sys.stderr)
+        memories = backup(data_dir, dest)
+    except BackupError as exc:
+        print(f"syncd: {exc.message}", file=sys.stderr)
         return EXIT_FAILED
-    finally:
-        for leftover in (partial, partial.with_name(partial.name + "-journal")):
-            leftover.unlink(missing_ok=True)
-    print(f"backed up {count} memories to {dest} (integrity_check: ok)")
+    print(f"backed up {memories} memories to {dest} (integrity_check: ok)")
     return EXIT_OK
 
 
-def _copy_store(source_path: Path, copy: Path) -> tuple[int, str]:
-    """(live memories, ``integrity_check``'s verdict) of a fresh backup of the store."""
-    source = sqlite3.connect(f"file:{source_path}?mode=ro", uri=True)
+def _restore(data_dir: Path, source: Path) -> int:
+    from local_store import StoreLockedError
+    from local_store.backups import BackupError, restore
     try:
-        target = sqlite3.connect(copy)
-        try:
-            source.execute("PRAGMA busy_timeout = 10000")
-            source.backup(target, pages=1024)
-            verdict = target.execute("PRAGMA integrity_check").fetchone()[0]
-            count = target.execute("SELECT count(*) FROM memories WHERE deleted = 0").fetchone()
-        finally:
-            target.close()
-    finally:
-        source.close()
-    return int(count[0]), str(verdict)
+        done = restore(data_dir, source)
+    except StoreLockedError as exc:
+        print(f"syncd: stop the daemon before restoring: {exc.message}", file=sys.stderr)
+        return EXIT_TEMPFAIL
+    except BackupError as exc:
+        print(f"syncd: {exc.message}; nothing was changed", file=sys.stderr)
+        return EXIT_FAILED
+    kept = f"; the store it replaced is kept as {done.replaced}" if done.replaced else ""
+    print(f"restored {done.memories} memories from {source} into {data_dir}{kept}")
+    return EXIT_OK
 
 
 def _write_replacing(path: Path, data: bytes) -> None:

@@ -305,6 +305,38 @@ async def test_cli_file_errors_are_one_line_and_a_closed_pipe_is_no_traceback(
         assert (await finish(proc))[0] == 0
 
 
+async def test_cli_restore_waits_for_a_stopped_daemon_then_brings_the_backup_back(
+        tmp_path: Path) -> None:
+    data, copy = tmp_path / "data", tmp_path / "copy.db"
+    proc = await start(data, "--listen", "127.0.0.1:0")
+    await wait_ready(proc)
+    try:
+        assert (await cli(data, "save", "in the backup"))[0] == 0
+        assert (await cli(data, "backup", str(copy)))[0] == 0
+        assert (await cli(data, "save", "after the backup"))[0] == 0
+        code, out, err = await cli(data, "restore", str(copy))
+        assert (code, out) == (75, "") and err.startswith(
+            "syncd: stop the daemon before restoring: data directory"), err
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert (await finish(proc))[0] == 0
+    code, out, err = await cli(data, "restore", str(tmp_path / "nope.db"))
+    assert (code, out, err) == (1, "", f"syncd: {tmp_path / 'nope.db'} is not a file; nothing "
+                                       "was changed\n")
+    code, out, err = await cli(data, "restore", str(copy))
+    assert code == 0, err
+    assert out.startswith(f"restored 1 memories from {copy} into {data}; the store it "
+                          f"replaced is kept as {data / 'memory.db.replaced-'}"), out
+    proc = await start(data, "--listen", "127.0.0.1:0")
+    await wait_ready(proc)
+    try:
+        code, out, _ = await cli(data, "recall", "backup", "--json")
+        assert [m["content_preview"] for m in json.loads(out)["memories"]] == ["in the backup"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert (await finish(proc))[0] == 0
+
+
 async def test_backup_of_an_unreadable_store_leaves_no_file(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()

@@ -1,0 +1,167 @@
+"""Backup and restore of a store's database file, safe while the daemon runs (backup) and
+after a crash (restore).
+
+Rules:
+  * A backup is SQLite's online backup API from a read connection: one consistent snapshot
+    while the writer commits. It is written beside its destination and renamed to it only once
+    it passes ``integrity_check``: a failed backup leaves no file that looks like one.
+  * A restore holds the data directory's lock (the daemon must be stopped), checks the backup
+    (``integrity_check``, a syncd schema no newer than this one) before touching anything, and
+    moves the current database aside together with its ``-wal`` and ``-shm`` — never leaves
+    them beside the restored file. SQLite would replay a left-over WAL (a crash leaves one)
+    onto the restored file: the "restored" store would be the crashed one, or corrupt.
+  * The restored file is copied in under a temporary name, fsynced, then renamed into place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from local_store import db
+from local_store.errors import StoreError
+
+SIDE_FILES = ("-wal", "-shm")
+
+
+class BackupError(StoreError):
+    code = "backup_failed"
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    memories: int
+    replaced: Path | None  # where the database it replaced was moved, if there was one
+
+
+def backup(data_dir: Path, dest: Path) -> int:
+    """Copy the store in ``data_dir`` to ``dest`` (which must not exist); returns its live
+    memories. Raises ``BackupError`` naming the problem; ``dest`` is then not created."""
+    source = data_dir / db.DB_FILENAME
+    if not source.exists():
+        raise BackupError(f"no store at {source}")
+    if dest.exists():
+        raise BackupError(f"{dest} exists; choose a new file")
+    if not dest.parent.is_dir():
+        raise BackupError(f"{dest.parent} is not a directory")
+    partial = dest.with_name(f".{dest.name}.partial")
+    try:
+        _copy(source, partial)
+        memories = check(partial, name=f"the copy for {dest}")
+        os.replace(partial, dest)
+    except (OSError, sqlite3.Error) as exc:
+        raise BackupError(f"backup to {dest} failed: {exc}") from None
+    finally:
+        for leftover in (partial, partial.with_name(partial.name + "-journal")):
+            leftover.unlink(missing_ok=True)
+    return memories
+
+
+def restore(data_dir: Path, source: Path, *, wall: float | None = None) -> Restored:
+    """Make ``source`` (a backup) the store of ``data_dir``. Raises ``StoreLockedError`` while
+    a process has the store open, ``BackupError`` for a backup that is not a usable store; in
+    both cases nothing in ``data_dir`` has changed."""
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    lock = db.DataDirLock(data_dir)
+    lock.acquire()
+    try:
+        try:
+            memories = check(source)
+        except (OSError, sqlite3.Error) as exc:
+            raise BackupError(f"{source} is not a usable backup: {exc}") from None
+        target = data_dir / db.DB_FILENAME
+        incoming = data_dir / f".{db.DB_FILENAME}.restoring"
+        try:
+            shutil.copyfile(source, incoming)
+            _fsync(incoming)
+            replaced = _move_aside(target, wall if wall is not None else time.time())
+            os.replace(incoming, target)
+            _fsync(data_dir)
+        except OSError as exc:
+            raise BackupError(f"restoring {source} into {data_dir} failed: {exc}") from None
+        finally:
+            incoming.unlink(missing_ok=True)
+        return Restored(memories, replaced)
+    finally:
+        lock.release()
+
+
+def check(path: Path, *, name: str | None = None) -> int:
+    """Live memories in a backup that passes ``integrity_check`` and has a syncd schema this
+    version knows; else ``BackupError`` saying why (calling the file ``name``, by default its
+    path). Opened read-only: nothing is written."""
+    name = name or str(path)
+    if not path.is_file():
+        raise BackupError(f"{name} is not a file")
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        verdict = conn.execute("PRAGMA integrity_check").fetchone()[0]
+        if verdict != "ok":
+            raise BackupError(f"{name} failed its integrity check: {verdict}")
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not {"schema_migrations", "memories"} <= tables:
+            raise BackupError(f"{name} is an SQLite file but not a syncd store")
+        newest = conn.execute("SELECT max(number) FROM schema_migrations").fetchone()[0] or 0
+        known = max(number for number, _, _ in db.migration_files())
+        if newest > known:
+            raise BackupError(f"{name} has schema version {newest}, newer than this syncd "
+                              f"knows ({known}): restore it with that version")
+        return int(conn.execute("SELECT count(*) FROM memories WHERE deleted = 0").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def _copy(source: Path, dest: Path) -> None:
+    reader = sqlite3.connect(f"file:{source}?mode=ro", uri=True)
+    try:
+        reader.execute(f"PRAGMA busy_timeout = {db.BUSY_TIMEOUT_MS}")
+        writer = sqlite3.connect(dest)
+        try:
+            reader.backup(writer, pages=1024)
+        finally:
+            writer.close()
+    finally:
+        reader.close()
+
+
+def _move_aside(target: Path, wall: float) -> Path | None:
+    """Rename the database to ``memory.db.replaced-<UTC time>``; None when there was none.
+
+    Its WAL is checkpointed into it first (closing the last connection then removes the WAL
+    and ``-shm``), so a crash between the renames can never leave a WAL beside a database it
+    does not belong to. A database too damaged to checkpoint moves with its side files."""
+    if not target.exists():
+        for suffix in SIDE_FILES:  # a WAL without its database belongs to nothing
+            target.with_name(target.name + suffix).unlink(missing_ok=True)
+        return None
+    with contextlib.suppress(sqlite3.Error):
+        conn = sqlite3.connect(target)
+        try:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            conn.close()
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(wall))
+    aside = target.with_name(f"{target.name}.replaced-{stamp}")
+    for n in range(2, 1000):  # a second restore within the same second keeps the first's
+        if not aside.exists():
+            break
+        aside = target.with_name(f"{target.name}.replaced-{stamp}-{n}")
+    for suffix in SIDE_FILES:
+        side = target.with_name(target.name + suffix)
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(side, aside.with_name(aside.name + suffix))
+    os.replace(target, aside)
+    return aside
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

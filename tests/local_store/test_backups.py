@@ -1,0 +1,154 @@
+"""Backup and restore (``local_store/backups.py``): a restore after a crash restores the backup,
+not the crashed store; a refused restore changes nothing; the replaced store is kept whole."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from local_store import HashingEmbedder, Store, StoreLockedError
+from local_store.backups import BackupError, backup, restore
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+async def contents(data_dir: Path) -> list[str]:
+    store = await Store.open(data_dir, embedder=HashingEmbedder())
+    try:
+        return sorted(r["content_preview"] for r in (await store.list_memories())["rows"])
+    finally:
+        await store.close()
+
+
+def crash_after_saving(data_dir: Path, texts: list[str]) -> None:
+    """A real process saves ``texts`` and dies without closing the store (as kill -9 would
+    leave it): its last transactions are only in the WAL."""
+    code = textwrap.dedent(f"""
+        import asyncio, os
+        from local_store import HashingEmbedder, Store
+        async def main():
+            store = await Store.open({str(data_dir)!r}, embedder=HashingEmbedder())
+            for text in {texts!r}:
+                await store.save({{"content": text}})
+            os._exit(0)
+        asyncio.run(main())
+    """)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+
+
+def files(data_dir: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(data_dir.iterdir()) if p.name != "syncd.lock"}
+
+
+async def test_a_restore_after_a_crash_is_the_backup_not_the_crash(tmp_path: Path) -> None:
+    data, copy = tmp_path / "data", tmp_path / "backup.db"
+    store = await Store.open(data, embedder=HashingEmbedder())
+    await store.save({"content": "kept in the backup"})
+    await store.close()
+    assert await asyncio.to_thread(backup, data, copy) == 1
+    await asyncio.to_thread(crash_after_saving, data, ["written after the backup",
+                                                       "and this too"])
+    wal = await asyncio.to_thread((data / "memory.db-wal").stat)
+    assert wal.st_size > 0  # the crash left a WAL behind
+
+    # What "put the copy in place as memory.db" did: SQLite replays the crashed WAL onto it.
+    control = tmp_path / "control"
+    await asyncio.to_thread(shutil.copytree, data, control)
+    await asyncio.to_thread(shutil.copyfile, copy, control / "memory.db")
+    assert "written after the backup" in await contents(control)
+
+    done = await asyncio.to_thread(restore, data, copy, wall=1_800_000_000)
+    assert done.memories == 1 and done.replaced == data / "memory.db.replaced-20270115T080000Z"
+    assert set(await asyncio.to_thread(files, data)) == {
+        "memory.db", "memory.db.replaced-20270115T080000Z"}  # no WAL, no -shm left
+    assert await contents(data) == ["kept in the backup"]
+
+    replaced = tmp_path / "replaced"  # the store it replaced, with its WAL folded in
+    await asyncio.to_thread(replaced.mkdir)
+    await asyncio.to_thread(shutil.copyfile, done.replaced, replaced / "memory.db")
+    assert await contents(replaced) == ["and this too", "kept in the backup",
+                                        "written after the backup"]
+
+
+async def test_two_restores_in_one_second_keep_both_replaced_stores(tmp_path: Path) -> None:
+    data, copy = tmp_path / "data", tmp_path / "backup.db"
+    store = await Store.open(data, embedder=HashingEmbedder())
+    await store.save({"content": "a"})
+    await store.close()
+    await asyncio.to_thread(backup, data, copy)
+    first = (await asyncio.to_thread(restore, data, copy, wall=1_800_000_000)).replaced
+    second = (await asyncio.to_thread(restore, data, copy, wall=1_800_000_000)).replaced
+    assert first is not None and second is not None and first != second
+    assert {first.name, second.name} <= set(await asyncio.to_thread(files, data))
+
+
+async def test_a_restore_while_the_store_is_open_changes_nothing(tmp_path: Path) -> None:
+    data, copy = tmp_path / "data", tmp_path / "backup.db"
+    store = await Store.open(data, embedder=HashingEmbedder())
+    try:
+        await store.save({"content": "a"})
+        await asyncio.to_thread(backup, data, copy)
+        await store.save({"content": "b"})
+        before = await asyncio.to_thread(files, data)
+        with pytest.raises(StoreLockedError, match="in use by another syncd process"):
+            await asyncio.to_thread(restore, data, copy)
+        assert await asyncio.to_thread(files, data) == before
+    finally:
+        await store.close()
+
+
+def _not_sqlite(path: Path) -> None:
+    path.write_bytes(b"not a database\n" * 100)
+
+
+def _not_syncd(path: Path) -> None:
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE t (x)")
+
+
+def _newer(path: Path) -> None:
+    with sqlite3.connect(path) as conn:
+        conn.execute("INSERT INTO schema_migrations VALUES (9999, '9999_future.sql', 'x')")
+
+
+def _corrupt(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[4096:8192] = b"\xff" * 4096
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(("spoil", "message"), [
+    (_not_sqlite, "is not a usable backup: file is not a database"),
+    (_not_syncd, "is an SQLite file but not a syncd store"),
+    (_newer, "has schema version 9999, newer than this syncd knows"),
+    (_corrupt, "is not a usable backup: database disk image is malformed"),
+])
+async def test_an_unusable_backup_is_refused_and_changes_nothing(
+        tmp_path: Path, spoil: Callable[[Path], None], message: str) -> None:
+    data, copy = tmp_path / "data", tmp_path / "backup.db"
+    store = await Store.open(data, embedder=HashingEmbedder())
+    await store.save({"content": "a"})
+    await store.close()
+    if spoil is not _not_sqlite and spoil is not _not_syncd:
+        await asyncio.to_thread(backup, data, copy)
+    await asyncio.to_thread(spoil, copy)
+    before = await asyncio.to_thread(files, data)
+    with pytest.raises(BackupError, match=message):
+        await asyncio.to_thread(restore, data, copy)
+    assert await asyncio.to_thread(files, data) == before
+
+
+def test_a_backup_of_nothing_or_onto_something_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(BackupError, match="no store at"):
+        backup(tmp_path / "empty", tmp_path / "x.db")
+    assert not (tmp_path / "x.db").exists()

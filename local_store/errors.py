@@ -6,6 +6,7 @@
     ├── StoreLockedError    another process holds the data directory
     ├── StoreUnusableError  the database file is not a usable syncd store (not SQLite, corrupt,
     │                       or migrated by a newer syncd); it is left as it was
+    ├── StoreFullError      the disk (or the database's page limit) is full; nothing was written
     └── StoreClosedError    the store was used after close()
 """
 
@@ -39,6 +40,10 @@ class StoreLockedError(StoreError):
 
 class StoreUnusableError(StoreError):
     code = "store_unusable"
+
+
+class StoreFullError(StoreError):
+    code = "disk_full"
 
 
 class StoreClosedError(StoreError):

@@ -41,7 +41,12 @@ from local_store.arguments import (
 from local_store.checkpoint import Checkpointer
 from local_store.columns import EDGE_ALL, EDGE_SELECT, NODE_COLUMNS, NODE_SELECT
 from local_store.embed import Embedder, HashingEmbedder, from_blob
-from local_store.errors import NotFoundError, StoreClosedError, ValidationError
+from local_store.errors import (
+    NotFoundError,
+    StoreClosedError,
+    StoreFullError,
+    ValidationError,
+)
 from local_store.feed import feed_page
 from local_store.reader import SyncReader
 from local_store.recall import Mode, Recall, Semantic
@@ -199,8 +204,16 @@ class Store:
         if self._closed:
             raise StoreClosedError("the store is closed")
         loop = asyncio.get_running_loop()
-        result, events = await loop.run_in_executor(self._pool, _transaction, self._writer, fn,
-                                                    foreign_keys)
+        try:
+            result, events = await loop.run_in_executor(self._pool, _transaction, self._writer,
+                                                        fn, foreign_keys)
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_FULL:
+                raise
+            message = (f"the disk holding {self.data_dir} is full: nothing was written (the "
+                       "transaction rolled back); writes work again once there is room")
+            log.warning("%s", message)
+            raise StoreFullError(message) from None
         self.checkpointer.poke()
         if events:
             self.index.apply([(memory_id, values) for memory_id, model, values in events

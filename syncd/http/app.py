@@ -6,6 +6,7 @@ branching: they decode, make one store (or tool) call, and encode.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -26,6 +27,7 @@ from syncd.http.web import SESSIONS, Sessions
 from syncd.mcp import McpServer
 from syncd.tools import Surfacer
 
+log = logging.getLogger("syncd.http")
 STORE = web.AppKey("store", Store)
 SURFACER = web.AppKey("surfacer", Surfacer)
 METRICS = web.AppKey("metrics", Metrics)
@@ -90,6 +92,9 @@ async def errors_middleware(request: web.Request,
         if exc.status == 404:
             return error_response(404, "not_found", f"no route {request.path}")
         return error_response(exc.status, "http_error", exc.reason)
+    except Exception:
+        log.exception("%s %s failed", request.method, request.path)
+        return error_response(500, "internal", "internal error; the daemon's log has the details")
 
 
 async def read_json(request: web.Request) -> Any:

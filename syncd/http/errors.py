@@ -1,7 +1,9 @@
 """One error shape for every HTTP failure: ``{"error": {"code", "message", "field"?}}``.
 
     HttpError (status, code)
-    ├── store errors mapped by code: invalid → 422, not_found → 404, store_locked/closed → 503
+    ├── store errors mapped by code: invalid → 422, not_found → 404, store_locked/closed → 503,
+    │   disk_full → 507
+    ├── anything unexpected: 500 internal (logged with its traceback, never shown)
     └── protocol failures raised by the middlewares: 400 bad_json, 401 unauthorized,
         403 forbidden_origin, 413 too_large, 415 unsupported_media_type, 421 misdirected_host
 """
@@ -12,7 +14,8 @@ from aiohttp import web
 
 from protocol.errors import error_body
 
-STORE_STATUS = {"invalid": 422, "not_found": 404, "store_locked": 503, "store_closed": 503}
+STORE_STATUS = {"invalid": 422, "not_found": 404, "store_locked": 503, "store_closed": 503,
+                "disk_full": 507}
 
 
 class HttpError(Exception):

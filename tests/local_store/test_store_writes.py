@@ -11,6 +11,7 @@ import pytest
 from local_store import (
     NotFoundError,
     Store,
+    StoreFullError,
     StoreLockedError,
     StoreUnusableError,
     ValidationError,
@@ -314,6 +315,22 @@ async def test_a_store_migrated_by_a_newer_syncd_is_refused(tmp_path: Path) -> N
                                                  "syncd knows"):
         await Store.open(tmp_path)
     assert _files(tmp_path) == before
+
+
+async def test_a_full_disk_fails_the_write_whole_and_writes_work_once_there_is_room(
+        store: Store) -> None:
+    """SQLite's own SQLITE_FULL, reached through its page limit (as a full disk reports it)."""
+    await store.save({"content": "before the disk filled"})
+    conn = store._writer.conn
+    pages = conn.execute("PRAGMA page_count").fetchone()[0]
+    conn.execute(f"PRAGMA max_page_count = {pages}")
+    before = await store.dump()
+    with pytest.raises(StoreFullError, match="is full: nothing was written") as exc:
+        await store.save_many([{"content": f"note {i} " + "x" * 2000} for i in range(50)])
+    assert exc.value.code == "disk_full"
+    assert await store.dump() == before
+    conn.execute("PRAGMA max_page_count = 1073741823")
+    assert (await store.save({"content": "after there is room"}))["saved"] is True
 
 
 async def test_hlc_and_identity_survive_restart(tmp_path: Path) -> None:

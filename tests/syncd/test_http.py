@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import aiohttp
 import pytest
+from aiohttp import web
 
+from syncd.http.app import errors_middleware
 from syncd.report import status_lines
 from syncd.tools import TOOLS
 from tests.local_store.test_embedder_failure import FlakyEmbedder
@@ -255,3 +258,35 @@ async def test_a_failing_embedder_shows_in_status_and_loses_no_save(daemon: Daem
     lines = status_lines(body)
     assert lines[3].startswith("  embedder         hashing-384 — failing (RuntimeError: ")
     assert lines[3].endswith("recall is keyword-only until it works")
+
+
+async def test_a_full_disk_is_507_in_the_one_error_shape(daemon: Daemon) -> None:
+    conn = daemon.store._writer.conn
+    conn.execute(f"PRAGMA max_page_count = {conn.execute('PRAGMA page_count').fetchone()[0]}")
+    status, body, _ = await daemon.call("POST", "/v1/agent/memory/tools/save_memories", json={
+        "memories": [{"content": f"note {i} " + "x" * 2000} for i in range(20)]})
+    assert status == 507 and isinstance(body, dict)
+    assert body["error"]["code"] == "disk_full"
+    assert "is full: nothing was written" in body["error"]["message"]
+
+
+async def test_an_unexpected_failure_is_500_in_the_one_error_shape(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async def broken(request: web.Request) -> web.Response:
+        raise RuntimeError("a bug with a secret in it")
+
+    app = web.Application(middlewares=[errors_middleware])
+    app.router.add_get("/broken", broken)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}/broken"
+        async with aiohttp.ClientSession() as session, session.get(url) as resp:
+            assert resp.status == 500
+            assert await resp.json() == {"error": {
+                "code": "internal", "message": "internal error; the daemon's log has the details"}}
+    finally:
+        await runner.cleanup()
+    assert "GET /broken failed" in caplog.text and "a bug with a secret in it" in caplog.text

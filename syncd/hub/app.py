@@ -23,6 +23,7 @@ Rules:
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 
@@ -64,6 +65,8 @@ from syncd.hub.store import FileTokens, HubStore, SqliteHubStore, StoreUnavailab
 from syncd.hub.tokens import PLANS, AuthError, TokenBook, TokenFileError
 from syncd.mcp import McpServer
 from syncd.tools import Surfacer
+
+log = logging.getLogger("syncd.hub")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 HUB = web.AppKey("hub_store", object)
@@ -110,8 +113,29 @@ async def _unavailable(request: web.Request, handler: Handler) -> web.StreamResp
                               headers={"Retry-After": str(RETRY_AFTER_SECS)})
 
 
+class RefusalLog:
+    """A warning for each refused request — at most one per client address and reason per
+    ``every`` seconds: the operator sees who is refused and why (a laptop with a revoked
+    token, a wrong role), and a client retrying or guessing cannot flood the log."""
+
+    def __init__(self, every: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every, self._clock = every, clock
+        self._last: dict[tuple[str | None, str], float] = {}
+
+    def note(self, method: str, path: str, remote: str | None, exc: AuthError) -> None:
+        key, now = (remote, exc.code), self._clock()
+        if key in self._last and now - self._last[key] < self.every:
+            return
+        if len(self._last) >= 1024:  # many addresses: forget them, never grow without bound
+            self._last.clear()
+        self._last[key] = now
+        log.warning("refused %s %s from %s: %d %s", method, path, remote, exc.status,
+                    exc.message)
+
+
 def _auth(backend: HubStore) -> web.middleware:  # type: ignore[valid-type]
     needs = {(method, path): role for method, path, _, role in ROUTES}
+    refusals = RefusalLog()
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -130,6 +154,7 @@ def _auth(backend: HubStore) -> web.middleware:  # type: ignore[valid-type]
                 else:
                     await backend.tokens.authenticate(request.headers.get("Authorization"), need)
             except AuthError as exc:
+                refusals.note(request.method, request.path, request.remote, exc)
                 headers = {"WWW-Authenticate": 'Bearer realm="syncd-hub"'} \
                     if exc.status == 401 else None
                 return error_response(exc.status, exc.code, exc.message, headers=headers)

@@ -3,6 +3,7 @@ naming the model, and the verbatim cursor (R19)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,8 @@ import aiohttp
 import pytest
 
 from protocol.rows import NodeRow
+from syncd.hub.app import RefusalLog
+from syncd.hub.tokens import AuthError
 from tests.sync.harness import MODEL, Hub, start_hub, start_laptop
 
 
@@ -174,3 +177,33 @@ async def test_bad_query_parameters_name_the_field_and_change_nothing(
     status, body = await call(hub, "GET", path, hub.read_token, params=params)
     assert status == 422 and body["error"]["field"] == field, body
     assert await hub.store.dump() == before
+
+
+async def test_refused_requests_are_logged_once_per_address_and_reason_a_minute(
+        hub: Hub, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="syncd.hub")
+    for _ in range(3):
+        assert (await call(hub, "GET", "/v1/agent/memory/changes", "syncd_wrong"))[0] == 401
+    assert (await call(hub, "POST", "/v1/agent/memory/import", hub.read_token,
+                       json={"memory_nodes": []}))[0] == 403
+    lines = [r.getMessage() for r in caplog.records if r.name == "syncd.hub"]
+    assert lines == [
+        "refused GET /v1/agent/memory/changes from 127.0.0.1: 401 unknown token",
+        "refused POST /v1/agent/memory/import from 127.0.0.1: 403 token role `read` below "
+        "required `write`"]
+    assert "syncd_wrong" not in caplog.text  # a token, even a wrong one, is never logged
+
+
+def test_the_refusal_log_speaks_again_after_its_interval(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="syncd.hub")
+    now = [1000.0]
+    refusals = RefusalLog(every=60.0, clock=lambda: now[0])
+    unknown = AuthError(401, "unauthorized", "unknown token")
+    for moment, remote in ((1000.0, "10.0.0.1"), (1059.0, "10.0.0.1"), (1059.0, "10.0.0.2"),
+                           (1060.0, "10.0.0.1")):
+        now[0] = moment
+        refusals.note("GET", "/v1/agent/memory/changes", remote, unknown)
+    assert [r.getMessage().split(" from ")[1] for r in caplog.records] == [
+        "10.0.0.1: 401 unknown token", "10.0.0.2: 401 unknown token",
+        "10.0.0.1: 401 unknown token"]

@@ -37,6 +37,9 @@ class BackupError(StoreError):
 class Restored:
     memories: int
     replaced: Path | None  # where the database it replaced was moved, if there was one
+    # The backup is of another install (another replica id than the store it replaced): a hub
+    # leaves each of two running installs with one identity out of the other's passes.
+    other_install: bool = False
 
 
 def backup(data_dir: Path, dest: Path) -> int:
@@ -76,6 +79,7 @@ def restore(data_dir: Path, source: Path, *, wall: float | None = None) -> Resto
             raise BackupError(f"{source} is not a usable backup: {exc}") from None
         target = data_dir / db.DB_FILENAME
         incoming = data_dir / f".{db.DB_FILENAME}.restoring"
+        ours, theirs = _replica_of(target), _replica_of(source)
         try:
             shutil.copyfile(source, incoming)
             _fsync(incoming)
@@ -86,7 +90,8 @@ def restore(data_dir: Path, source: Path, *, wall: float | None = None) -> Resto
             raise BackupError(f"restoring {source} into {data_dir} failed: {exc}") from None
         finally:
             incoming.unlink(missing_ok=True)
-        return Restored(memories, replaced)
+        return Restored(memories, replaced, other_install=None not in (ours, theirs) and (
+            ours != theirs))
     finally:
         lock.release()
 
@@ -114,6 +119,21 @@ def check(path: Path, *, name: str | None = None) -> int:
         return int(conn.execute("SELECT count(*) FROM memories WHERE deleted = 0").fetchone()[0])
     finally:
         conn.close()
+
+
+def _replica_of(path: Path) -> str | None:
+    """The ``replica_id`` a store file carries, or None when it has none or cannot be read."""
+    if not path.is_file():
+        return None
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key = 'replica_id'").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None
+    return None if row is None else str(row[0])
 
 
 def _copy(source: Path, dest: Path) -> None:

@@ -478,6 +478,11 @@ def _restore(data_dir: Path, source: Path) -> int:
         return EXIT_FAILED
     kept = f"; the store it replaced is kept as {done.replaced}" if done.replaced else ""
     print(f"restored {done.memories} memories from {source} into {data_dir}{kept}")
+    if done.other_install:
+        print("syncd: note: the backup is of another install, whose identity this data "
+              "directory now has. Keep it only where that install no longer runs: a hub leaves "
+              "each one's writes out of the other's passes (only anti-entropy repairs them). To "
+              "set up another machine, let it sync from the control plane instead.", file=sys.stderr)
     return EXIT_OK
 
 

@@ -80,6 +80,23 @@ async def test_a_restore_after_a_crash_is_the_backup_not_the_crash(tmp_path: Pat
                                         "written after the backup"]
 
 
+async def test_a_backup_of_another_install_is_flagged(tmp_path: Path) -> None:
+    """Its identity (replica id) comes with it: restored beside the install it came from, a hub
+    would leave each one's writes out of the other's passes."""
+    mine, theirs, copy = tmp_path / "mine", tmp_path / "theirs", tmp_path / "theirs.db"
+    for data in (mine, theirs):
+        store = await Store.open(data, embedder=HashingEmbedder())
+        await store.save({"content": f"in {data.name}"})
+        await store.close()
+    await asyncio.to_thread(backup, theirs, copy)
+    done = await asyncio.to_thread(restore, mine, copy)
+    assert done.other_install and done.memories == 1
+    own = tmp_path / "own.db"
+    await asyncio.to_thread(backup, mine, own)  # now "theirs" identity: restoring it again
+    assert not (await asyncio.to_thread(restore, mine, own)).other_install
+    assert not (await asyncio.to_thread(restore, tmp_path / "fresh", own)).other_install
+
+
 async def test_two_restores_in_one_second_keep_both_replaced_stores(tmp_path: Path) -> None:
     data, copy = tmp_path / "data", tmp_path / "backup.db"
     store = await Store.open(data, embedder=HashingEmbedder())

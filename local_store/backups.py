@@ -84,7 +84,12 @@ def restore(data_dir: Path, source: Path, *, wall: float | None = None) -> Resto
             shutil.copyfile(source, incoming)
             _fsync(incoming)
             replaced = _move_aside(target, wall if wall is not None else time.time())
-            os.replace(incoming, target)
+            try:
+                os.replace(incoming, target)
+            except OSError:
+                if replaced is not None:  # put the store back where it was
+                    os.replace(replaced, target)
+                raise
             _fsync(data_dir)
         except OSError as exc:
             raise BackupError(f"restoring {source} into {data_dir} failed: {exc}") from None

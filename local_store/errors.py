@@ -4,8 +4,9 @@
     ├── ValidationError     bad input; names the field; nothing was written
     ├── NotFoundError       the id does not exist (or is a tombstone)
     ├── StoreLockedError    another process holds the data directory
-    ├── StoreUnusableError  the database file is not a usable syncd store (not SQLite, corrupt,
-    │                       or migrated by a newer syncd); it is left as it was
+    ├── StoreUnusableError  the data directory cannot be one, or its database file is not a
+    │                       usable syncd store (not SQLite, corrupt, or migrated by a newer
+    │                       syncd); either is left as it was
     ├── StoreFullError      the disk (or the database's page limit) is full; nothing was written
     └── StoreClosedError    the store was used after close()
 """

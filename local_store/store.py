@@ -45,6 +45,8 @@ from local_store.errors import (
     NotFoundError,
     StoreClosedError,
     StoreFullError,
+    StoreLockedError,
+    StoreUnusableError,
     ValidationError,
 )
 from local_store.feed import feed_page
@@ -808,8 +810,17 @@ def _mark_unfed(w: Writer) -> None:
 
 
 def _claim_data_dir(data_dir: Path, lock: db.DataDirLock) -> None:
-    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    lock.acquire()
+    """Create (0700) and lock the data directory; a path that cannot be one (a file in the
+    way, no permission) is ``StoreUnusableError``, as no retry will fix it."""
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        lock.acquire()
+    except StoreLockedError:
+        raise
+    except OSError as exc:
+        raise StoreUnusableError(
+            f"data directory {data_dir} cannot be used: {exc.strerror or exc}"
+            + (" (a file is in the way)" if data_dir.is_file() else "")) from None
 
 
 def _open_writer(path: Path, wall: Callable[[], int]) -> tuple[Writer, str]:

@@ -287,6 +287,17 @@ async def test_a_file_that_is_not_a_database_is_refused_and_left_alone(tmp_path:
     await reopened.close()
 
 
+@pytest.mark.parametrize("where", ["file", "under a file"])
+async def test_a_data_directory_that_cannot_be_one_is_refused(tmp_path: Path,
+                                                            where: str) -> None:
+    in_the_way = tmp_path / "data"
+    in_the_way.write_bytes(b"notes\n")
+    data = in_the_way if where == "file" else in_the_way / "sub"
+    with pytest.raises(StoreUnusableError, match=f"data directory {data} cannot be used: "):
+        await Store.open(data)
+    assert in_the_way.read_bytes() == b"notes\n"
+
+
 async def test_a_corrupt_database_is_refused_and_left_alone(tmp_path: Path) -> None:
     s = await Store.open(tmp_path)
     await s.save({"content": "a"})

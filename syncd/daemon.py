@@ -38,7 +38,7 @@ from syncd.http import create_app
 from syncd.notify import notify, watchdog_interval
 from syncd.state import state_path
 from syncd.sync.runner import SyncRunner
-from syncd.token import ensure_token
+from syncd.token import ensure_token, token_path
 
 EXIT_OK, EXIT_CONFIG, EXIT_TEMPFAIL = 0, 2, 75
 CHECKPOINT_SECS = 300  # truncate the WAL every 5 minutes (a long reader may have grown it)
@@ -121,8 +121,12 @@ class Daemon:
         sync: SyncRunner | None = None
         keeper: Keeper | None = None
         try:
-            token = await asyncio.get_running_loop().run_in_executor(
-                None, ensure_token, self.data_dir)
+            try:
+                token = await asyncio.get_running_loop().run_in_executor(
+                    None, ensure_token, self.data_dir)
+            except OSError as exc:  # e.g. a directory where the file should be
+                raise StartupError(f"cannot use the API token file {token_path(self.data_dir)}: "
+                                   f"{exc.strerror or exc}", EXIT_CONFIG) from None
             sync = self.sync_factory(store) if self.sync_factory is not None else None
             keeper = self._gate(store, sync)
             app = create_app(store, token=token, extra_hosts=self.extra_hosts,

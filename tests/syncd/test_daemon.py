@@ -99,6 +99,16 @@ async def test_an_unusable_database_exits_2_with_one_line_and_keeps_the_file(
     assert (data / "memory.db").read_bytes() == garbage
 
 
+async def test_a_token_file_that_cannot_be_read_exits_2_with_one_line(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    (data / "api-token").mkdir(parents=True)  # a directory where the file should be
+    code, err = await finish(await start(data, "--listen", "127.0.0.1:0"))
+    assert code == 2, err
+    assert err.strip().splitlines()[-1] == (
+        f"syncd: cannot use the API token file {data / 'api-token'}: Is a directory")
+    assert "Traceback" not in err
+
+
 @pytest.mark.parametrize("listen", ["0.0.0.0:0", "[::]:0"])
 async def test_non_loopback_bind_is_refused(tmp_path: Path, listen: str) -> None:
     proc = await start(tmp_path / "data", "--listen", listen)

@@ -683,21 +683,25 @@ class Store:
         self._settings = merged
         return merged
 
-    async def reembed_missing(self, batch: int = 64) -> int:
+    async def reembed_missing(self, batch: int = 64,
+                              progress: Callable[[int, int], None] | None = None) -> int:
         """Give every live memory a vector of the current embedder's model (those pulled with
-        another model's vector stay keyword-searchable until then). Returns how many."""
+        another model's vector stay keyword-searchable until then). Returns how many.
+        ``progress(done, total)`` is called after each batch (``total`` is counted at the
+        start: memories saved meanwhile embed themselves)."""
         model, done = self.embedder.model_id, 0
+        total = int((await self._fetch("SELECT count(*) " + _MISSING_VECTOR, (model,)))[0][0])
         while True:
-            rows = await self._fetch(
-                "SELECT id, content FROM memories WHERE deleted = 0 AND content <> '' AND id NOT IN "
-                "(SELECT memory_id FROM vectors WHERE model = ?) ORDER BY local_seq LIMIT ?",
-                (model, batch))
+            rows = await self._fetch("SELECT id, content " + _MISSING_VECTOR
+                                     + " ORDER BY local_seq LIMIT ?", (model, batch))
             if not rows:
                 return done
             vectors = await self._embed([r[1] for r in rows])
             items = [(r[0], r[1], v) for r, v in zip(rows, vectors, strict=True)]
             await self._write(functools.partial(_put_embedded, items))
             done += len(rows)
+            if progress is not None:
+                progress(done, max(total, done))
 
     # ------------------------------------------------------------------ reads
 
@@ -781,6 +785,10 @@ class Store:
 
 
 # ---------------------------------------------------------------------- writer-thread helpers
+
+_MISSING_VECTOR = ("FROM memories WHERE deleted = 0 AND content <> '' AND id NOT IN "
+                   "(SELECT memory_id FROM vectors WHERE model = ?)")
+
 
 def _put_embedded(items: list[tuple[str, str, Vector]], w: Writer) -> None:
     """Store re-embedded vectors unless the memory changed meanwhile (its new version embedded

@@ -197,7 +197,8 @@ class Daemon:
         async def warm_and_reembed() -> None:
             try:
                 await store.recall({"query": "warm up", "limit": 1})
-                count = await store.reembed_missing()
+                count = await store.reembed_missing(progress=ProgressLog(
+                    f"re-embedding with {store.embedder.model_id}"))
                 if count:
                     log.info("re-embedded %d memories with %s", count, store.embedder.model_id)
             except Exception:  # background work must never take the daemon down
@@ -243,6 +244,22 @@ async def listen(runner: web.AppRunner, host: str, port: int, shutdown_timeout: 
                            EXIT_TEMPFAIL) from None
     shown = f"[{bare}]" if ":" in bare else host
     return f"http://{shown}:{runner.addresses[0][1]}"
+
+
+class ProgressLog:
+    """``progress(done, total)`` for long background work: one INFO line at most every
+    ``every`` seconds (re-embedding 10k memories with MiniLM takes minutes)."""
+
+    def __init__(self, what: str, every: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.what, self.every, self._clock = what, every, clock
+        self._last = clock()
+
+    def __call__(self, done: int, total: int) -> None:
+        now = self._clock()
+        if now - self._last >= self.every and done < total:
+            self._last = now
+            log.info("%s: %d of %d memories", self.what, done, total)
 
 
 # SIGHUP too: the terminal of a foreground `syncd run` closing stops it cleanly, as SIGTERM

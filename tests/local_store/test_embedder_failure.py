@@ -74,3 +74,12 @@ async def test_recall_answers_from_keywords_while_the_embedder_fails(
     embedder.broken = False
     found = await store.recall({"query": "staging keys"})
     assert found.memories[0].distance is not None and store.embedder_error is None
+
+
+async def test_reembedding_reports_its_progress(flaky: tuple[Store, FlakyEmbedder]) -> None:
+    store, embedder = flaky
+    await store.save_many([{"content": f"note {i}"} for i in range(5)])
+    embedder.broken = False
+    seen: list[tuple[int, int]] = []
+    assert await store.reembed_missing(batch=2, progress=lambda d, t: seen.append((d, t))) == 5
+    assert seen == [(2, 5), (4, 5), (5, 5)]

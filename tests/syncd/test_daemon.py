@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 import stat
 import subprocess
@@ -16,6 +17,7 @@ import aiohttp
 import pytest
 
 from local_store import Store
+from syncd.daemon import ProgressLog
 from tests.syncd.processes import env_for, finish, wait_ready
 
 
@@ -396,3 +398,15 @@ async def test_optional_unix_socket(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert (await finish(proc))[0] == 0
+
+
+def test_background_progress_is_one_line_every_ten_seconds(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="syncd.daemon")
+    now = [0.0]
+    progress = ProgressLog("re-embedding with m", clock=lambda: now[0])
+    for moment, done in ((5.0, 64), (10.0, 128), (15.0, 192), (20.5, 256), (31.0, 300)):
+        now[0] = moment
+        progress(done, 300)
+    assert [r.getMessage() for r in caplog.records] == [
+        "re-embedding with m: 128 of 300 memories", "re-embedding with m: 256 of 300 memories"]

@@ -118,11 +118,14 @@ def _refusal(error: dict[str, Any], part: list[tuple[int, dict[str, Any]]]) -> s
 
 
 def _write_replacing(path: Path, data: bytes) -> None:
-    """``path`` holds ``data`` or what it held before, never a part (a full disk, a crash)."""
+    """``path`` holds ``data`` or what it held before, never a part (a full disk, a crash).
+    A new file is 0600 (it holds memories); a replaced one keeps its mode."""
     fd, partial = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
+        if path.exists():
+            os.chmod(partial, path.stat().st_mode & 0o7777)
         os.replace(partial, path)
     except BaseException:
         Path(partial).unlink(missing_ok=True)

@@ -217,6 +217,10 @@ async def test_cli_round_trip_against_a_running_daemon(tmp_path: Path) -> None:
         code, _, err = await cli(data, "export", "-o", str(export))
         assert code == 0 and "exported 1 memories" in err
         assert json.loads(export.read_text())["memory_nodes"][0]["realm"] == "p"
+        assert stat.S_IMODE(export.stat().st_mode) == 0o600  # a new export file is private
+        export.chmod(0o640)
+        assert (await cli(data, "export", "-o", str(export)))[0] == 0
+        assert stat.S_IMODE(export.stat().st_mode) == 0o640  # a replaced one keeps its mode
         code, out, _ = await cli(data, "import", str(export))
         assert code == 0 and "applied 0 memories" in out  # the same version: a no-op
         code, out, err = await cli(data, "save", "x", "--importance", "high")

@@ -233,6 +233,7 @@ class Daemon:
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
+
 async def listen(runner: web.AppRunner, host: str, port: int, shutdown_timeout: float) -> str:
     """Bind ``host:port`` (port 0: any free one) and return the URL it serves on; a bind
     failure is a temporary failure (exit 75)."""

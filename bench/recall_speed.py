@@ -48,6 +48,16 @@ def words(rng: random.Random, k: int) -> str:
     return " ".join(rng.choices(WORDS, weights=ZIPF, k=k))
 
 
+LONG_QUERIES = 5
+LONG_WORDS = 15_000
+LONG_ROW = f"recall syncd, {LONG_WORDS:,}-word query"
+
+
+def pasted_log(rng: random.Random) -> str:
+    """A prompt carrying a pasted log: 15,000 words, ~12,000 of them distinct (ids, numbers)."""
+    return " ".join(f"{rng.choice(WORDS)}={rng.randrange(100_000)}" for _ in range(LONG_WORDS))
+
+
 class TableEmbedder:
     """Answers from a precomputed table, so timing excludes query embedding."""
 
@@ -113,6 +123,14 @@ async def measure(sizes: list[int], queries: int) -> list[tuple[str, ...]]:
                         lat.append((time.perf_counter() - t) * 1000)
                     rows.append((f"recall {mode}", f"{size:,}", f"{statistics.median(lat):.2f}",
                                  f"{pct(lat, 0.95):.2f}", _target(mode, size)))
+                lat = []
+                for _ in range(LONG_QUERIES):
+                    text = pasted_log(rng)
+                    t = time.perf_counter()
+                    await store.recall({"query": text})
+                    lat.append((time.perf_counter() - t) * 1000)
+                rows.append((LONG_ROW, f"{size:,}", f"{statistics.median(lat):.2f}",
+                             f"{pct(lat, 0.95):.2f}", "(a prompt with a pasted log)"))
                 matrix = store.index.matrix
                 floor = []
                 for text in qtexts:

@@ -36,13 +36,15 @@ would you your does did get got make made new current currently still anymore pl
 
 
 def tokenize(text: str) -> list[str]:
-    """The plane's tokeniser: split on non-alphanumerics, keep ≥ 2 chars, lower-case, dedup."""
-    seen: list[str] = []
+    """The plane's tokeniser: split on non-alphanumerics, keep ≥ 2 chars, lower-case, dedup
+    (first occurrence first). Linear: for a pasted log of 15,000 words (160 KB) a list lookup
+    per word took 2.8 s, a dict takes 13 ms."""
+    seen: dict[str, None] = {}
     for piece in _SPLIT.split(text):
         token = piece.lower()
-        if len(token) >= 2 and token not in seen:
-            seen.append(token)
-    return seen
+        if len(token) >= 2:
+            seen.setdefault(token, None)
+    return list(seen)
 
 
 def fts_match(tokens: Sequence[str], *, relaxed: bool) -> str | None:
@@ -99,8 +101,10 @@ def recency(created_ns: int | None, now_ns: int, half_life_days: float) -> float
 
 
 def coverage(tokens: Sequence[str], text: str) -> float:
-    """Fraction of the non-stopword query tokens that occur in ``text`` (lower-cased)."""
-    words = [t for t in tokens if t not in STOPWORDS] or list(tokens)
+    """Fraction of the words the keyword query looked for (``fts_words``: the non-stopword
+    tokens, at most 32) that occur in ``text`` (lower-cased). Bounded like the query itself:
+    over all 12,000 distinct tokens of a pasted log it took 6 ms per hit."""
+    words = fts_words(tokens, relaxed=False)
     if not words:
         return 0.0
     lowered = text.lower()

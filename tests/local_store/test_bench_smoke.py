@@ -52,7 +52,8 @@ def test_bench_recall_speed_quick_prints_its_table() -> None:
     rows = [[cell.strip() for cell in line.split("|")] for line in lines if "|" in line]
     found = {(row[0], row[1]) for row in rows}
     for size in ("1,000", "10,000"):
-        for metric in ("recall syncd", "recall plane", "baseline numpy top-50"):
+        for metric in ("recall syncd", "recall plane", "baseline numpy top-50",
+                       "recall syncd, 15,000-word query"):
             assert (metric, size) in found, "\n".join(lines)
     for metric in ("open + index load", "default model load + first",
                    "default model query embed"):

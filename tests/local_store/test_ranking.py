@@ -75,6 +75,13 @@ def test_cosine_distance_stays_in_the_planes_range(cosine: float | None,
 
 def test_coverage_ignores_stopwords() -> None:
     assert coverage(["how", "deploy", "billing"], "Deploy the app") == 0.5
+    assert coverage(["how", "do"], "how do I") == 1.0  # all stopwords: they count
+
+
+def test_coverage_is_over_the_words_the_keyword_query_used() -> None:
+    tokens = [f"w{i:02d}x" for i in range(40)]  # the keyword query looks for the first 32
+    assert coverage(tokens, " ".join(tokens[:32])) == 1.0
+    assert coverage(tokens, " ".join(tokens[32:])) == 0.0
 
 
 def test_context_format_is_the_planes() -> None:

@@ -45,7 +45,6 @@ from local_store.errors import (
     NotFoundError,
     StoreClosedError,
     StoreFullError,
-    StoreLockedError,
     StoreUnusableError,
     ValidationError,
 )
@@ -822,9 +821,7 @@ def _claim_data_dir(data_dir: Path, lock: db.DataDirLock) -> None:
     way, no permission) is ``StoreUnusableError``, as no retry will fix it."""
     try:
         data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        lock.acquire()
-    except StoreLockedError:
-        raise
+        lock.acquire()  # StoreLockedError (not an OSError) passes through
     except OSError as exc:
         raise StoreUnusableError(
             f"data directory {data_dir} cannot be used: {exc.strerror or exc}"

@@ -33,9 +33,13 @@ def content_hash(row: Mapping[str, object], fields: Sequence[str]) -> str:
 
 
 def node_hash(row: Mapping[str, object]) -> str:
-    """``content_hash(row, NODE_HASHED)`` for a row holding every node field (one C call
-    gathers the values)."""
-    return hash_values(_NODE_HASHED_ITEMS(row))
+    """``content_hash(row, NODE_HASHED)`` for a row holding every node field."""
+    return hash_values(hashed_values(row))
+
+
+def hashed_values(row: Mapping[str, object]) -> tuple[object, ...]:
+    """The values ``node_hash`` hashes, in order (one C call gathers them)."""
+    return _NODE_HASHED_ITEMS(row)  # type: ignore[no-any-return]
 
 
 def hash_values(values: Sequence[object]) -> str:

@@ -106,6 +106,8 @@ class Store:
         # Recall embeds the query and compares it with the index here, while its keyword leg
         # runs on the recall reader's thread.
         self._query_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="syncd-query")
+        # Hashes an applied batch's wire rows while the writer looks up their stored keys.
+        self._hash_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="syncd-hash")
         self.checkpointer = Checkpointer(data_dir / db.DB_FILENAME, pool, lambda: writer.conn)
         self._settings = DEFAULT_SETTINGS
         # Set by the daemon: None when graph expansion may run, else the reason it may not
@@ -180,6 +182,7 @@ class Store:
         await loop.run_in_executor(self._pool, self._writer.conn.close)
         await self._recall_reader.close()
         self._query_pool.shutdown(wait=False)
+        self._hash_pool.shutdown(wait=False)
         await loop.run_in_executor(self._pool, self._lock.release)
         self._pool.shutdown(wait=False)
 
@@ -439,7 +442,8 @@ class Store:
                     model: str) -> ApplyResult:
         """Apply remote rows (LWW, idempotent); ``model`` names the embedder of their vectors."""
         node_list, edge_list = list(nodes), list(edges)
-        return await self._write(lambda w: apply_batch(w, node_list, edge_list, model),
+        return await self._write(lambda w: apply_batch(w, node_list, edge_list, model,
+                                                          self._hash_pool),
                                  foreign_keys=False)
 
     async def export(self, realm: str | None = None, *, model: str | None = None,

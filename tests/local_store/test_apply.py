@@ -12,10 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from local_store import Store
+from local_store import Store, writes
+from local_store.apply import WireKey, node_from_wire, wire_key
+from local_store.errors import ValidationError
 from local_store.merge import NODE_HASHED, content_hash
 from local_store.writes import KEYS_OF_JSON_IDS
 from protocol.rows import EdgeRow, NodeRow, edge_id
@@ -220,6 +223,40 @@ def test_any_permutation_and_split_converges(spec: list[tuple[int, int, str, str
         assert (got[mid][1], got[mid][2] or "") == (stamp, origin)
 
 
+_STAMPS = [format_ns(T0), format_autosi(T0), format_ns(T0 + 1), "2026-05-01T10:00:00Z",
+           "2026-05-01T12:00:00+02:00"]
+_TEXTS = [None, "", "a", " b ", "x <private>secret</private> y", "<private>s</private>"]
+wire_nodes = st.builds(
+    NodeRow, id=st.sampled_from(["memory:1", " memory:2 ", ""]),
+    labels=st.sampled_from([None, "Memory"]), realm=st.sampled_from([None, "", "p"]),
+    memory_type=st.sampled_from([None, "fact", " Decision ", "weird"]),
+    title=st.sampled_from(_TEXTS), content=st.sampled_from(_TEXTS),
+    tags=st.sampled_from(_TEXTS), status=st.sampled_from([None, "active", "ARCHIVED", "x"]),
+    importance=st.sampled_from([None, 0.5, 1, 2.0, -1.0, float("nan"), True]),
+    created_at=st.sampled_from([None, *_STAMPS]), updated_at=st.sampled_from([None, *_STAMPS]),
+    valid_at=st.sampled_from([None, *_STAMPS]), invalid_at=st.sampled_from([None, *_STAMPS]),
+    provenance=st.sampled_from([None, '{"s": 1}', '{"a": "<private>x</private>"}']),
+    origin=st.sampled_from([None, "", "r1"]), deleted=st.sampled_from([None, False, True]))
+
+
+@settings(max_examples=int(os.environ.get("SYNCD_PROPERTY_EXAMPLES", "25")) * 20, deadline=None)
+@given(wire_nodes)
+def test_a_wire_rows_own_hash_is_reused_only_when_it_is_the_rows_hash(wire: NodeRow) -> None:
+    """``node_from_wire`` given the wire row's key (hashed as it came, in a helper thread)
+    builds exactly the row it builds alone: the key's hash is taken only when normalising
+    changed no hashed value, so every timestamp form, redaction, default and clamp above
+    still gets its own hash."""
+    def outcome(key: WireKey | None) -> object:
+        try:
+            return node_from_wire(wire, key)
+        except ValidationError as exc:
+            return exc.field, exc.message
+    alone = outcome(None)
+    assert outcome(wire_key(wire)) == alone
+    if isinstance(alone, dict):
+        assert alone["content_hash"] == content_hash(alone, NODE_HASHED)
+
+
 async def test_reapply_fast_path_only_skips_the_exact_held_version(store: Store) -> None:
     """Same (updated_at, origin) but other content is not "already held": LWW decides."""
     first = node(1, T0, origin="r1", content="aaa")
@@ -384,6 +421,16 @@ async def test_reapply_finds_held_ids_with_any_characters(store: Store) -> None:
             assert (again.applied_nodes, again.skipped_nodes, again.problems) == (
                 0, len(batch), [])
     assert await store.dump() == snapshot
+
+
+async def test_a_reapply_lookup_split_into_chunks_finds_every_id(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Big batches are looked up 20,000 ids a statement: every chunk's answer counts."""
+    rows = [node(i, T0 + i) for i in range(7)]
+    await store.apply(rows, [], model=MODEL)
+    monkeypatch.setattr(writes, "JSON_IDS_CHUNK", 3)
+    again = await store.apply(rows, [], model=MODEL)
+    assert (again.applied_nodes, again.skipped_nodes) == (0, 7)
 
 
 async def test_the_reapply_lookup_searches_the_primary_key(store: Store) -> None:

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from local_store import Store, writes
+from local_store import Store, apply, writes
 from local_store.apply import WireKey, node_from_wire, wire_key
 from local_store.errors import ValidationError
 from local_store.merge import NODE_HASHED, content_hash
@@ -26,6 +26,13 @@ from protocol.timestamp import format_autosi, format_ns
 
 T0 = 1_780_000_000_000_000_000
 MODEL = "plane-model"
+
+
+@pytest.fixture(autouse=True, params=["helper", "inline"])
+def hashing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test here runs twice: with the wire rows hashed in the store's helper thread (as
+    big batches are) and in the writer's own thread (as small ones are)."""
+    monkeypatch.setattr(apply, "HELPER_FROM", 1 if request.param == "helper" else 10**9)
 
 
 def node(i: int, version_ns: int, *, origin: str = "", content: str = "c", deleted: bool = False,

@@ -129,8 +129,10 @@ def parse_status(value: object, label: str = "status") -> str:
     return value.strip().lower()
 
 
-def parse_importance(value: object, label: str = "importance") -> float:
-    """A finite number, clamped to [0, 1] as the plane does."""
+def parse_importance(value: object, label: str = "importance",
+                     coerced: dict[str, str] | None = None) -> float:
+    """A finite number, clamped to [0, 1] as the plane does (a clamp is reported in
+    ``coerced`` when given)."""
     if value is None:
         return DEFAULT_IMPORTANCE
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -138,7 +140,10 @@ def parse_importance(value: object, label: str = "importance") -> float:
     number = float(value)
     if not math.isfinite(number):
         raise ValidationError(label, f"must be a finite number, got {number}")
-    return min(1.0, max(0.0, number))
+    clamped = min(1.0, max(0.0, number))
+    if clamped != number and coerced is not None:
+        coerced[label] = f"importance {number:g} is outside 0..1: stored as {clamped:g}"
+    return clamped
 
 
 def parse_timestamp(value: object, label: str) -> str | None:
@@ -300,7 +305,7 @@ def build_save(raw: Mapping[str, object], writer: Mapping[str, object], *,
         content=content,
         title=optional_str(args, "title", limit=MAX_TITLE_CHARS, label=f"{p}title"),
         tags=parse_tags(args.get("tags"), f"{p}tags"),
-        importance=parse_importance(args.get("importance"), f"{p}importance"),
+        importance=parse_importance(args.get("importance"), f"{p}importance", coerced),
         topic_key=optional_str(args, "topic_key", label=f"{p}topic_key"),
         valid_at=parse_timestamp(args.get("valid_at"), f"{p}valid_at"),
         source_session_id=optional_str(args, "source_session_id", label=f"{p}source_session_id"),

@@ -53,13 +53,16 @@ def build_parser() -> argparse.ArgumentParser:
     recall.add_argument("--json", action="store_true")
 
     save = sub.add_parser("save", help="save a memory")
-    save.add_argument("content")
+    save.add_argument("content", help="the memory's text; - reads it from standard input")
     save.add_argument("--title")
-    save.add_argument("--type", dest="memory_type")
-    save.add_argument("--tag", action="append", default=[], dest="tags")
-    save.add_argument("--realm")
-    save.add_argument("--topic-key")
-    save.add_argument("--importance", type=float)
+    save.add_argument("--type", dest="memory_type", help=f"{', '.join(SAVE_TYPES)} "
+                      "(default fact; another value is stored as fact, with a note)")
+    save.add_argument("--tag", action="append", default=[], dest="tags",
+                      help="a tag (repeat for several)")
+    save.add_argument("--realm", help="the project it belongs to (default: default)")
+    save.add_argument("--topic-key", help="a stable key: a later save with the same key and "
+                      "realm updates this memory instead of adding one")
+    save.add_argument("--importance", type=float, help="0 to 1 (default 0.5)")
 
     export = sub.add_parser("export", help="export memories as the plane's JSON")
     export.add_argument("--realm")
@@ -441,8 +444,14 @@ def _recall(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# local_store.records.MEMORY_TYPES, spelled out: importing local_store costs ~0.3 s of start-up,
+# which the prompt hook pays on every prompt (a test keeps the two equal).
+SAVE_TYPES = ("fact", "decision", "preference", "learning", "summary", "procedure", "entity")
+
+
 def _save(client: Client, args: argparse.Namespace) -> int:
-    body = {"content": args.content, "title": args.title, "memory_type": args.memory_type,
+    content = sys.stdin.read() if args.content == "-" else args.content
+    body = {"content": content, "title": args.title, "memory_type": args.memory_type,
             "tags": args.tags, "realm": args.realm, "topic_key": args.topic_key,
             "importance": args.importance}
     result = client.call("POST", "/v1/agent/memory/tools/save_memory",

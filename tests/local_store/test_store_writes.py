@@ -58,6 +58,12 @@ async def test_preview_is_280_chars_plus_ellipsis(store: Store) -> None:
 async def test_importance_is_clamped(store: Store) -> None:
     res = await store.save({"content": "a", "importance": 7})
     assert (await store.get(res["id"]))["importance"] == 1.0
+    assert res["coerced"] == {"importance": "importance 7 is outside 0..1: stored as 1"}
+    low = await store.save({"content": "b", "importance": -0.5})
+    assert (await store.get(low["id"]))["importance"] == 0.0
+    assert low["coerced"] == {"importance": "importance -0.5 is outside 0..1: stored as 0"}
+    inside = await store.save({"content": "c", "importance": 1})
+    assert "coerced" not in inside
 
 
 async def test_topic_key_upsert_keeps_the_id(store: Store) -> None:

@@ -182,13 +182,14 @@ async def _exists(store: Store, memory_id: str) -> bool:
     return True
 
 
-async def cli(data: Path, *args: str) -> tuple[int, str, str]:
+async def cli(data: Path, *args: str, stdin: bytes | None = None) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "syncd", "--data-dir", str(data), *args,
         env=env_for(data.parent), stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
+        stderr=asyncio.subprocess.PIPE,
+        stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE)
     async with asyncio.timeout(60):
-        out, err = await proc.communicate()
+        out, err = await proc.communicate(stdin)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
 
@@ -237,6 +238,16 @@ async def test_cli_round_trip_against_a_running_daemon(tmp_path: Path) -> None:
         assert code == 0 and "integrity_check: ok" in out
         code, _, err = await cli(data, "backup", str(tmp_path / "copy.db"))
         assert code == 1 and "exists" in err
+        # `-` reads the content from standard input (a command's output, a file)
+        code, out, err = await cli(data, "save", "-", "--importance", "7",
+                                   stdin=b"pytest -x stops at the first failure\n")
+        assert code == 0 and out.startswith("saved memory:"), err
+        assert err == "syncd: note: importance 7 is outside 0..1: stored as 1\n"
+        code, out, _ = await cli(data, "recall", "pytest first failure", "--json")
+        assert json.loads(out)["memories"][0]["content_preview"] == (
+            "pytest -x stops at the first failure")
+        code, _, err = await cli(data, "save", "-", stdin=b"  \n")
+        assert code == 1 and "content" in err and "is empty" in err
     finally:
         proc.send_signal(signal.SIGTERM)
         assert (await finish(proc))[0] == 0
@@ -414,3 +425,10 @@ def test_background_progress_is_one_line_every_ten_seconds(
         progress(done, 300)
     assert [r.getMessage() for r in caplog.records] == [
         "re-embedding with m: 128 of 300 memories", "re-embedding with m: 256 of 300 memories"]
+
+
+def test_the_save_help_lists_the_stores_memory_types() -> None:
+    """The CLI spells the types out (importing local_store would slow every hook call)."""
+    from local_store.records import MEMORY_TYPES
+    from syncd.cli import SAVE_TYPES
+    assert SAVE_TYPES == MEMORY_TYPES

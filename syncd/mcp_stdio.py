@@ -8,6 +8,10 @@ Rules:
   * It never crashes on what it reads or on the daemon: when the daemon is down or refuses, each
     request (a message with an ``id``) gets a -32000 error naming the cause and the fix, and the
     bridge keeps going. Notifications get no answer, ever.
+  * ``initialize`` waits up to ``INITIALIZE_WAIT`` seconds for a daemon that is not up yet (or
+    has not written its token yet): an agent started at login, or while the daemon restarts,
+    would otherwise fail its handshake and go without memory tools for the whole session.
+    Other requests fail at once.
   * Exit 0 at stdin EOF.
   * It imports neither the store nor the tool table: an agent starts it often, so it starts fast.
 """
@@ -32,6 +36,8 @@ log = logging.getLogger("syncd.mcp_stdio")
 DEFAULT_URL: Final = "http://127.0.0.1:7777"
 DEFAULT_TIMEOUT: Final = 120.0
 CONNECT_TIMEOUT: Final = 5.0
+INITIALIZE_WAIT: Final = 20.0  # under the 30–60 s MCP clients give a server to initialize
+_RETRY_EVERY: Final = 0.5
 MCP_PATH: Final = "/mcp/v1"
 DAEMON_ERROR: Final = -32000
 PARSE_ERROR: Final = -32700
@@ -47,11 +53,13 @@ class TokenSource(Protocol):
 
 
 class _DaemonError(Exception):
-    """The daemon could not answer; ``message`` is what the agent is told."""
+    """The daemon could not answer; ``message`` is what the agent is told. ``absent``: it is
+    not up (nothing listens, or no token yet), so it may be starting."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, absent: bool = False) -> None:
         super().__init__(message)
         self.message = message
+        self.absent = absent
 
 
 def not_running_message(url: str) -> str:
@@ -62,6 +70,7 @@ def token_from_file(path: str | os.PathLike[str]) -> TokenSource:
     """A token source that reads ``path`` until it succeeds (the daemon writes it on first start),
     and again after the daemon refuses it (the token may have been rotated)."""
     cache: list[str] = []
+    said: list[str] = []  # the last failure logged: a waiting ``initialize`` re-reads often
 
     def read(*, refresh: bool = False) -> str | None:
         if cache and not refresh:
@@ -69,8 +78,12 @@ def token_from_file(path: str | os.PathLike[str]) -> TokenSource:
         try:
             token = Path(path).read_text(encoding="utf-8").strip()
         except OSError as exc:
-            log.warning("cannot read the token file %s: %s", path, exc.strerror or exc)
+            problem = f"cannot read the token file {path}: {exc.strerror or exc}"
+            if said != [problem]:
+                log.warning("%s", problem)
+                said[:] = [problem]
             return cache[0] if cache else None
+        said.clear()
         cache[:] = [token] if token else []
         return token or None
 
@@ -93,16 +106,24 @@ def _errors_for(payload: object, code: int, message: str) -> object | None:
     return errors if isinstance(payload, list) else errors[0]
 
 
+def _opens_session(payload: object) -> bool:
+    messages = payload if isinstance(payload, list) else [payload]
+    return any(isinstance(m, dict) and m.get("method") == "initialize" and "id" in m
+               for m in messages)
+
+
 def _encode_line(value: object) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
 
 
 class _Bridge:
-    def __init__(self, url: str, token: TokenSource, session: aiohttp.ClientSession) -> None:
+    def __init__(self, url: str, token: TokenSource, session: aiohttp.ClientSession,
+                 initialize_wait: float = INITIALIZE_WAIT) -> None:
         self.base = url.rstrip("/")
         self.endpoint = self.base + MCP_PATH
         self.token = token
         self.session = session
+        self.initialize_wait = initialize_wait
 
     async def forward(self, line: bytes) -> object | None:
         """The answer to one stdin line (``None``: nothing to write)."""
@@ -114,18 +135,29 @@ class _Bridge:
         if payload == []:
             return {"jsonrpc": "2.0", "id": None,
                     "error": {"code": INVALID_REQUEST, "message": "Invalid Request: empty batch"}}
-        try:
-            return await self._post(line, payload)
-        except _DaemonError as exc:
-            log.warning("%s", exc.message)
-            return _errors_for(payload, DAEMON_ERROR, exc.message)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.initialize_wait if _opens_session(payload) else 0.0)
+        waiting = False
+        while True:
+            try:
+                return await self._post(line, payload)
+            except _DaemonError as exc:
+                left = deadline - loop.time()
+                if not exc.absent or left <= 0:
+                    log.warning("%s", exc.message)
+                    return _errors_for(payload, DAEMON_ERROR, exc.message)
+                if not waiting:
+                    log.warning("%s; waiting up to %.0f s for it to start",
+                                exc.message, self.initialize_wait)
+                    waiting = True
+                await asyncio.sleep(min(_RETRY_EVERY, left))
 
     async def _post(self, body: bytes, payload: object) -> object | None:
         token = await asyncio.to_thread(self.token)  # a file read: off the loop
         if token is None:
             raise _DaemonError(f"syncd has no API token yet (no readable token file) — start "
                                f"the daemon with `syncd run`; it creates the token "
-                               f"(daemon URL {self.base})")
+                               f"(daemon URL {self.base})", absent=True)
         status, text = await self._send(body, token)
         if status == 401:
             fresh = await asyncio.to_thread(self.token, refresh=True)
@@ -155,12 +187,12 @@ class _Bridge:
                     raise _DaemonError(f"syncd daemon at {self.base} closed the connection "
                                        "without answering") from None
             except aiohttp.ConnectionTimeoutError:
-                raise _DaemonError(not_running_message(self.base)) from None
+                raise _DaemonError(not_running_message(self.base), absent=True) from None
             except TimeoutError:
                 raise _DaemonError(f"syncd daemon at {self.base} did not answer in time"
                                    ) from None
             except (aiohttp.ClientConnectionError, OSError):
-                raise _DaemonError(not_running_message(self.base)) from None
+                raise _DaemonError(not_running_message(self.base), absent=True) from None
         raise AssertionError("unreachable")
 
     def _refusal(self, status: int, text: str) -> str:
@@ -199,7 +231,8 @@ def _pump(source: IO[bytes], queue: asyncio.Queue[bytes | None],
 
 async def run_stdio_bridge(url: str, token: str | TokenSource, *, stdin: IO[bytes] | None = None,
                            stdout: IO[bytes] | None = None,
-                           request_timeout: float = DEFAULT_TIMEOUT) -> int:
+                           request_timeout: float = DEFAULT_TIMEOUT,
+                           initialize_wait: float = INITIALIZE_WAIT) -> int:
     """Forward newline-delimited JSON-RPC from ``stdin`` to the daemon at ``url``; answers to
     ``stdout``. Returns the exit code (0 at stdin EOF)."""
     source = stdin if stdin is not None else sys.stdin.buffer
@@ -213,7 +246,7 @@ async def run_stdio_bridge(url: str, token: str | TokenSource, *, stdin: IO[byte
     client_timeout = aiohttp.ClientTimeout(total=request_timeout, sock_connect=CONNECT_TIMEOUT)
     connector = aiohttp.TCPConnector(limit=1)
     async with aiohttp.ClientSession(timeout=client_timeout, connector=connector) as session:
-        bridge = _Bridge(url, tokens, session)
+        bridge = _Bridge(url, tokens, session, initialize_wait)
         while (line := await queue.get()) is not None:
             if not line.strip():
                 continue
@@ -259,6 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--token-file", required=True, help="the daemon's api-token file")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                         help="seconds to wait for one answer")
+    parser.add_argument("--initialize-wait", type=float, default=INITIALIZE_WAIT,
+                        help="seconds `initialize` waits for a daemon that is not up yet "
+                             f"(default {INITIALIZE_WAIT:g})")
     return parser
 
 
@@ -268,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
                         format="syncd mcp: %(levelname)s %(message)s")
     try:
         return asyncio.run(run_stdio_bridge(args.url, token_from_file(args.token_file),
-                                            request_timeout=args.timeout))
+                                            request_timeout=args.timeout,
+                                            initialize_wait=args.initialize_wait))
     except KeyboardInterrupt:
         return 130
 

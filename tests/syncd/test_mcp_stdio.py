@@ -64,8 +64,8 @@ def free_port() -> int:
         return port
 
 
-def bridge_argv(url: str, token_file: Path) -> list[str]:
-    return ["-m", "syncd.mcp_stdio", "--url", url, "--token-file", str(token_file)]
+def bridge_argv(url: str, token_file: Path, *extra: str) -> list[str]:
+    return ["-m", "syncd.mcp_stdio", "--url", url, "--token-file", str(token_file), *extra]
 
 
 # ---------------------------------------------------------------------- the official client
@@ -139,10 +139,11 @@ async def test_without_a_daemon_requests_get_an_error_and_eof_exits_0(tmp_path: 
     token_file = tmp_path / "api-token"
     token_file.write_text("whatever")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, *bridge_argv(url, token_file), cwd=REPO,
+        sys.executable, *bridge_argv(url, token_file, "--initialize-wait", "1.5"), cwd=REPO,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE)
     assert proc.stdin is not None and proc.stdout is not None
+    loop = asyncio.get_running_loop()
     try:
         lines = [
             {"jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -153,7 +154,9 @@ async def test_without_a_daemon_requests_get_an_error_and_eof_exits_0(tmp_path: 
         ]
         proc.stdin.write(b"".join(json.dumps(m).encode() + b"\n" for m in lines))
         await proc.stdin.drain()
+        sent = loop.time()
         first = json.loads(await asyncio.wait_for(proc.stdout.readline(), DEADLINE))
+        assert loop.time() - sent >= 1.5  # initialize waited for a daemon to come up
         second = json.loads(await asyncio.wait_for(proc.stdout.readline(), DEADLINE))
         for answer, request_id in ((first, 1), (second, "two")):
             assert answer["jsonrpc"] == "2.0" and answer["id"] == request_id
@@ -177,6 +180,38 @@ async def test_without_a_daemon_requests_get_an_error_and_eof_exits_0(tmp_path: 
     assert code == 0
     assert rest == b""  # the notification got no answer, and nothing but JSON-RPC on stdout
     assert "not running" in stderr  # diagnostics go to stderr
+    assert stderr.count("waiting up to") == 1
+
+
+async def test_initialize_waits_for_a_daemon_that_is_starting(tmp_path: Path) -> None:
+    """An agent launched at login, before the daemon is up and has written its token: the
+    handshake waits and succeeds once it is, instead of leaving the session without tools."""
+    port = free_port()
+    token_file = tmp_path / "api-token"  # not there yet: the daemon writes it on first start
+    stdin = io.BytesIO(json.dumps(
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+         "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                    "clientInfo": {"name": "t", "version": "0"}}}).encode() + b"\n"
+        + b'{"jsonrpc":"2.0","id":2,"method":"tools/list"}\n')
+    stdout = io.BytesIO()
+    bridging = asyncio.create_task(run_stdio_bridge(
+        f"http://127.0.0.1:{port}", token_from_file(token_file), stdin=stdin, stdout=stdout,
+        initialize_wait=DEADLINE))
+    await asyncio.sleep(1.2)
+    assert stdout.getvalue() == b"" and not bridging.done()  # still waiting, nothing said
+    store = await Store.open(tmp_path / "data", embedder=HashingEmbedder())
+    runner = web.AppRunner(create_app(store, token=TOKEN, mcp=McpServer(store, Surfacer())))
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        await asyncio.to_thread(token_file.write_text, TOKEN + "\n")
+        assert await asyncio.wait_for(bridging, DEADLINE) == 0
+    finally:
+        await runner.cleanup()
+        await store.close()
+    init, listed = (json.loads(line) for line in stdout.getvalue().splitlines())
+    assert init["id"] == 1 and init["result"]["serverInfo"]["name"] == "syncd"
+    assert listed["id"] == 2 and len(listed["result"]["tools"]) == len(TOOLS)
 
 
 # ---------------------------------------------------------------------- in-process edges

@@ -19,9 +19,8 @@ from typing import Any
 
 from syncd import __version__, transfer
 from syncd.client import Client, ClientError, DaemonDown
+from syncd.exits import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_TEMPFAIL
 from syncd.report import pass_summary, status_lines
-
-EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_TEMPFAIL = 0, 1, 2, 75
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -225,7 +224,6 @@ def _run(args: argparse.Namespace, settings: dict[str, Any]) -> int:
 def _sync_factory(config: Any) -> Any:
     """The daemon's sync runner, when ``control_plane.url`` is set (its token is read now, so
     a missing token file is a start-up error, not a failing loop)."""
-    from syncd.daemon import EXIT_CONFIG as CONFIG_EXIT
     from syncd.daemon import StartupError
     from syncd.sync.engine import SyncOptions
     from syncd.sync.runner import SyncRunner, SyncSetupError, read_plane_token
@@ -235,7 +233,7 @@ def _sync_factory(config: Any) -> Any:
     try:
         token = read_plane_token(plane.token_file)
     except SyncSetupError as exc:
-        raise StartupError(str(exc), CONFIG_EXIT) from None
+        raise StartupError(str(exc), EXIT_CONFIG) from None
     options = SyncOptions(realm=plane.realm, plane_model=plane.embedding_model,
                           overlap_secs=sync.overlap_secs, push_batch_bytes=sync.push_batch_bytes,
                           anti_entropy_secs=sync.anti_entropy_secs)
@@ -245,13 +243,12 @@ def _sync_factory(config: Any) -> Any:
 
 
 def _entitlement_setup(config: Any) -> Any:
-    from syncd.daemon import EXIT_CONFIG as CONFIG_EXIT
     from syncd.daemon import EntitlementSetup, StartupError
     from syncd.entitlement.token import pin
     try:
         pinned = pin(config.entitlement.public_keys)
     except ValueError as exc:
-        raise StartupError(str(exc), CONFIG_EXIT) from None
+        raise StartupError(str(exc), EXIT_CONFIG) from None
     return EntitlementSetup(pinned=pinned, license_file=config.entitlement.license_file,
                             refresh_secs=config.entitlement.refresh_secs)
 

@@ -34,13 +34,13 @@ from local_store import HashingEmbedder, Store, StoreLockedError, StoreUnusableE
 from local_store.embed import Embedder
 from syncd.config import is_loopback_host
 from syncd.entitlement.keeper import Keeper, attach_gate
+from syncd.exits import EXIT_CONFIG, EXIT_OK, EXIT_TEMPFAIL
 from syncd.http import create_app
 from syncd.notify import notify, watchdog_interval
 from syncd.state import state_path
 from syncd.sync.runner import SyncRunner
 from syncd.token import ensure_token, token_path
 
-EXIT_OK, EXIT_CONFIG, EXIT_TEMPFAIL = 0, 2, 75
 CHECKPOINT_SECS = 300  # truncate the WAL every 5 minutes (a long reader may have grown it)
 HEARTBEAT_SECS = 1.0  # in-process heartbeat without a service-manager watchdog (launchd)
 BLOCKED_WARN_SECS = 5.0  # a heartbeat this late means the event loop was blocked

@@ -18,7 +18,8 @@ from importlib import resources
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-EXIT_OK, EXIT_FAILED, EXIT_TEMPFAIL = 0, 1, 75
+from syncd.exits import EXIT_FAILED, EXIT_OK, EXIT_TEMPFAIL
+
 SYSTEMD_UNIT = "syncd.service"
 LAUNCHD_LABEL = "dev.syncd.agent"
 LAUNCHD_PLIST = f"{LAUNCHD_LABEL}.plist"

@@ -22,8 +22,8 @@ import msgspec
 
 from protocol.rows import EdgeRow, NodeRow
 from syncd.client import Client
+from syncd.exits import EXIT_FAILED, EXIT_OK
 
-EXIT_OK, EXIT_FAILED = 0, 1  # as in cli.py (which imports this module)
 IMPORT_BATCH_ROWS = 500
 
 

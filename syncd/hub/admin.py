@@ -16,12 +16,12 @@ from typing import TypeVar
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from syncd.exits import EXIT_FAILED, EXIT_OK, EXIT_TEMPFAIL, EXIT_USAGE
 from syncd.hub.dsn import resolve_dsn
 from syncd.hub.keys import load_or_create_key
 from syncd.hub.store import FileTokens, StoreUnavailableError, TokenStore
 from syncd.hub.tokens import PLANS
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_TEMPFAIL = 0, 1, 2, 75
 T = TypeVar("T")
 
 

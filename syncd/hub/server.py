@@ -15,7 +15,8 @@ from aiohttp import web
 
 from local_store import Store, StoreLockedError, StoreUnusableError
 from local_store.embed import Embedder
-from syncd.daemon import EXIT_CONFIG, EXIT_OK, EXIT_TEMPFAIL, StartupError, listen, stop_signals
+from syncd.daemon import StartupError, listen, stop_signals
+from syncd.exits import EXIT_CONFIG, EXIT_OK, EXIT_TEMPFAIL
 from syncd.hub.app import create_hub_app
 from syncd.hub.keys import KeyFileError
 from syncd.hub.store import FileTokens, HubStore, SqliteHubStore, StoreUnavailableError

@@ -60,11 +60,24 @@ def _systemd_word(text: str, *, command: bool = False) -> str:
 
 def render_systemd(paths: Paths, command: list[str] | None = None) -> str:
     command = launcher() if command is None else command
-    return (template(SYSTEMD_UNIT)
+    unit = (template(SYSTEMD_UNIT)
             .replace("{{SYNCD}}", " ".join(_systemd_word(a, command=i > 0)  # no $ in argv[0]
                                            for i, a in enumerate(command)))
             .replace("{{CONFIG}}", _systemd_word(str(paths.config), command=True))
             .replace("{{DATA_DIR}}", _systemd_word(str(paths.data_dir))))
+    if any(_in_tmp(path) for path in (paths.data_dir, paths.config)):
+        unit = unit.replace("\nPrivateTmp=yes\n", "\n" + PRIVATE_TMP_OFF)
+    return unit
+
+
+PRIVATE_TMP_OFF = ("# Off here: the data directory or the config file is under /tmp or /var/tmp, "
+                   "which a\n# private /tmp would hide from the daemon (it would start an empty "
+                   "store there).\nPrivateTmp=no\n")
+
+
+def _in_tmp(path: Path) -> bool:
+    return any(candidate.is_relative_to(tmp) for candidate in (path, path.resolve())
+               for tmp in (Path("/tmp"), Path("/var/tmp")))
 
 
 def render_launchd(paths: Paths, command: list[str] | None = None) -> str:

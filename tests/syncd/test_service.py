@@ -75,6 +75,22 @@ def test_systemd_quoting_of_odd_paths(tmp_path: Path) -> None:
     analyze_verify(path)
 
 
+def test_a_data_dir_under_tmp_turns_the_private_tmp_off(tmp_path: Path) -> None:
+    """``PrivateTmp=yes`` would hide a data directory (or config) under /tmp from the daemon,
+    which would then start an empty store in its private /tmp."""
+    home = Path.home() / ".local/share/syncd"
+    kept = render_systemd(Paths(config=Path.home() / ".config/syncd/config.toml",
+                                data_dir=home, log_dir=home))
+    assert "PrivateTmp=yes" in kept.splitlines()
+    for config, data in ((Path.home() / "c.toml", Path("/tmp/syncd-data")),
+                         (Path("/var/tmp/c.toml"), home)):
+        unit = render_systemd(Paths(config=config, data_dir=data, log_dir=data))
+        assert "PrivateTmp=no" in unit.splitlines() and "PrivateTmp=yes" not in unit
+        path = tmp_path / "syncd.service"
+        path.write_text(unit)
+        analyze_verify(path)
+
+
 def test_launchd_plist_renders_and_parses(tmp_path: Path) -> None:
     home, data = tmp_path / "home", tmp_path / "data"
     out = syncd_cli(home, "--data-dir", str(data), "service", "install", "--launchd", "--print")

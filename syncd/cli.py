@@ -7,17 +7,15 @@ error · 75 temporary failure (daemon not running, data dir in use, port taken).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import os
-import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from syncd import __version__, transfer
+from syncd import __version__
 from syncd.client import Client, ClientError, DaemonDown
 from syncd.exits import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_TEMPFAIL
 from syncd.report import pass_summary, status_lines
@@ -146,6 +144,8 @@ def _main(argv: Sequence[str] | None) -> int:
     # sync interval, drowning what syncd itself says. Its warnings and errors still show.
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
     if args.command == "demo":
+        import asyncio
+
         from syncd.demo import run_demo
         code: int = asyncio.run(run_demo())
         return code
@@ -196,6 +196,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace, settings: dict[str, Any]) -> int:
+    import asyncio
+
     from syncd.daemon import Daemon, StartupError, make_embedder
     config = settings["config"]
     try:
@@ -256,6 +258,8 @@ def _entitlement_setup(config: Any) -> Any:
 def _license(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     """Verify a licence against the pinned keys and this install's device id, install it,
     and ask a running daemon to re-check now."""
+    import sqlite3
+
     from syncd.entitlement.gate import Gate
     from syncd.entitlement.token import TokenError, pin
     config, data_dir = settings["config"], settings["data_dir"]
@@ -283,6 +287,7 @@ def _license(args: argparse.Namespace, settings: dict[str, Any]) -> int:
 
 def _device_id(data_dir: Path) -> str:
     """This install's device id: the store's replica id (read-only; the daemon may run)."""
+    import sqlite3
     db = data_dir / "memory.db"
     if not db.exists():
         raise ValueError(f"no store in {data_dir}: run `syncd run` once first")
@@ -294,6 +299,8 @@ def _device_id(data_dir: Path) -> str:
 
 
 def _hub(args: argparse.Namespace, settings: dict[str, Any]) -> int:
+    import asyncio
+
     from syncd.daemon import StartupError, make_embedder
     from syncd.hub.dsn import resolve_dsn
     from syncd.hub.server import Hub
@@ -322,6 +329,16 @@ def _hub(args: argparse.Namespace, settings: dict[str, Any]) -> int:
         return exc.exit_code
 
 
+def _export(client: Client, args: argparse.Namespace) -> int:
+    from syncd.transfer import export_file
+    return export_file(client, args)
+
+
+def _import(client: Client, args: argparse.Namespace) -> int:
+    from syncd.transfer import import_file
+    return import_file(client, args)
+
+
 def _sync(client: Client, args: argparse.Namespace) -> int:
     report = client.call("POST", "/v1/agent/sync/run", {})
     if args.json:
@@ -335,6 +352,8 @@ def _sync(client: Client, args: argparse.Namespace) -> int:
 def _mcp(data_dir: Path, listen_url: str) -> int:
     """Works before the daemon ever ran: requests then get a "start `syncd run`" error, and
     the token file is re-read when it appears or rotates."""
+    import asyncio
+
     from syncd.mcp_stdio import run_stdio_bridge, token_from_file
     from syncd.state import read_state
     from syncd.token import token_path
@@ -493,7 +512,7 @@ def _restore(data_dir: Path, source: Path) -> int:
 
 
 COMMANDS = {"status": _status, "recall": _recall, "save": _save,
-            "export": transfer.export_file, "import": transfer.import_file, "sync": _sync, "open": _open}
+            "export": _export, "import": _import, "sync": _sync, "open": _open}
 
 
 if __name__ == "__main__":

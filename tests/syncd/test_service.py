@@ -221,6 +221,21 @@ async def test_hook_is_silent_and_quick_when_the_daemon_is_down(tmp_path: Path) 
     assert (code, out) == (0, "") and elapsed < 1.0  # no token file either
 
 
+def test_the_hook_loads_only_what_it_uses(tmp_path: Path) -> None:
+    """The hook runs on every prompt: it must not import the store, numpy, asyncio or the
+    export/import code (together ~0.3 s of start-up) just to send one request."""
+    probe = ("import json, sys\n"
+             "sys.argv = ['syncd', '--data-dir', sys.argv[1], 'recall', '--hook']\n"
+             "from syncd.cli import main\n"
+             "main()\n"
+             "heavy = ['asyncio', 'sqlite3', 'numpy', 'local_store', 'syncd.transfer']\n"
+             "print(json.dumps([m for m in heavy if m in sys.modules]))\n")
+    out = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "never-ran")],
+                         input=payload("how do I ship billing?", tmp_path), capture_output=True,
+                         timeout=60, check=True, env=env_for(tmp_path))
+    assert json.loads(out.stdout.decode().splitlines()[-1]) == []
+
+
 @pytest.mark.parametrize("stdin", [b"", b"not json", b"[1, 2]", b'{"prompt": 7}',
                                    b'{"cwd": "/tmp"}', b"\xff\xfe"])
 async def test_hook_ignores_malformed_input(tmp_path: Path, stdin: bytes) -> None:

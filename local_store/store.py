@@ -20,13 +20,13 @@ import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, TypeVar
 
 import aiosqlite
 import msgspec
 import numpy as np
-import numpy.typing as npt
 
 from local_store import db, replica
 from local_store.apply import ApplyResult, apply_batch
@@ -40,7 +40,7 @@ from local_store.arguments import (
 )
 from local_store.checkpoint import Checkpointer
 from local_store.columns import EDGE_ALL, EDGE_SELECT, NODE_COLUMNS, NODE_SELECT
-from local_store.embed import Embedder, HashingEmbedder, from_blob
+from local_store.embed import Embedder, HashingEmbedder
 from local_store.errors import (
     NotFoundError,
     StoreClosedError,
@@ -48,6 +48,8 @@ from local_store.errors import (
     StoreUnusableError,
     ValidationError,
 )
+from local_store.exporting import PAGE_ROWS as EXPORT_PAGE_ROWS
+from local_store.exporting import ExportSnapshot, export_snapshot
 from local_store.feed import feed_page
 from local_store.reader import SyncReader
 from local_store.recall import Mode, Recall, Semantic
@@ -68,7 +70,14 @@ from local_store.records import (
 )
 from local_store.redact import strip_json_strings
 from local_store.vectors import VectorIndex
-from local_store.views import edge_view, list_view, memory_view, wire_edge, wire_node
+from local_store.views import (
+    edge_view,
+    list_view,
+    memory_view,
+    wire_edge,
+    wire_embeddings,
+    wire_node,
+)
 from local_store.writes import Vector, Writer, props_json
 from protocol.hlc import HybridClock
 from protocol.query import QueryRequest, QueryResponse
@@ -448,20 +457,24 @@ class Store:
 
     async def export(self, realm: str | None = None, *, model: str | None = None,
                      include_deleted: bool = False) -> tuple[list[NodeRow], list[EdgeRow]]:
-        """Latest versions (archived and invalidated included), as wire rows."""
-        where, params = ["1 = 1"], []
-        if realm is not None:
-            where.append("realm = ?")
-            params.append(realm)
-        if not include_deleted:
-            where.append("deleted = 0")
-        rows = await self._fetch(NODE_SELECT + " WHERE " + " AND ".join(where)
-                                 + " ORDER BY local_seq", params)
-        nodes = await self._wire_nodes(rows, model or self.embedder.model_id)
-        edge_sql = EDGE_SELECT + ("" if include_deleted else " WHERE deleted = 0")
-        edges = [wire_edge(dict(zip(EDGE_ALL, r, strict=True)))
-                 for r in await self._fetch(edge_sql + " ORDER BY local_seq")]
+        """Latest versions (archived and invalidated included), as wire rows, in one piece
+        (``export_snapshot`` gives them a page at a time)."""
+        async with self.export_snapshot(realm, model=model,
+                                        include_deleted=include_deleted) as snapshot:
+            nodes = [node async for page in snapshot.node_pages() for node in page]
+            edges = [edge async for page in snapshot.edge_pages() for edge in page]
         return nodes, edges
+
+    def export_snapshot(self, realm: str | None = None, *, model: str | None = None,
+                        include_deleted: bool = False,
+                        page_rows: int = EXPORT_PAGE_ROWS) -> AbstractAsyncContextManager[
+                            ExportSnapshot]:
+        """What ``export`` returns, read a page at a time from one snapshot (see
+        ``local_store/exporting.py``): an export's memory stays bounded by a page."""
+        if self._closed:
+            raise StoreClosedError("the store is closed")
+        return export_snapshot(self.db_path, realm, model=model or self.embedder.model_id,
+                               include_deleted=include_deleted, page_rows=page_rows)
 
     async def changes(self, since_seq: int, *, limit: int = 1000, realm: str | None = None,
                       model: str | None = None) -> tuple[list[NodeRow], list[EdgeRow], int]:
@@ -612,11 +625,7 @@ class Store:
             found += [(r[0], r[1]) for r in await self._fetch(
                 f"SELECT memory_id, vec FROM vectors WHERE model = ? AND memory_id IN ({marks})",
                 [model, *chunk])]
-        widths = {len(blob) for _, blob in found}
-        if len(widths) == 1:
-            matrix = from_blob(b"".join(blob for _, blob in found)).reshape(len(found), -1)
-            return dict(zip([mid for mid, _ in found], wire_vectors(matrix), strict=True))
-        return {mid: wire_vectors(from_blob(blob).reshape(1, -1))[0] for mid, blob in found}
+        return wire_embeddings(found)
 
     # ------------------------------------------------------------------ recall and settings
 
@@ -800,16 +809,6 @@ def _put_embedded(items: list[tuple[str, str, Vector]], w: Writer) -> None:
         row = w.node(memory_id)
         if row is not None and not row["deleted"] and row["content"] == content:
             w.put_vector(memory_id, vector)
-
-
-WIRE_DECIMALS = 8
-
-
-def wire_vectors(matrix: npt.NDArray[np.float32]) -> list[list[float]]:
-    """Stored float32 vectors (rows) as JSON numbers, rounded to 8 decimals: a float32's exact
-    float64 text takes ~19 characters, the rounded one ~10 (half the bytes on the wire) while
-    staying within float32 precision of a unit vector's components."""
-    return np.round(matrix.astype(np.float64), WIRE_DECIMALS).tolist()  # type: ignore[no-any-return]
 
 
 def _mark_unfed(w: Writer) -> None:

@@ -124,6 +124,11 @@ class ExportBody(msgspec.Struct, kw_only=True, omit_defaults=True):
     next_cursor: str | None = None  # syncd
 
 
+# syncd's export answer carries its row counts in these headers (memories, edges): the body is
+# streamed, so a client copying it to a file can report them without parsing it.
+EXPORT_COUNT_HEADERS = ("X-Syncd-Memories", "X-Syncd-Edges")
+
+
 class ChangesResponse(msgspec.Struct, kw_only=True, omit_defaults=True):
     """``GET /v1/agent/memory/changes`` response; ``since``/``until`` are kept verbatim."""
 

@@ -6,12 +6,13 @@ its own subclass so callers can choose to be silent (hooks) or loud (CLI).
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from syncd.state import read_state
 from syncd.token import read_token, token_path
@@ -55,6 +56,32 @@ class Client:
             raise DaemonDown(f"syncd daemon is not running at {self.url} "
                              f"({getattr(exc, 'reason', exc)}); start it with `syncd run`") from None
         return json.loads(raw) if raw else None
+
+
+    def download(self, path: str, sink: IO[bytes]) -> dict[str, str]:
+        """GET ``path``, copying the body into ``sink`` as it arrives (1 MiB at a time);
+        returns the answer's headers. A body cut short is a ``ClientError`` (``sink`` then
+        holds a part: write it somewhere you can discard)."""
+        request = urllib.request.Request(self.url + path, method="GET",
+                                         headers={"Authorization": f"Bearer {self.token}"})
+        try:
+            resp = urllib.request.urlopen(request, timeout=self.timeout)
+        except urllib.error.HTTPError as exc:
+            raise ClientError(_error_text(exc.code, exc.read())) from None
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+            raise DaemonDown(f"syncd daemon is not running at {self.url} "
+                             f"({getattr(exc, 'reason', exc)}); start it with `syncd run`") from None
+        with resp:
+            try:
+                while chunk := resp.read(DOWNLOAD_CHUNK):
+                    sink.write(chunk)
+            except (http.client.HTTPException, ConnectionError, TimeoutError) as exc:
+                raise ClientError(f"the daemon's answer to GET {path} was cut short "
+                                  f"({type(exc).__name__}); its log says why") from None
+            return dict(resp.headers)
+
+
+DOWNLOAD_CHUNK = 1 << 20
 
 
 def _error_text(status: int, raw: bytes) -> str:

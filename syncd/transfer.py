@@ -15,12 +15,15 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+from urllib.parse import quote
 
 import msgspec
 
-from protocol.rows import EdgeRow, NodeRow
+from protocol.rows import EXPORT_COUNT_HEADERS, EdgeRow, NodeRow
 from syncd.client import Client
 from syncd.exits import EXIT_FAILED, EXIT_OK
 
@@ -28,19 +31,22 @@ IMPORT_BATCH_ROWS = 500
 
 
 def export_file(client: Client, args: argparse.Namespace) -> int:
-    path = "/v1/agent/memory/export" + (f"?realm={args.realm}" if args.realm is not None else "")
-    body = client.call("GET", path)
-    text = json.dumps(body, ensure_ascii=False)
-    if args.output:
-        try:
-            _write_replacing(args.output, text.encode())
-        except OSError as exc:
-            print(f"syncd: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
-            return EXIT_FAILED
-        print(f"exported {len(body['memory_nodes'])} memories and {len(body['memory_edges'])} "
-              f"edges to {args.output}", file=sys.stderr)
-    else:
-        print(text)
+    """The daemon's export, copied to the file (or stdout) as it arrives: the whole body never
+    sits in memory. The file is replaced only by a complete export."""
+    path = "/v1/agent/memory/export" + (f"?realm={quote(args.realm)}"
+                                        if args.realm is not None else "")
+    if not args.output:
+        client.download(path, sys.stdout.buffer)
+        sys.stdout.buffer.write(b"\n")
+        return EXIT_OK
+    try:
+        with _replacing(args.output) as handle:
+            headers = client.download(path, handle)
+    except OSError as exc:
+        print(f"syncd: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_FAILED
+    memories, edges = (headers.get(name, "?") for name in EXPORT_COUNT_HEADERS)
+    print(f"exported {memories} memories and {edges} edges to {args.output}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -117,13 +123,15 @@ def _refusal(error: dict[str, Any], part: list[tuple[int, dict[str, Any]]]) -> s
     return f"{where}.{error.get('field') or 'row'}: {error['message']}"
 
 
-def _write_replacing(path: Path, data: bytes) -> None:
-    """``path`` holds ``data`` or what it held before, never a part (a full disk, a crash).
-    A new file is 0600 (it holds memories); a replaced one keeps its mode."""
+@contextmanager
+def _replacing(path: Path) -> Iterator[IO[bytes]]:
+    """A file to write ``path``'s new content into: ``path`` then holds all of it or what it
+    held before, never a part (a full disk, a crash, an error while writing). A new file is
+    0600 (it holds memories); a replaced one keeps its mode."""
     fd, partial = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            yield handle
         if path.exists():
             os.chmod(partial, path.stat().st_mode & 0o7777)
         os.replace(partial, path)

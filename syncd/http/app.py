@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -16,7 +16,13 @@ from aiohttp import web
 from local_store import Store, StoreError, ValidationError
 from local_store.apply import ApplyResult
 from protocol.query import QueryRequest
-from protocol.rows import ChangesResponse, ExportBody, ImportRequest, ImportResult, RowError
+from protocol.rows import (
+    EXPORT_COUNT_HEADERS,
+    ChangesResponse,
+    ImportRequest,
+    ImportResult,
+    RowError,
+)
 from protocol.timestamp import format_ns
 from syncd import __version__
 from syncd.http.errors import STORE_STATUS, HttpError, error_response
@@ -135,11 +141,41 @@ async def query(request: web.Request) -> web.Response:
     return reply(await request.app[STORE].recall(req))
 
 
-async def export(request: web.Request) -> web.Response:
+async def export(request: web.Request) -> web.StreamResponse:
+    """The plane's export body, streamed a page at a time from one snapshot (memory stays
+    bounded by a page whatever the store's size). ``X-Syncd-Memories``/``X-Syncd-Edges`` give
+    the counts up front. A failure once the body has begun cannot become an error answer: the
+    connection is dropped, so the client sees a truncated body, never a short valid one."""
     store = request.app[STORE]
-    nodes, edges = await store.export(request.query.get("realm"))
-    return reply(ExportBody(memory_nodes=nodes, memory_edges=edges, hint=EXPORT_HINT,
-                             store_id=store.store_id))
+    async with store.export_snapshot(request.query.get("realm")) as snapshot:
+        response = web.StreamResponse(headers={
+            "Content-Type": "application/json", EXPORT_COUNT_HEADERS[0]: str(snapshot.memories),
+            EXPORT_COUNT_HEADERS[1]: str(snapshot.edges)})
+        await response.prepare(request)
+        try:
+            await _write_array(response, b'{"memory_nodes":[', snapshot.node_pages())
+            await _write_array(response, b'],"memory_edges":[', snapshot.edge_pages())
+            await response.write(b'],"hint":' + _encoder.encode(EXPORT_HINT) + b',"store_id":'
+                                 + _encoder.encode(store.store_id) + b"}")
+        except Exception:
+            log.exception("export failed after its answer began; dropping the connection")
+            if request.transport is not None:
+                request.transport.abort()
+            return response
+        await response.write_eof()
+    return response
+
+
+async def _write_array(response: web.StreamResponse, opening: bytes,
+                       pages: AsyncIterator[Sequence[Any]]) -> None:
+    """``opening`` then the pages' rows, comma-separated (the array's closing bracket is the
+    caller's, with what follows it)."""
+    separator = b""
+    await response.write(opening)
+    async for page in pages:
+        if page:
+            await response.write(separator + b",".join(_encoder.encode(row) for row in page))
+            separator = b","
 
 
 async def changes(request: web.Request) -> web.Response:
@@ -267,7 +303,7 @@ async def mcp(request: web.Request) -> web.Response:
     return reply(answer)
 
 
-ROUTES: list[tuple[str, str, Callable[[web.Request], Awaitable[web.Response]]]] = [
+ROUTES: list[tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]]]] = [
     ("POST", "/v1/agent/memory/query", query),
     ("GET", "/v1/agent/memory/export", export),
     ("GET", "/v1/agent/memory/changes", changes),

@@ -31,8 +31,7 @@ from local_store.columns import NODE_WIRE
 from local_store.embed import Embedder, HashingEmbedder, from_blob, to_blob
 from local_store.merge import EDGE_HASHED, content_hash, version_key, wins
 from local_store.records import parse_timestamp
-from local_store.store import wire_vectors
-from local_store.views import wire_edge, wire_node
+from local_store.views import wire_edge, wire_node, wire_vectors
 from protocol.query import QueryRequest, QueryResponse
 from protocol.rows import EdgeRow, NodeRow
 from protocol.settings import DEFAULT_SETTINGS, MemorySettings, merge_patch, settings_decoder

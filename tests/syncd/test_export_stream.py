@@ -1,0 +1,80 @@
+"""The daemon's export, streamed a page at a time, and `syncd export` copying it as it comes:
+one valid body whatever the page count, the counts in headers, and a body cut short never
+replacing the file."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from syncd.client import Client, ClientError
+from syncd.http.app import EXPORT_HINT
+from syncd.transfer import export_file
+from tests.syncd.conftest import TOKEN, Daemon
+
+
+async def test_an_export_of_many_pages_is_one_body_with_its_counts(daemon: Daemon) -> None:
+    for start in range(0, 1200, 100):  # 1,200 memories: three pages of 500
+        await daemon.store.save_many([{"content": f"memory {i}", "realm": "r"}
+                                      for i in range(start, start + 100)])
+    await daemon.store.link({"memory_id": (await daemon.store.export())[0][0].id,
+                             "target_node_id": "entity:x"})
+    status, body, headers = await daemon.call("GET", "/v1/agent/memory/export")
+    assert status == 200 and isinstance(body, dict)
+    assert (headers["X-Syncd-Memories"], headers["X-Syncd-Edges"]) == ("1200", "1")
+    nodes, edges = await daemon.store.export()
+    assert [n["id"] for n in body["memory_nodes"]] == [n.id for n in nodes]
+    assert len(body["memory_nodes"][0]["embedding"]) == 384
+    assert [e["id"] for e in body["memory_edges"]] == [e.id for e in edges]
+    assert (body["hint"], body["store_id"]) == (EXPORT_HINT, daemon.store.store_id)
+    status, empty, headers = await daemon.call("GET", "/v1/agent/memory/export?realm=none")
+    assert isinstance(empty, dict) and empty["memory_nodes"] == []
+    assert len(empty["memory_edges"]) == 1  # edges are not filtered by realm (as the plane)
+    assert (headers["X-Syncd-Memories"], headers["X-Syncd-Edges"]) == ("0", "1")
+
+
+@pytest.fixture
+async def cut_short() -> AsyncIterator[str]:
+    """A server whose export answer stops halfway: headers, part of the body, then a reset."""
+    async def export(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json",
+                                               "X-Syncd-Memories": "2", "X-Syncd-Edges": "0"})
+        await response.prepare(request)
+        await response.write(b'{"memory_nodes":[{"id":"memory:a"},')
+        await asyncio.sleep(0.05)
+        assert request.transport is not None
+        request.transport.abort()
+        return response
+
+    app = web.Application()
+    app.router.add_get("/v1/agent/memory/export", export)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_body_cut_short_is_an_error_and_never_replaces_the_file(
+        cut_short: str, tmp_path: Path) -> None:
+    client = Client(cut_short, TOKEN, timeout=10)
+    with pytest.raises(ClientError, match="cut short"):
+        await asyncio.to_thread(client.download, "/v1/agent/memory/export", io.BytesIO())
+    kept = tmp_path / "export.json"
+    await asyncio.to_thread(kept.write_text, '{"memory_nodes": [], "memory_edges": []}')
+    args = argparse.Namespace(realm=None, output=kept)
+    with pytest.raises(ClientError, match="cut short"):
+        await asyncio.to_thread(export_file, client, args)
+    assert json.loads(await asyncio.to_thread(kept.read_text)) == {
+        "memory_nodes": [], "memory_edges": []}  # the earlier export, whole
+    left = await asyncio.to_thread(lambda: sorted(p.name for p in tmp_path.iterdir()))
+    assert left == ["export.json"]  # and no part of the cut one

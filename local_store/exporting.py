@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from local_store import db
 from local_store.columns import EDGE_ALL, NODE_COLUMNS
@@ -34,6 +34,18 @@ _NODE_PAGE = ("SELECT " + ", ".join(f"m.{c}" for c in NODE_COLUMNS) + ", v.vec F
               "WHERE m.local_seq > ?{filters} ORDER BY m.local_seq LIMIT ?")
 _EDGE_PAGE = ("SELECT " + ", ".join(EDGE_ALL) + " FROM edges WHERE local_seq > ?{filters} "
               "ORDER BY local_seq LIMIT ?")
+
+
+class ExportPages(Protocol):
+    """What an export streams from: its counts, then its rows a page at a time (this store's
+    ``ExportSnapshot``; the PostgreSQL hub has its own)."""
+
+    memories: int
+    edges: int
+
+    def node_pages(self) -> AsyncIterator[list[NodeRow]]: ...
+
+    def edge_pages(self) -> AsyncIterator[list[EdgeRow]]: ...
 
 
 class ExportSnapshot:

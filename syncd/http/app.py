@@ -15,6 +15,7 @@ from aiohttp import web
 
 from local_store import Store, StoreError, ValidationError
 from local_store.apply import ApplyResult
+from local_store.exporting import ExportPages
 from protocol.query import QueryRequest
 from protocol.rows import (
     EXPORT_COUNT_HEADERS,
@@ -142,27 +143,33 @@ async def query(request: web.Request) -> web.Response:
 
 
 async def export(request: web.Request) -> web.StreamResponse:
-    """The plane's export body, streamed a page at a time from one snapshot (memory stays
-    bounded by a page whatever the store's size). ``X-Syncd-Memories``/``X-Syncd-Edges`` give
-    the counts up front. A failure once the body has begun cannot become an error answer: the
-    connection is dropped, so the client sees a truncated body, never a short valid one."""
     store = request.app[STORE]
     async with store.export_snapshot(request.query.get("realm")) as snapshot:
-        response = web.StreamResponse(headers={
-            "Content-Type": "application/json", EXPORT_COUNT_HEADERS[0]: str(snapshot.memories),
-            EXPORT_COUNT_HEADERS[1]: str(snapshot.edges)})
-        await response.prepare(request)
-        try:
-            await _write_array(response, b'{"memory_nodes":[', snapshot.node_pages())
-            await _write_array(response, b'],"memory_edges":[', snapshot.edge_pages())
-            await response.write(b'],"hint":' + _encoder.encode(EXPORT_HINT) + b',"store_id":'
-                                 + _encoder.encode(store.store_id) + b"}")
-        except Exception:
-            log.exception("export failed after its answer began; dropping the connection")
-            if request.transport is not None:
-                request.transport.abort()
-            return response
-        await response.write_eof()
+        return await stream_export(request, snapshot, store.store_id)
+
+
+async def stream_export(request: web.Request, snapshot: ExportPages,
+                        store_id: str) -> web.StreamResponse:
+    """The plane's export body, streamed a page at a time (memory stays bounded by a page
+    whatever the store's size); ``X-Syncd-Memories``/``X-Syncd-Edges`` give the counts up
+    front. A failure once the body has begun cannot become an error answer: the connection is
+    dropped, so the client sees a truncated body, never a short valid one."""
+    memories, edges = EXPORT_COUNT_HEADERS
+    response = web.StreamResponse(headers={
+        "Content-Type": "application/json", memories: str(snapshot.memories),
+        edges: str(snapshot.edges)})
+    await response.prepare(request)
+    try:
+        await _write_array(response, b'{"memory_nodes":[', snapshot.node_pages())
+        await _write_array(response, b'],"memory_edges":[', snapshot.edge_pages())
+        await response.write(b'],"hint":' + _encoder.encode(EXPORT_HINT) + b',"store_id":'
+                             + _encoder.encode(store_id) + b"}")
+    except Exception:
+        log.exception("export failed after its answer began; dropping the connection")
+        if request.transport is not None:
+            request.transport.abort()
+        return response
+    await response.write_eof()
     return response
 
 

@@ -48,6 +48,7 @@ from syncd.http.app import (
     read_json,
     read_typed,
     reply,
+    stream_export,
 )
 from syncd.http.errors import HttpError, error_response
 from syncd.http.security import not_json
@@ -195,12 +196,11 @@ async def changes(request: web.Request) -> web.Response:
                                  has_more=more, feed="ingest"))
 
 
-async def export(request: web.Request) -> web.Response:
+async def export(request: web.Request) -> web.StreamResponse:
     hub, realm, limit = hub_of(request), request.query.get("realm"), _limit(request)
-    if limit is None:
-        nodes, edges = await hub.export(realm)
-        return reply(ExportBody(memory_nodes=nodes, memory_edges=edges, hint=EXPORT_HINT,
-                                store_id=hub.store_id))
+    if limit is None:  # everything: streamed a page at a time
+        async with hub.export_snapshot(realm) as snapshot:
+            return await stream_export(request, snapshot, hub.store_id)
     nodes, edges, last, more = await hub.export_page(request.query.get("cursor", "0"),
                                                      limit=limit, realm=realm)
     return reply(ExportBody(memory_nodes=nodes, memory_edges=edges, hint=EXPORT_HINT,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Protocol
 
@@ -21,6 +22,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from local_store import Store, ValidationError
 from local_store.apply import ApplyResult
 from local_store.embed import Embedder
+from local_store.exporting import PAGE_ROWS as EXPORT_PAGE_ROWS
+from local_store.exporting import ExportPages
 from protocol.query import QueryRequest, QueryResponse
 from protocol.rows import EdgeRow, NodeRow
 from protocol.settings import MemorySettings
@@ -90,6 +93,12 @@ class HubStore(Protocol):
     async def export_page(self, cursor: str, *, limit: int, realm: str | None = None) -> Page:
         """One page of ``export``: rows, ``next_cursor``, ``has_more``. ``cursor`` is ``"0"``
         or a previous ``next_cursor``; a bad one raises ``ValidationError("cursor")``."""
+        ...
+
+    def export_snapshot(self, realm: str | None = None, *, page_rows: int = EXPORT_PAGE_ROWS,
+                        ) -> AbstractAsyncContextManager[ExportPages]:
+        """``export``'s rows, in its order, a page at a time from one snapshot (the unpaged
+        export answer is streamed from it: a hub's memory stays bounded by a page)."""
         ...
 
     async def recall(self, request: QueryRequest) -> QueryResponse: ...
@@ -173,6 +182,10 @@ class SqliteHubStore:
 
     async def export(self, realm: str | None = None) -> tuple[list[NodeRow], list[EdgeRow]]:
         return await self.store.export(realm, include_deleted=True)
+
+    def export_snapshot(self, realm: str | None = None, *, page_rows: int = EXPORT_PAGE_ROWS,
+                        ) -> AbstractAsyncContextManager[ExportPages]:
+        return self.store.export_snapshot(realm, include_deleted=True, page_rows=page_rows)
 
     async def export_page(self, cursor: str, *, limit: int, realm: str | None = None) -> Page:
         start = parse_cursor(cursor)

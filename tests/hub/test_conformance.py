@@ -259,6 +259,34 @@ async def test_export_pages_cover_every_row_with_tombstones(hub_store: HubStore)
     assert {n.id for n in whole} == {mid for mid, _ in seen}
 
 
+async def test_an_export_snapshot_streams_exports_rows_and_ignores_later_writes(
+        hub_store: HubStore) -> None:
+    """The unpaged export answer streams from ``export_snapshot``: its pages hold exactly
+    ``export``'s rows in its order, tombstones and vectors included, with its counts, from
+    one snapshot (rows written between two pages do not show)."""
+    await hub_store.apply([node(f"memory:s{i:02d}", f"row {i}", 1, realm="work" if i % 3 else
+                                "home") for i in range(11)],
+                          [edge("memory:s01", "memory:s02"), edge("memory:s02", "memory:s03")],
+                          model=MODEL)
+    await hub_store.apply([node("memory:s05", "row 5", 9, deleted=True)], [], model=MODEL)
+    nodes, edges = await hub_store.export()
+    async with hub_store.export_snapshot(page_rows=3) as snapshot:
+        pages = snapshot.node_pages()
+        streamed = list(await anext(pages))
+        await hub_store.apply([node("memory:s00", "changed", 20), node("memory:zz", "new", 20)],
+                              [edge("memory:s03", "memory:s04")], model=MODEL)
+        streamed += [n async for page in pages for n in page]
+        links = [e async for page in snapshot.edge_pages() for e in page]
+        assert (snapshot.memories, snapshot.edges) == (11, 2)
+    assert (streamed, links) == (nodes, edges)
+    assert [n.id for n in streamed if n.deleted] == ["memory:s05"]
+    assert all(n.embedding for n in streamed if not n.deleted)
+    async with hub_store.export_snapshot("home", page_rows=2) as snapshot:
+        home = [n.id async for page in snapshot.node_pages() for n in page]
+        assert snapshot.memories == len(home) == 3  # memory:s00 moved to "work" above
+    assert home == [n.id for n in (await hub_store.export("home"))[0]]
+
+
 @pytest.mark.parametrize("cursor", ["", "-1", "abc", "1e3", "9" * 40])
 async def test_a_bad_export_cursor_names_the_field(hub_store: HubStore, cursor: str) -> None:
     with pytest.raises(ValidationError) as err:

@@ -120,6 +120,11 @@ async def test_export_pages_include_tombstones(hub: Hub) -> None:
     status, err = await call(hub, "GET", "/v1/agent/memory/export", hub.read_token,
                              params={"limit": "0"})
     assert status == 422 and err["error"]["field"] == "limit"
+    # without a limit, everything in one body (streamed a page at a time), tombstones too
+    status, whole = await call(hub, "GET", "/v1/agent/memory/export", hub.read_token)
+    assert status == 200 and whole["store_id"] == hub.store.store_id
+    assert sorted(n["id"] for n in whole["memory_nodes"]) == sorted(ids)
+    assert [n["id"] for n in whole["memory_nodes"] if n.get("deleted")] == [node(3)["id"]]
 
 
 @pytest.mark.parametrize("cursor", ["ingest", "origin"])

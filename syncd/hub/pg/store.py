@@ -29,6 +29,8 @@ from local_store.apply import (
 from local_store.arguments import msgspec_field
 from local_store.columns import NODE_WIRE
 from local_store.embed import Embedder, HashingEmbedder, from_blob, to_blob
+from local_store.exporting import PAGE_ROWS as EXPORT_PAGE_ROWS
+from local_store.exporting import ExportPages
 from local_store.merge import EDGE_HASHED, content_hash, version_key, wins
 from local_store.records import parse_timestamp
 from local_store.views import wire_edge, wire_node, wire_vectors
@@ -406,6 +408,15 @@ class PgHubStore:
             nodes = await self._wire_nodes(conn, node_rows)
         return nodes, [_wire_edge(r) for r in edge_rows]
 
+    @contextlib.asynccontextmanager
+    async def export_snapshot(self, realm: str | None = None, *,
+                              page_rows: int = EXPORT_PAGE_ROWS) -> AsyncIterator[ExportPages]:
+        async with self._connection() as conn, conn.transaction(isolation="repeatable_read",
+                                                                readonly=True):
+            snapshot = _PgExport(self, conn, realm, page_rows)
+            await snapshot.count()
+            yield snapshot
+
     async def _wire_nodes(self, conn: Conn,
                           rows: Sequence[asyncpg.Record]) -> list[NodeRow]:
         if not rows:
@@ -474,3 +485,38 @@ def _md5(text: str) -> str:
 
 def _wire_edge(record: asyncpg.Record) -> EdgeRow:
     return wire_edge(dict(zip(EDGE_COLS, record, strict=True)))
+
+
+class _PgExport:
+    """``export``'s rows a page at a time (keyset on the id, ``export``'s order), inside the
+    caller's repeatable-read transaction: one snapshot for every page."""
+
+    def __init__(self, store: PgHubStore, conn: Conn, realm: str | None, page_rows: int) -> None:
+        self._store, self._conn, self._page_rows = store, conn, page_rows
+        self._realm_sql, self._realm = ("", []) if realm is None else (" AND m.realm = $2",
+                                                                        [realm])
+        self.memories = self.edges = 0
+
+    async def count(self) -> None:
+        self.memories = int(await self._conn.fetchval(
+            "SELECT count(*) FROM memories m WHERE m.id > $1" + self._realm_sql,
+            "", *self._realm))
+        self.edges = int(await self._conn.fetchval("SELECT count(*) FROM edges"))
+
+    async def node_pages(self) -> AsyncIterator[list[NodeRow]]:
+        after = ""
+        while rows := await self._conn.fetch(
+                NODE_SQL + " WHERE m.id > $1" + self._realm_sql
+                + f" ORDER BY m.id LIMIT {self._page_rows:d}", after, *self._realm):
+            after = rows[-1][0]
+            nodes = await self._store._wire_nodes(self._conn, rows)
+            del rows
+            yield nodes
+            del nodes
+
+    async def edge_pages(self) -> AsyncIterator[list[EdgeRow]]:
+        after = ""
+        while rows := await self._conn.fetch(
+                EDGE_SQL + f" WHERE e.id > $1 ORDER BY e.id LIMIT {self._page_rows:d}", after):
+            after = rows[-1][0]
+            yield [_wire_edge(r) for r in rows]

@@ -137,10 +137,17 @@ def node_from_wire(wire: NodeRow, key: WireKey | None = None) -> Row:
     row["local_seq"] = 0
     row["dedupe_key"] = row["source_uris"] = row["mentions"] = row["last_seen"] = None
     values = hashed_values(row)
-    # Equal values of equal types print alike, so they hash alike: the types agree here (str
-    # or None texts, float importance, int deleted — in both), hence ``==`` is enough.
-    row["content_hash"] = key[1] if key is not None and values == key[0] else hash_values(values)
+    row["content_hash"] = key[1] if key is not None and _hash_alike(values, key[0]) else (
+        hash_values(values))
     return row
+
+
+def _hash_alike(values: tuple[object, ...], wire: tuple[object, ...]) -> bool:
+    """Do ``values`` (a row's) and ``wire`` (its wire row's) hash alike? The types agree (str
+    or None texts, float importance, int deleted — in both), and equal values of one type
+    print alike, but for one case: 0.0 == -0.0, printed "0.0" and "-0.0" (the row's clamp
+    turns -0.0 into 0.0), so importance is compared as printed."""
+    return values == wire and str(values[_IMPORTANCE]) == str(wire[_IMPORTANCE])
 
 
 def redacted_text(wire: NodeRow, row: Row) -> bool:

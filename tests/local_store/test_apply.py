@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from local_store import Store, apply, writes
@@ -239,15 +239,24 @@ wire_nodes = st.builds(
     memory_type=st.sampled_from([None, "fact", " Decision ", "weird"]),
     title=st.sampled_from(_TEXTS), content=st.sampled_from(_TEXTS),
     tags=st.sampled_from(_TEXTS), status=st.sampled_from([None, "active", "ARCHIVED", "x"]),
-    importance=st.sampled_from([None, 0.5, 1, 2.0, -1.0, float("nan"), True]),
+    importance=st.sampled_from([None, 0.5, 1, 2.0, -1.0, -0.0, 0.0, float("nan"), True]),
     created_at=st.sampled_from([None, *_STAMPS]), updated_at=st.sampled_from([None, *_STAMPS]),
     valid_at=st.sampled_from([None, *_STAMPS]), invalid_at=st.sampled_from([None, *_STAMPS]),
     provenance=st.sampled_from([None, '{"s": 1}', '{"a": "<private>x</private>"}']),
     origin=st.sampled_from([None, "", "r1"]), deleted=st.sampled_from([None, False, True]))
 
 
+_CANONICAL = NodeRow(id="memory:1", realm="p", memory_type="fact", content="a", tags="",
+                     status="active", importance=0.5, created_at=format_ns(T0),
+                     updated_at=format_ns(T0))
+
+
 @settings(max_examples=int(os.environ.get("SYNCD_PROPERTY_EXAMPLES", "25")) * 20, deadline=None)
-@given(wire_nodes)
+@given(st.one_of(wire_nodes, st.builds(
+    msgspec.structs.replace, st.just(_CANONICAL),  # rows normalising leaves as they are...
+    importance=st.sampled_from([0.5, 0.0, -0.0, 1.0, 1]),  # ...but for what it must change
+    deleted=st.sampled_from([None, True]), provenance=st.sampled_from([None, '{"s": 1}']))))
+@example(msgspec.structs.replace(_CANONICAL, importance=-0.0))  # == 0.0, printed otherwise
 def test_a_wire_rows_own_hash_is_reused_only_when_it_is_the_rows_hash(wire: NodeRow) -> None:
     """``node_from_wire`` given the wire row's key (hashed as it came, in a helper thread)
     builds exactly the row it builds alone: the key's hash is taken only when normalising

@@ -8,12 +8,15 @@ import argparse
 import asyncio
 import io
 import json
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from aiohttp import web
 
+from local_store.exporting import ExportSnapshot
+from protocol.rows import NodeRow
 from syncd.client import Client, ClientError
 from syncd.http.app import EXPORT_HINT
 from syncd.transfer import export_file
@@ -78,3 +81,27 @@ async def test_a_body_cut_short_is_an_error_and_never_replaces_the_file(
         "memory_nodes": [], "memory_edges": []}  # the earlier export, whole
     left = await asyncio.to_thread(lambda: sorted(p.name for p in tmp_path.iterdir()))
     assert left == ["export.json"]  # and no part of the cut one
+
+
+async def test_a_failure_mid_export_cuts_the_body_and_the_daemon_keeps_serving(
+        daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the answer has begun, a failure cannot become an error answer: the connection is
+    dropped, so the client sees a cut body (never a short valid one), and the next request
+    is served as usual."""
+    for start in range(0, 1200, 100):
+        await daemon.store.save_many([{"content": f"memory {i}"} for i in range(start, start + 100)])
+    read = ExportSnapshot._node_page
+    calls: list[int] = []
+
+    def failing(self: ExportSnapshot, after: int) -> tuple[list[NodeRow], int]:
+        calls.append(after)
+        if len(calls) == 2:
+            raise sqlite3.OperationalError("disk I/O error")
+        return read(self, after)
+
+    monkeypatch.setattr(ExportSnapshot, "_node_page", failing)
+    client = Client(daemon.url, TOKEN, timeout=10)
+    with pytest.raises(ClientError, match="cut short"):
+        await asyncio.to_thread(client.download, "/v1/agent/memory/export", io.BytesIO())
+    status, body, _ = await daemon.call("GET", "/v1/agent/memory/export")
+    assert status == 200 and isinstance(body, dict) and len(body["memory_nodes"]) == 1200

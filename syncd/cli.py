@@ -350,8 +350,9 @@ def _sync(client: Client, args: argparse.Namespace) -> int:
 
 
 def _mcp(data_dir: Path, listen_url: str) -> int:
-    """Works before the daemon ever ran: requests then get a "start `syncd run`" error, and
-    the token file is re-read when it appears or rotates."""
+    """Works before the daemon ever ran: ``initialize`` waits up to 20 s for it, other
+    requests get a "start `syncd run`" error, and the token file is re-read when it appears
+    or rotates."""
     import asyncio
 
     from syncd.mcp_stdio import run_stdio_bridge, token_from_file

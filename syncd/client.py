@@ -72,13 +72,15 @@ class Client:
             raise DaemonDown(f"syncd daemon is not running at {self.url} "
                              f"({getattr(exc, 'reason', exc)}); start it with `syncd run`") from None
         with resp:
-            try:
-                while chunk := resp.read(DOWNLOAD_CHUNK):
-                    sink.write(chunk)
-            except (http.client.HTTPException, ConnectionError, TimeoutError) as exc:
-                raise ClientError(f"the daemon's answer to GET {path} was cut short "
-                                  f"({type(exc).__name__}); its log says why") from None
-            return dict(resp.headers)
+            while True:
+                try:
+                    chunk = resp.read(DOWNLOAD_CHUNK)
+                except (http.client.HTTPException, ConnectionError, TimeoutError) as exc:
+                    raise ClientError(f"the daemon's answer to GET {path} was cut short "
+                                      f"({type(exc).__name__}); its log says why") from None
+                if not chunk:
+                    return dict(resp.headers)
+                sink.write(chunk)  # its errors (a closed pipe, a full disk) are the caller's
 
 
 DOWNLOAD_CHUNK = 1 << 20

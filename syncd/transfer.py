@@ -3,6 +3,8 @@ running daemon.
 
 Rules:
   * An export written with ``-o`` replaces the file whole or not at all.
+  * Neither holds a whole file in memory: an export is copied as it arrives, an import read a
+    piece at a time (``syncd/jsonrows.py``).
   * An import goes in batches of ``IMPORT_BATCH_ROWS``; every refused row is reported by its
     place in the file — whether it was refused here (ill-typed for the wire: not sent, since
     the daemon would refuse its whole batch) or by the daemon (which numbers a batch's rows).
@@ -11,7 +13,6 @@ Rules:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -26,6 +27,7 @@ import msgspec
 from protocol.rows import EXPORT_COUNT_HEADERS, EdgeRow, NodeRow
 from syncd.client import Client
 from syncd.exits import EXIT_FAILED, EXIT_OK
+from syncd.jsonrows import count_rows, rows
 
 IMPORT_BATCH_ROWS = 500
 
@@ -51,39 +53,26 @@ def export_file(client: Client, args: argparse.Namespace) -> int:
 
 
 def import_file(client: Client, args: argparse.Namespace) -> int:
-    """Send the file's rows in batches. Every refused row is reported by its place in the file,
-    whether this command found it ill-typed (it is then not sent: the daemon would refuse its
-    whole batch) or the daemon refused it."""
+    """Send the file's rows in batches, reading it a piece at a time (``syncd/jsonrows.py``):
+    once through to check it is an export and count its rows (nothing is sent from a file
+    that is not), then again to send them. Every refused row is reported by its place in the
+    file, whether this command found it ill-typed (it is then not sent: the daemon would
+    refuse its whole batch) or the daemon refused it."""
     try:
-        data = json.loads(args.file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        print(f"syncd: cannot read {args.file}: {exc}", file=sys.stderr)
+        with args.file.open(encoding="utf-8") as handle:
+            total = sum(count_rows(handle).values())
+        batches = _Batches(client, total)
+        with args.file.open(encoding="utf-8") as handle:
+            for key, index, row in rows(handle):
+                batches.add(key, index, row)
+    except OSError as exc:
+        print(f"syncd: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_FAILED
-    if not isinstance(data, dict):
-        print(f"syncd: {args.file}: expected an object with memory_nodes and memory_edges",
-              file=sys.stderr)
-        return EXIT_FAILED
-    refused: list[str] = []
-    try:
-        nodes = _well_typed(data, "memory_nodes", refused)
-        edges = _well_typed(data, "memory_edges", refused)
-    except ValueError as exc:
+    except ValueError as exc:  # not an export (or not UTF-8), or changed while being read
         print(f"syncd: {args.file}: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    total = len(nodes) + len(edges) + len(refused)
-    applied, done = [0, 0], len(refused)
-    for start in range(0, max(len(nodes), len(edges), 1), IMPORT_BATCH_ROWS):
-        parts = {"node": nodes[start:start + IMPORT_BATCH_ROWS],
-                 "edge": edges[start:start + IMPORT_BATCH_ROWS]}
-        result = client.call("POST", "/v1/agent/memory/import", {
-            "memory_nodes": [row for _, row in parts["node"]],
-            "memory_edges": [row for _, row in parts["edge"]]})
-        applied[0] += result["applied_nodes"]
-        applied[1] += result["applied_edges"]
-        refused += [_refusal(e, parts[e["kind"]]) for e in result.get("row_errors") or ()] or [
-            f"a batch from row {start}: {e}" for e in result["errors"]]  # no row_errors
-        done += len(parts["node"]) + len(parts["edge"])
-        print(f"processed {done} / {total} rows", file=sys.stderr)
+    batches.send()
+    applied, refused = batches.applied, batches.refused
     unchanged = total - applied[0] - applied[1] - len(refused)
     print(f"applied {applied[0]} memories and {applied[1]} edges; {unchanged} rows unchanged "
           f"(this store already holds that version or a newer one); {len(refused)} rows refused")
@@ -94,28 +83,43 @@ def import_file(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK if not refused else EXIT_FAILED
 
 
-def _well_typed(data: dict[str, Any], key: str,
-                refused: list[str]) -> list[tuple[int, dict[str, Any]]]:
-    """``data[key]``'s rows with their place in the file; a row of the wrong shape for the
-    wire (not an object, an id that is a number…) goes to ``refused`` instead."""
-    rows = data.get(key)
-    if rows is None:
-        return []
-    if not isinstance(rows, list):
-        raise ValueError(f"{key} must be a list of rows, got {type(rows).__name__}")
-    row_type = NodeRow if key == "memory_nodes" else EdgeRow
-    out = []
-    for index, row in enumerate(rows):
+class _Batches:
+    """Rows on their way to the daemon: well-typed ones go in batches of
+    ``IMPORT_BATCH_ROWS`` (nodes and edges together), ill-typed ones straight to ``refused``."""
+
+    def __init__(self, client: Client, total: int) -> None:
+        self.client, self.total = client, total
+        self.parts: dict[str, list[tuple[int, object]]] = {"node": [], "edge": []}
+        self.applied, self.refused, self.read = [0, 0], list[str](), 0
+
+    def add(self, key: str, index: int, row: object) -> None:
+        self.read += 1
+        kind = "node" if key == "memory_nodes" else "edge"
         try:
-            msgspec.convert(row, row_type)
+            msgspec.convert(row, NodeRow if kind == "node" else EdgeRow)
         except msgspec.ValidationError as exc:
-            refused.append(f"{key}[{index}]: {exc}")
-            continue
-        out.append((index, row))
-    return out
+            self.refused.append(f"{key}[{index}]: {exc}")
+            return
+        self.parts[kind].append((index, row))
+        if len(self.parts[kind]) >= IMPORT_BATCH_ROWS:
+            self.send()
+
+    def send(self) -> None:
+        parts, self.parts = self.parts, {"node": [], "edge": []}
+        if not parts["node"] and not parts["edge"]:
+            return
+        result = self.client.call("POST", "/v1/agent/memory/import", {
+            "memory_nodes": [row for _, row in parts["node"]],
+            "memory_edges": [row for _, row in parts["edge"]]})
+        self.applied[0] += result["applied_nodes"]
+        self.applied[1] += result["applied_edges"]
+        first = min(index for part in parts.values() for index, _ in part[:1])
+        self.refused += [_refusal(e, parts[e["kind"]]) for e in result.get("row_errors") or ()] or [
+            f"a batch from row {first}: {e}" for e in result["errors"]]  # no row_errors
+        print(f"processed {self.read} / {self.total} rows", file=sys.stderr)
 
 
-def _refusal(error: dict[str, Any], part: list[tuple[int, dict[str, Any]]]) -> str:
+def _refusal(error: dict[str, Any], part: list[tuple[int, object]]) -> str:
     """A row the daemon refused, numbered as in the file (the daemon numbers a batch's rows)."""
     where = f"memory_{error['kind']}s[{part[error['index']][0]}]"
     if error.get("id"):

@@ -108,7 +108,7 @@ def check(path: Path, *, name: str | None = None) -> int:
     name = name or str(path)
     if not path.is_file():
         raise BackupError(f"{name} is not a file")
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    conn = db.read_only(path)
     try:
         verdict = conn.execute("PRAGMA integrity_check").fetchone()[0]
         if verdict != "ok":
@@ -117,7 +117,7 @@ def check(path: Path, *, name: str | None = None) -> int:
         if not {"schema_migrations", "memories"} <= tables:
             raise BackupError(f"{name} is an SQLite file but not a syncd store")
         newest = conn.execute("SELECT max(number) FROM schema_migrations").fetchone()[0] or 0
-        known = max(number for number, _, _ in db.migration_files())
+        known = db.latest_version()
         if newest > known:
             raise BackupError(f"{name} has schema version {newest}, newer than this syncd "
                               f"knows ({known}): restore it with that version")
@@ -131,18 +131,13 @@ def _replica_of(path: Path) -> str | None:
     if not path.is_file():
         return None
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
-            row = conn.execute("SELECT value FROM meta WHERE key = 'replica_id'").fetchone()
-        finally:
-            conn.close()
+        return db.replica_id_of(path)
     except sqlite3.Error:
         return None
-    return None if row is None else str(row[0])
 
 
 def _copy(source: Path, dest: Path) -> None:
-    reader = sqlite3.connect(f"file:{source}?mode=ro", uri=True)
+    reader = db.read_only(source)
     try:
         reader.execute(f"PRAGMA busy_timeout = {db.BUSY_TIMEOUT_MS}")
         writer = sqlite3.connect(dest)

@@ -116,6 +116,28 @@ def migration_files() -> list[tuple[int, str, str]]:
     return sorted(out)
 
 
+def latest_version(files: list[tuple[int, str, str]] | None = None) -> int:
+    """The newest schema version this syncd knows (of ``files``, by default its own)."""
+    return max((number for number, _, _ in (migration_files() if files is None else files)),
+               default=0)
+
+
+def read_only(path: Path) -> sqlite3.Connection:
+    """A connection to the database file at ``path`` that cannot write to it (nor create it)."""
+    return sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+
+
+def replica_id_of(path: Path) -> str | None:
+    """The ``replica_id`` the store file at ``path`` carries (None: it has none); read-only,
+    so the daemon may have it open. ``sqlite3.Error`` for a file that cannot be read."""
+    conn = read_only(path)
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'replica_id'").fetchone()
+    finally:
+        conn.close()
+    return None if row is None else str(row[0])
+
+
 def migrate(conn: sqlite3.Connection) -> list[str]:
     """Apply pending migrations; returns the names applied now."""
     conn.execute(
@@ -124,7 +146,7 @@ def migrate(conn: sqlite3.Connection) -> list[str]:
     )
     done = {row[0] for row in conn.execute("SELECT number FROM schema_migrations")}
     files = migration_files()
-    known = max((number for number, _, _ in files), default=0)
+    known = latest_version(files)
     if done and max(done) > known:
         raise StoreUnusableError(
             f"its schema is version {max(done)}, newer than this syncd knows ({known}): it was "

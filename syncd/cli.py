@@ -287,15 +287,14 @@ def _license(args: argparse.Namespace, settings: dict[str, Any]) -> int:
 
 def _device_id(data_dir: Path) -> str:
     """This install's device id: the store's replica id (read-only; the daemon may run)."""
-    import sqlite3
-    db = data_dir / "memory.db"
+    from local_store.db import DB_FILENAME, replica_id_of
+    db = data_dir / DB_FILENAME
     if not db.exists():
         raise ValueError(f"no store in {data_dir}: run `syncd run` once first")
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-        row = conn.execute("SELECT value FROM meta WHERE key = 'replica_id'").fetchone()
-    if row is None:
+    replica = replica_id_of(db)
+    if replica is None:
         raise ValueError(f"{db} has no replica id")
-    return str(row[0])
+    return replica
 
 
 def _hub(args: argparse.Namespace, settings: dict[str, Any]) -> int:

@@ -8,7 +8,9 @@ meanwhile (WAL keeps that snapshot for it), so no row is missed or repeated, and
 taken first are the counts of the rows that follow.
 
 Rows come in ``local_seq`` order (the order ``Store.export`` always had); the node query joins
-each row's vector of the export's model.
+each row's vector of the export's model. The plane's ``changes?since=`` is the same read with
+one more filter (``since``: versions after a stamp, tombstones included), so it streams too: a
+laptop asking a store of 100,000 memories for everything no longer builds it whole.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from local_store import db
 from local_store.columns import EDGE_ALL, NODE_COLUMNS
@@ -53,14 +55,26 @@ class ExportSnapshot:
     ``node_pages()`` and ``edge_pages()``. Use it through ``export_snapshot``."""
 
     def __init__(self, conn: sqlite3.Connection, pool: ThreadPoolExecutor, realm: str | None,
-                 model: str, include_deleted: bool, page_rows: int) -> None:
+                 model: str, include_deleted: bool, page_rows: int,
+                 changed: Changed | None = None) -> None:
         self._conn, self._pool = conn, pool
         self._model, self._page_rows = model, page_rows
-        live = "" if include_deleted else " AND {p}deleted = 0"
-        self._node_filters = (" AND m.realm = ?" if realm is not None else "") + live.format(
-            p="m.")
-        self._node_params: list[object] = [] if realm is None else [realm]
-        self._edge_filters = live.format(p="")
+        node_filters, edge_filters = [], []
+        self._node_params: list[object] = []
+        self._edge_params: list[object] = []
+        if realm is not None:
+            node_filters.append("m.realm = ?")
+            self._node_params.append(realm)
+        if not include_deleted:
+            node_filters.append("m.deleted = 0")
+            edge_filters.append("deleted = 0")
+        if changed is not None:
+            node_filters.append("m.updated_at > ?")
+            self._node_params.append(changed.since)
+            edge_filters.append(f"{changed.edge_version} > ?")
+            self._edge_params.append(changed.since)
+        self._node_filters = "".join(" AND " + f for f in node_filters)
+        self._edge_filters = "".join(" AND " + f for f in edge_filters)
         self.memories = self.edges = 0
 
     def _count(self) -> None:
@@ -69,7 +83,7 @@ class ExportSnapshot:
             "SELECT count(*) FROM memories m WHERE 1 = 1" + self._node_filters,
             self._node_params).fetchone()[0]
         self.edges = self._conn.execute(
-            "SELECT count(*) FROM edges WHERE 1 = 1" + self._edge_filters
+            "SELECT count(*) FROM edges WHERE 1 = 1" + self._edge_filters, self._edge_params
             ).fetchone()[0]
 
     def node_pages(self) -> AsyncIterator[list[NodeRow]]:
@@ -101,7 +115,7 @@ class ExportSnapshot:
 
     def _edge_page(self, after: int) -> tuple[list[EdgeRow], int]:
         rows = self._conn.execute(_EDGE_PAGE.format(filters=self._edge_filters),
-                                  [after, self._page_rows]).fetchall()
+                                  [after, *self._edge_params, self._page_rows]).fetchall()
         dicts = [dict(zip(EDGE_ALL, r, strict=True)) for r in rows]
         return [wire_edge(d) for d in dicts], dicts[-1]["local_seq"] if dicts else after
 
@@ -109,18 +123,39 @@ class ExportSnapshot:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
 
+class Changed(NamedTuple):
+    """The plane's ``changes`` filter: nodes whose ``updated_at`` is after ``since`` (a
+    canonical stamp; ``""`` for everything), edges whose ``edge_version`` is."""
+
+    since: str
+    edge_version: str = "updated_at"
+
+
+EDGE_VERSIONS = ("updated_at", "created_at")
+
+
+async def collect(snapshot: ExportPages) -> tuple[list[NodeRow], list[EdgeRow]]:
+    """Every row of ``snapshot``, in one piece (for callers that want them all at once)."""
+    nodes = [node async for page in snapshot.node_pages() for node in page]
+    edges = [edge async for page in snapshot.edge_pages() for edge in page]
+    return nodes, edges
+
+
 @asynccontextmanager
 async def export_snapshot(path: Path, realm: str | None, *, model: str,
-                          include_deleted: bool = False,
-                          page_rows: int = PAGE_ROWS) -> AsyncIterator[ExportSnapshot]:
+                          include_deleted: bool = False, page_rows: int = PAGE_ROWS,
+                          changed: Changed | None = None) -> AsyncIterator[ExportSnapshot]:
     """An ``ExportSnapshot`` of the store file at ``path``, closed (its transaction ended, its
-    thread gone) on leaving."""
+    thread gone) on leaving; ``changed`` narrows it to the plane's ``changes``."""
+    if changed is not None and changed.edge_version not in EDGE_VERSIONS:
+        raise ValueError(f"edge_version: {changed.edge_version!r}")
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="syncd-export")
     loop = asyncio.get_running_loop()
     try:
         conn = await loop.run_in_executor(pool, _begin, path)
         try:
-            snapshot = ExportSnapshot(conn, pool, realm, model, include_deleted, page_rows)
+            snapshot = ExportSnapshot(conn, pool, realm, model, include_deleted, page_rows,
+                                      changed)
             await loop.run_in_executor(pool, snapshot._count)
             yield snapshot
         finally:

@@ -48,8 +48,14 @@ from local_store.errors import (
     StoreUnusableError,
     ValidationError,
 )
+from local_store.exporting import (
+    EDGE_VERSIONS,
+    Changed,
+    ExportSnapshot,
+    collect,
+    export_snapshot,
+)
 from local_store.exporting import PAGE_ROWS as EXPORT_PAGE_ROWS
-from local_store.exporting import ExportSnapshot, export_snapshot
 from local_store.feed import feed_page
 from local_store.reader import SyncReader
 from local_store.recall import Mode, Recall, Semantic
@@ -461,9 +467,7 @@ class Store:
         (``export_snapshot`` gives them a page at a time)."""
         async with self.export_snapshot(realm, model=model,
                                         include_deleted=include_deleted) as snapshot:
-            nodes = [node async for page in snapshot.node_pages() for node in page]
-            edges = [edge async for page in snapshot.edge_pages() for edge in page]
-        return nodes, edges
+            return await collect(snapshot)
 
     def export_snapshot(self, realm: str | None = None, *, model: str | None = None,
                         include_deleted: bool = False,
@@ -502,23 +506,28 @@ class Store:
     async def changes_since(self, since: str | None, realm: str | None = None, *,
                             model: str | None = None, edge_version: str = "updated_at",
                             ) -> tuple[list[NodeRow], list[EdgeRow]]:
-        """The plane's ``changes?since=``: versions strictly after ``since`` (any RFC 3339
-        form; empty = everything), nodes filtered by realm, edges never (as the plane).
-        ``edge_version="created_at"`` filters edges the plane's way."""
-        if edge_version not in ("updated_at", "created_at"):
+        """The plane's ``changes?since=`` in one piece (``changes_snapshot`` gives it a page
+        at a time)."""
+        async with self.changes_snapshot(since, realm, model=model,
+                                         edge_version=edge_version) as snapshot:
+            return await collect(snapshot)
+
+    def changes_snapshot(self, since: str | None, realm: str | None = None, *,
+                         model: str | None = None, edge_version: str = "updated_at",
+                         page_rows: int = EXPORT_PAGE_ROWS,
+                         ) -> AbstractAsyncContextManager[ExportSnapshot]:
+        """The plane's ``changes?since=``, read a page at a time from one snapshot: versions
+        strictly after ``since`` (any RFC 3339 form; empty = everything), tombstones included,
+        nodes filtered by realm, edges never (as the plane). ``edge_version="created_at"``
+        filters edges the plane's way. A bad ``since`` raises here, before any read."""
+        if edge_version not in EDGE_VERSIONS:
             raise ValueError(f"edge_version: {edge_version!r}")
         stamp = parse_timestamp(since, "since") if since and since.strip() else None
-        where, params = ["updated_at > ?"], [stamp or ""]
-        if realm is not None:
-            where.append("realm = ?")
-            params.append(realm)
-        rows = await self._fetch(NODE_SELECT + " WHERE " + " AND ".join(where)
-                                 + " ORDER BY updated_at, id", params)
-        nodes = await self._wire_nodes(rows, model or self.embedder.model_id)
-        edges = [wire_edge(dict(zip(EDGE_ALL, r, strict=True))) for r in await self._fetch(
-            EDGE_SELECT + f" WHERE {edge_version} > ? ORDER BY {edge_version}, id",
-            (stamp or "",))]
-        return nodes, edges
+        if self._closed:
+            raise StoreClosedError("the store is closed")
+        return export_snapshot(self.db_path, realm, model=model or self.embedder.model_id,
+                               include_deleted=True, page_rows=page_rows,
+                               changed=Changed(stamp or "", edge_version))
 
     async def feed(self, since: str | None, *, limit: int | None = None,
                    realm: str | None = None, model: str | None = None,

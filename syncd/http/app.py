@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -19,7 +19,6 @@ from local_store.exporting import ExportPages
 from protocol.query import QueryRequest
 from protocol.rows import (
     EXPORT_COUNT_HEADERS,
-    ChangesResponse,
     ImportRequest,
     ImportResult,
     RowError,
@@ -145,13 +144,17 @@ async def query(request: web.Request) -> web.Response:
 async def export(request: web.Request) -> web.StreamResponse:
     store = request.app[STORE]
     async with store.export_snapshot(request.query.get("realm")) as snapshot:
-        return await stream_export(request, snapshot, store.store_id)
+        return await stream_rows(request, snapshot, tail=lambda: {
+            "hint": EXPORT_HINT, "store_id": store.store_id})
 
 
-async def stream_export(request: web.Request, snapshot: ExportPages,
-                        store_id: str) -> web.StreamResponse:
-    """The plane's export body, streamed a page at a time (memory stays bounded by a page
-    whatever the store's size); ``X-Syncd-Memories``/``X-Syncd-Edges`` give the counts up
+async def stream_rows(request: web.Request, snapshot: ExportPages, *,
+                      head: Mapping[str, object] | None = None,
+                      tail: Callable[[], Mapping[str, object]]) -> web.StreamResponse:
+    """A body of the plane's rows (export, ``changes``), streamed a page at a time, so memory
+    stays bounded by a page whatever the store's size: ``head``'s members, ``memory_nodes``,
+    ``memory_edges``, then ``tail()``'s members (called once the rows are out, so an ``until``
+    there is read after them). ``X-Syncd-Memories``/``X-Syncd-Edges`` give the counts up
     front. A failure once the body has begun cannot become an error answer: the connection is
     dropped, so the client sees a truncated body, never a short valid one."""
     memories, edges = EXPORT_COUNT_HEADERS
@@ -160,17 +163,22 @@ async def stream_export(request: web.Request, snapshot: ExportPages,
         edges: str(snapshot.edges)})
     await response.prepare(request)
     try:
-        await _write_array(response, b'{"memory_nodes":[', snapshot.node_pages())
+        opening = b"{" + b"".join(_member(k, v) + b"," for k, v in (head or {}).items())
+        await _write_array(response, opening + b'"memory_nodes":[', snapshot.node_pages())
         await _write_array(response, b'],"memory_edges":[', snapshot.edge_pages())
-        await response.write(b'],"hint":' + _encoder.encode(EXPORT_HINT) + b',"store_id":'
-                             + _encoder.encode(store_id) + b"}")
+        await response.write(b"]" + b"".join(b"," + _member(k, v) for k, v in tail().items())
+                             + b"}")
     except Exception:
-        log.exception("export failed after its answer began; dropping the connection")
+        log.exception("a streamed answer failed after it began; dropping the connection")
         if request.transport is not None:
             request.transport.abort()
         return response
     await response.write_eof()
     return response
+
+
+def _member(key: str, value: object) -> bytes:
+    return _encoder.encode(key) + b":" + _encoder.encode(value)
 
 
 async def _write_array(response: web.StreamResponse, opening: bytes,
@@ -185,14 +193,20 @@ async def _write_array(response: web.StreamResponse, opening: bytes,
             separator = b","
 
 
-async def changes(request: web.Request) -> web.Response:
+async def changes(request: web.Request) -> web.StreamResponse:
+    """The plane's ``changes?since=``, streamed (``stream_rows``). ``until`` is read before the
+    snapshot, so a pull from it sees every version stamped later. Like the plane's, this
+    cursor has holes (contract §4.3): a version stamped before ``until`` but committed after
+    the snapshot began, and a pulled row keeping an old origin stamp. syncd's own replication
+    follows the hub's ingest feed instead, which has neither."""
     store = request.app[STORE]
     since = request.query.get("since", "")
     until = format_ns(store.clock.physical_ns())
-    nodes, edges = await store.changes_since(since, request.query.get("realm"))
-    return reply(ChangesResponse(since=since.strip() or "1970-01-01T00:00:00Z", until=until,
-                                  memory_nodes=nodes, memory_edges=edges,
-                                  store_id=store.store_id))
+    async with store.changes_snapshot(since, request.query.get("realm")) as snapshot:
+        return await stream_rows(
+            request, snapshot, head={"since": since.strip() or "1970-01-01T00:00:00Z",
+                                     "until": until},
+            tail=lambda: {"store_id": store.store_id})
 
 
 async def import_rows(request: web.Request) -> web.Response:

@@ -48,7 +48,7 @@ from syncd.http.app import (
     read_json,
     read_typed,
     reply,
-    stream_export,
+    stream_rows,
 )
 from syncd.http.errors import HttpError, error_response
 from syncd.http.security import not_json
@@ -179,15 +179,14 @@ def _limit(request: web.Request) -> int | None:
     return value
 
 
-async def changes(request: web.Request) -> web.Response:
+async def changes(request: web.Request) -> web.StreamResponse:
     hub, realm = hub_of(request), request.query.get("realm")
     since = request.query.get("since", "")
     echo = since.strip() or "1970-01-01T00:00:00Z"
-    if request.app[CURSOR_MODE] == "origin":
-        nodes, edges = await hub.changes_since(since, realm, edge_version="created_at")
-        until = format_ns(hub.now_ns())  # after the queries, as the plane does
-        return reply(ChangesResponse(since=echo, until=until, memory_nodes=nodes,
-                                     memory_edges=edges, store_id=hub.store_id))
+    if request.app[CURSOR_MODE] == "origin":  # streamed; `until` after the rows, as the plane
+        async with hub.changes_snapshot(since, realm, edge_version="created_at") as snapshot:
+            return await stream_rows(request, snapshot, head={"since": echo}, tail=lambda: {
+                "until": format_ns(hub.now_ns()), "store_id": hub.store_id})
     nodes, edges, until, more = await hub.feed(
         since, limit=_limit(request), realm=realm,
         exclude_origin=request.query.get("exclude_origin") or None)
@@ -200,7 +199,8 @@ async def export(request: web.Request) -> web.StreamResponse:
     hub, realm, limit = hub_of(request), request.query.get("realm"), _limit(request)
     if limit is None:  # everything: streamed a page at a time
         async with hub.export_snapshot(realm) as snapshot:
-            return await stream_export(request, snapshot, hub.store_id)
+            return await stream_rows(request, snapshot, tail=lambda: {
+                "hint": EXPORT_HINT, "store_id": hub.store_id})
     nodes, edges, last, more = await hub.export_page(request.query.get("cursor", "0"),
                                                      limit=limit, realm=realm)
     return reply(ExportBody(memory_nodes=nodes, memory_edges=edges, hint=EXPORT_HINT,

@@ -83,7 +83,14 @@ class HubStore(Protocol):
     async def changes_since(self, since: str | None, realm: str | None = None, *,
                             edge_version: str = "updated_at",
                             ) -> tuple[list[NodeRow], list[EdgeRow]]:
-        """The plane's own ``changes``: rows whose version is after ``since``."""
+        """The plane's own ``changes``: rows whose version is after ``since``, in one piece."""
+        ...
+
+    def changes_snapshot(self, since: str | None, realm: str | None = None, *,
+                         edge_version: str = "updated_at", page_rows: int = EXPORT_PAGE_ROWS,
+                         ) -> AbstractAsyncContextManager[ExportPages]:
+        """``changes_since``'s rows a page at a time from one snapshot (the origin-mode
+        ``changes`` answer is streamed from it). A bad ``since`` raises here."""
         ...
 
     async def export(self, realm: str | None = None) -> tuple[list[NodeRow], list[EdgeRow]]:
@@ -179,6 +186,12 @@ class SqliteHubStore:
                             edge_version: str = "updated_at",
                             ) -> tuple[list[NodeRow], list[EdgeRow]]:
         return await self.store.changes_since(since, realm, edge_version=edge_version)
+
+    def changes_snapshot(self, since: str | None, realm: str | None = None, *,
+                         edge_version: str = "updated_at", page_rows: int = EXPORT_PAGE_ROWS,
+                         ) -> AbstractAsyncContextManager[ExportPages]:
+        return self.store.changes_snapshot(since, realm, edge_version=edge_version,
+                                           page_rows=page_rows)
 
     async def export(self, realm: str | None = None) -> tuple[list[NodeRow], list[EdgeRow]]:
         return await self.store.export(realm, include_deleted=True)

@@ -240,6 +240,49 @@ async def test_origin_mode_changes_filter_on_the_rows_own_versions(hub_store: Hu
     assert err.value.field == "since"
 
 
+
+async def test_origin_mode_changes_stream_from_one_snapshot_across_tied_versions(
+        hub_store: HubStore) -> None:
+    """The origin-mode answer streams from ``changes_snapshot``: pages of 3 over rows sharing
+    versions (the keyset must not skip or repeat a tie), tombstones included, realm filtering
+    nodes only, edges filtered on the chosen version, and rows written between two pages not
+    showing."""
+    await hub_store.apply([node(f"memory:t{i:02d}", f"row {i}", i % 4,
+                                realm="home" if i % 3 == 0 else "work") for i in range(16)],
+                          [], model=MODEL)
+    await hub_store.apply([node("memory:t01", "gone", 5, deleted=True)], [], model=MODEL)
+    old_new = EdgeRow(id=edge_id("memory:t00", "memory:t02", "RELATES_TO"), src="memory:t00",
+                      dst="memory:t02", type="RELATES_TO", realm="work", created_at=stamp(1),
+                      updated_at=stamp(4), origin="laptop-a")
+    await hub_store.apply([], [old_new, edge("memory:t02", "memory:t03", 3)], model=MODEL)
+    expected = {f"memory:t{i:02d}" for i in range(16) if i % 4 > 1} | {"memory:t01"}
+    async with hub_store.changes_snapshot(stamp(1), page_rows=3) as snapshot:
+        pages = snapshot.node_pages()
+        streamed = list(await anext(pages))
+        await hub_store.apply([node("memory:t02", "changed", 20), node("memory:late", "x", 20)],
+                              [edge("memory:t04", "memory:t05", 20)], model=MODEL)
+        streamed += [n async for page in pages for n in page]
+        links = [e.id async for page in snapshot.edge_pages() for e in page]
+        assert (snapshot.memories, snapshot.edges) == (len(expected), 2)
+    ids = [n.id for n in streamed]
+    assert len(ids) == len(set(ids)) and set(ids) == expected
+    assert [n.id for n in streamed if n.deleted] == ["memory:t01"]
+    assert "changed" not in {n.content for n in streamed}
+    assert set(links) == {old_new.id, edge_id("memory:t02", "memory:t03", "RELATES_TO")}
+    async with hub_store.changes_snapshot(stamp(1), "home", edge_version="created_at",
+                                          page_rows=2) as snapshot:
+        home = [n.id async for page in snapshot.node_pages() for n in page]
+        created = [e.id async for page in snapshot.edge_pages() for e in page]
+    assert sorted(home) == ["memory:t03", "memory:t06", "memory:t15"]
+    assert created == [edge_id("memory:t02", "memory:t03", "RELATES_TO"),
+                       edge_id("memory:t04", "memory:t05", "RELATES_TO")]
+    whole = await hub_store.changes_since(stamp(1), "home", edge_version="created_at")
+    assert ([n.id for n in whole[0]], [e.id for e in whole[1]]) == (home, created)
+    with pytest.raises(ValidationError) as err:
+        hub_store.changes_snapshot("last tuesday")
+    assert err.value.field == "since"
+
+
 # ---------------------------------------------------------------------- export
 
 async def test_export_pages_cover_every_row_with_tombstones(hub_store: HubStore) -> None:

@@ -70,22 +70,53 @@ async def test_writes_while_an_export_runs_do_not_show_in_it(store: Store) -> No
 
 async def test_an_exports_memory_is_bounded_by_a_page(store: Store) -> None:
     """Python's allocations while streaming 4,000 memories (384 floats each) in pages of
-    400, against building the whole export (ten pages): under a quarter, i.e. a page or two
-    and their conversion."""
+    400, against building the whole answer (ten pages): under a quarter, i.e. a page or two
+    and their conversion. The same for ``changes`` since the start."""
     await fill(store, 4000)
 
-    async def peak(whole: bool) -> int:
+    async def peak(whole: bool, changes: bool) -> int:
         tracemalloc.start()
         try:
             if whole:
-                await store.export()
+                await (store.changes_since("") if changes else store.export())
             else:
-                async with store.export_snapshot(page_rows=400) as snapshot:
+                async with (store.changes_snapshot("", page_rows=400) if changes
+                            else store.export_snapshot(page_rows=400)) as snapshot:
                     async for page in snapshot.node_pages():
                         del page
             return tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
 
-    streamed, whole = await peak(whole=False), await peak(whole=True)
-    assert streamed < whole / 4, (streamed, whole)
+    for changes in (False, True):
+        streamed, whole = await peak(False, changes), await peak(True, changes)
+        assert streamed < whole / 4, (changes, streamed, whole)
+
+
+async def test_changes_pages_hold_the_versions_after_a_stamp(store: Store) -> None:
+    """``changes_snapshot``: versions strictly after ``since`` (tombstones included), nodes of
+    one realm on request (edges never filtered by realm), from one snapshot, and
+    ``changes_since`` is these pages in one piece."""
+    ids = await fill(store, 12)
+    cut = (await store.get(ids[5]))["updated_at"]
+    ids = ["memory:" + i for i in ids]  # as the wire names them
+    await store.link({"memory_id": ids[1], "target_node_id": ids[2],
+                      "relationship_type": "RELATES_TO"})
+    await store.delete(ids[0])
+    await fill(store, 3, realm="q")
+    async with store.changes_snapshot(cut, page_rows=4) as snapshot:
+        pages = snapshot.node_pages()
+        nodes = list(await anext(pages))
+        await store.update_importance(ids[11], 0.9)  # after the snapshot began
+        await fill(store, 2, tag="late ")
+        nodes += [n async for page in pages for n in page]
+        edges = [e async for page in snapshot.edge_pages() for e in page]
+        assert (snapshot.memories, snapshot.edges) == (len(nodes), len(edges)) == (10, 1)
+    assert [n.id for n in nodes] == [*ids[6:], ids[0], *[n.id for n in nodes[7:]]]
+    assert [n.id for n in nodes if n.deleted] == [ids[0]]
+    assert {n.realm for n in nodes[7:]} == {"q"} and all(n.importance != 0.9 for n in nodes)
+    assert (nodes, edges) != await store.changes_since(cut)  # the later writes show there
+    realm_q, links = await store.changes_since(cut, "q")
+    assert len(realm_q) == 3 and len(links) == 1
+    assert await store.changes_since(nodes[-1].updated_at) == (
+        (await store.changes_since(cut))[0][-3:], [])

@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 
 from protocol.rows import NodeRow
+from protocol.timestamp import format_ns
 from syncd.hub.app import RefusalLog
 from syncd.hub.tokens import AuthError
 from tests.sync.harness import MODEL, Hub, start_hub, start_laptop
@@ -147,6 +148,40 @@ async def test_the_cursor_is_the_planes_until_byte_for_byte(tmp_path: Path,
             assert page["until"] == state["cursor"]
     finally:
         await laptop.close()
+        await hub.close()
+
+
+
+async def test_origin_mode_changes_stream_with_until_read_after_the_rows(tmp_path: Path) -> None:
+    """Origin mode answers the plane's unpaged ``changes`` streamed a page at a time: one body
+    with ``since`` echoed, the rows after it (tombstones too), the counts in headers, and
+    ``until`` read once the rows are out; a bad ``since`` is a 422 naming it."""
+    hub = await start_hub(tmp_path / "hub", "origin")
+    try:
+        rows = [node(i) for i in range(1, 1201)]  # three pages of 500
+        for start in range(0, len(rows), 400):
+            await call(hub, "POST", "/v1/agent/memory/import", hub.token,
+                       json={"memory_nodes": rows[start:start + 400]})
+        await call(hub, "POST", "/v1/agent/memory/import", hub.token,
+                   json={"memory_nodes": [node(7) | {"deleted": True,
+                                                     "updated_at": "2026-02-01T00:00:00Z"}]})
+        since = rows[99]["updated_at"]
+        before = format_ns(hub.store.clock.physical_ns())
+        async with aiohttp.ClientSession() as s, s.get(
+                hub.url + "/v1/agent/memory/changes", params={"since": since},
+                headers={"Authorization": f"Bearer {hub.read_token}"}) as resp:
+            counted = resp.headers["X-Syncd-Memories"], resp.headers["X-Syncd-Edges"]
+            page = await resp.json()
+        expected = {r["id"] for r in rows if r["updated_at"] > since} | {node(7)["id"]}
+        assert counted == (str(len(expected)), "0")
+        assert sorted(n["id"] for n in page["memory_nodes"]) == sorted(expected)
+        assert [n["id"] for n in page["memory_nodes"] if n.get("deleted")] == [node(7)["id"]]
+        assert page["since"] == since and page["store_id"] == hub.store.store_id
+        assert page["until"] > before and "has_more" not in page
+        status, err = await call(hub, "GET", "/v1/agent/memory/changes", hub.read_token,
+                                 params={"since": "soon"})
+        assert status == 422 and err["error"]["field"] == "since"
+    finally:
         await hub.close()
 
 

@@ -1,6 +1,6 @@
-"""The daemon's export, streamed a page at a time, and `syncd export` copying it as it comes:
-one valid body whatever the page count, the counts in headers, and a body cut short never
-replacing the file."""
+"""The daemon's export and changes, streamed a page at a time, and `syncd export` copying it
+as it comes: one valid body whatever the page count, the counts in headers, and a body cut
+short never replacing the file."""
 
 from __future__ import annotations
 
@@ -43,6 +43,30 @@ async def test_an_export_of_many_pages_is_one_body_with_its_counts(daemon: Daemo
     assert (headers["X-Syncd-Memories"], headers["X-Syncd-Edges"]) == ("0", "1")
 
 
+
+async def test_changes_of_many_pages_are_one_body_with_since_and_until(daemon: Daemon) -> None:
+    """``changes?since=`` streams like export: the versions after ``since`` over three pages,
+    ``since`` echoed, ``until`` read before them (so a pull from it sees later writes), the
+    counts in headers."""
+    for start in range(0, 1300, 100):
+        await daemon.store.save_many([{"content": f"memory {i}", "realm": "r"}
+                                      for i in range(start, start + 100)])
+    nodes, _ = await daemon.store.changes_since("")
+    since = nodes[99].updated_at
+    status, body, headers = await daemon.call("GET", "/v1/agent/memory/changes",
+                                              params={"since": since})
+    assert status == 200 and isinstance(body, dict)
+    assert (headers["X-Syncd-Memories"], headers["X-Syncd-Edges"]) == ("1200", "0")
+    assert [n["id"] for n in body["memory_nodes"]] == [n.id for n in nodes[100:]]
+    assert (body["since"], body["store_id"]) == (since, daemon.store.store_id)
+    assert body["memory_edges"] == []
+    saved = await daemon.store.save({"content": "after the pull"})
+    status, later, _ = await daemon.call("GET", "/v1/agent/memory/changes",
+                                         params={"since": body["until"]})
+    assert isinstance(later, dict)
+    assert [n["id"] for n in later["memory_nodes"]] == ["memory:" + saved["id"]]
+
+
 @pytest.fixture
 async def cut_short() -> AsyncIterator[str]:
     """A server whose export answer stops halfway: headers, part of the body, then a reset."""
@@ -83,8 +107,10 @@ async def test_a_body_cut_short_is_an_error_and_never_replaces_the_file(
     assert left == ["export.json"]  # and no part of the cut one
 
 
-async def test_a_failure_mid_export_cuts_the_body_and_the_daemon_keeps_serving(
-        daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("path", ["/v1/agent/memory/export",
+                                  "/v1/agent/memory/changes?since="])
+async def test_a_failure_mid_answer_cuts_the_body_and_the_daemon_keeps_serving(
+        daemon: Daemon, monkeypatch: pytest.MonkeyPatch, path: str) -> None:
     """Once the answer has begun, a failure cannot become an error answer: the connection is
     dropped, so the client sees a cut body (never a short valid one), and the next request
     is served as usual."""
@@ -102,6 +128,6 @@ async def test_a_failure_mid_export_cuts_the_body_and_the_daemon_keeps_serving(
     monkeypatch.setattr(ExportSnapshot, "_node_page", failing)
     client = Client(daemon.url, TOKEN, timeout=10)
     with pytest.raises(ClientError, match="cut short"):
-        await asyncio.to_thread(client.download, "/v1/agent/memory/export", io.BytesIO())
-    status, body, _ = await daemon.call("GET", "/v1/agent/memory/export")
+        await asyncio.to_thread(client.download, path, io.BytesIO())
+    status, body, _ = await daemon.call("GET", path)
     assert status == 200 and isinstance(body, dict) and len(body["memory_nodes"]) == 1200

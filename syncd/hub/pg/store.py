@@ -29,8 +29,8 @@ from local_store.apply import (
 from local_store.arguments import msgspec_field
 from local_store.columns import NODE_WIRE
 from local_store.embed import Embedder, HashingEmbedder, from_blob, to_blob
+from local_store.exporting import EDGE_VERSIONS, Changed, ExportPages, collect
 from local_store.exporting import PAGE_ROWS as EXPORT_PAGE_ROWS
-from local_store.exporting import ExportPages
 from local_store.merge import EDGE_HASHED, content_hash, version_key, wins
 from local_store.records import parse_timestamp
 from local_store.views import wire_edge, wire_node, wire_vectors
@@ -379,22 +379,16 @@ class PgHubStore:
     async def changes_since(self, since: str | None, realm: str | None = None, *,
                             edge_version: str = "updated_at",
                             ) -> tuple[list[NodeRow], list[EdgeRow]]:
-        if edge_version not in ("updated_at", "created_at"):
+        async with self.changes_snapshot(since, realm, edge_version=edge_version) as snapshot:
+            return await collect(snapshot)
+
+    def changes_snapshot(self, since: str | None, realm: str | None = None, *,
+                         edge_version: str = "updated_at", page_rows: int = EXPORT_PAGE_ROWS,
+                         ) -> contextlib.AbstractAsyncContextManager[ExportPages]:
+        if edge_version not in EDGE_VERSIONS:
             raise ValueError(f"edge_version: {edge_version!r}")
         stamp = parse_timestamp(since, "since") if since and since.strip() else ""
-        async with self._connection() as conn, conn.transaction(isolation="repeatable_read",
-                                                                readonly=True):
-            if realm is None:
-                node_rows = await conn.fetch(NODE_SQL + " WHERE m.updated_at > $1 "
-                                             "ORDER BY m.updated_at, m.id", stamp)
-            else:
-                node_rows = await conn.fetch(NODE_SQL + " WHERE m.updated_at > $1 AND "
-                                             "m.realm = $2 ORDER BY m.updated_at, m.id",
-                                             stamp, realm)
-            edge_rows = await conn.fetch(EDGE_SQL + f" WHERE e.{edge_version} > $1 "
-                                         f"ORDER BY e.{edge_version}, e.id", stamp)
-            nodes = await self._wire_nodes(conn, node_rows)
-        return nodes, [_wire_edge(r) for r in edge_rows]
+        return self._snapshot(realm, page_rows, Changed(stamp or "", edge_version))
 
     async def export(self, realm: str | None = None) -> tuple[list[NodeRow], list[EdgeRow]]:
         async with self._connection() as conn, conn.transaction(isolation="repeatable_read",
@@ -408,12 +402,16 @@ class PgHubStore:
             nodes = await self._wire_nodes(conn, node_rows)
         return nodes, [_wire_edge(r) for r in edge_rows]
 
+    def export_snapshot(self, realm: str | None = None, *, page_rows: int = EXPORT_PAGE_ROWS,
+                        ) -> contextlib.AbstractAsyncContextManager[ExportPages]:
+        return self._snapshot(realm, page_rows, None)
+
     @contextlib.asynccontextmanager
-    async def export_snapshot(self, realm: str | None = None, *,
-                              page_rows: int = EXPORT_PAGE_ROWS) -> AsyncIterator[ExportPages]:
+    async def _snapshot(self, realm: str | None, page_rows: int,
+                        changed: Changed | None) -> AsyncIterator[ExportPages]:
         async with self._connection() as conn, conn.transaction(isolation="repeatable_read",
                                                                 readonly=True):
-            snapshot = _PgExport(self, conn, realm, page_rows)
+            snapshot = _PgExport(self, conn, realm, page_rows, changed)
             await snapshot.count()
             yield snapshot
 
@@ -489,34 +487,79 @@ def _wire_edge(record: asyncpg.Record) -> EdgeRow:
 
 class _PgExport:
     """``export``'s rows a page at a time (keyset on the id, ``export``'s order), inside the
-    caller's repeatable-read transaction: one snapshot for every page."""
+    caller's repeatable-read transaction: one snapshot for every page. With ``changed``, the
+    plane's ``changes``: versions after ``since``, keyset on (version, id), which the
+    ``memories_updated_at`` and ``edges_created_at`` indexes serve."""
 
-    def __init__(self, store: PgHubStore, conn: Conn, realm: str | None, page_rows: int) -> None:
+    def __init__(self, store: PgHubStore, conn: Conn, realm: str | None, page_rows: int,
+                 changed: Changed | None = None) -> None:
         self._store, self._conn, self._page_rows = store, conn, page_rows
-        self._realm_sql, self._realm = ("", []) if realm is None else (" AND m.realm = $2",
-                                                                        [realm])
+        self._nodes, self._edges = _Keyset("m", ("id",)), _Keyset("e", ("id",))
+        if realm is not None:
+            self._nodes.where("realm", "=", realm)
+        if changed is not None:
+            self._nodes = self._nodes.since("updated_at", changed.since)
+            self._edges = self._edges.since(changed.edge_version, changed.since)
         self.memories = self.edges = 0
 
     async def count(self) -> None:
-        self.memories = int(await self._conn.fetchval(
-            "SELECT count(*) FROM memories m WHERE m.id > $1" + self._realm_sql,
-            "", *self._realm))
-        self.edges = int(await self._conn.fetchval("SELECT count(*) FROM edges"))
+        self.memories = await self._nodes.count(self._conn, "memories m")
+        self.edges = await self._edges.count(self._conn, "edges e")
 
     async def node_pages(self) -> AsyncIterator[list[NodeRow]]:
-        after = ""
-        while rows := await self._conn.fetch(
-                NODE_SQL + " WHERE m.id > $1" + self._realm_sql
-                + f" ORDER BY m.id LIMIT {self._page_rows:d}", after, *self._realm):
-            after = rows[-1][0]
+        async for rows in self._nodes.pages(self._conn, NODE_SQL, self._page_rows):
             nodes = await self._store._wire_nodes(self._conn, rows)
             del rows
             yield nodes
             del nodes
 
     async def edge_pages(self) -> AsyncIterator[list[EdgeRow]]:
-        after = ""
-        while rows := await self._conn.fetch(
-                EDGE_SQL + f" WHERE e.id > $1 ORDER BY e.id LIMIT {self._page_rows:d}", after):
-            after = rows[-1][0]
+        async for rows in self._edges.pages(self._conn, EDGE_SQL, self._page_rows):
             yield [_wire_edge(r) for r in rows]
+
+
+class _Keyset:
+    """Filters (column, operator, value) on one table, read in pages ordered by ``key``."""
+
+    def __init__(self, alias: str, key: tuple[str, ...]) -> None:
+        self.alias, self.key = alias, key
+        self.filters: list[tuple[str, str, object]] = []
+
+    def where(self, column: str, op: str, value: object) -> None:
+        self.filters.append((column, op, value))
+
+    def since(self, column: str, stamp: str) -> _Keyset:
+        """These filters plus ``column > stamp``, keyed on (column, id)."""
+        narrowed = _Keyset(self.alias, (column, "id"))
+        narrowed.filters = [*self.filters, (column, ">", stamp)]
+        return narrowed
+
+    def _sql(self, after: Sequence[object] | None) -> tuple[str, list[object]]:
+        a, args, terms = self.alias, [], []
+        for column, op, value in self.filters:
+            args.append(value)
+            terms.append(f"{a}.{column} {op} ${len(args)}")
+        if after is not None:
+            columns = ", ".join(f"{a}.{c}" for c in self.key)
+            args += after
+            marks = ", ".join(f"${i}" for i in range(len(args) - len(after) + 1, len(args) + 1))
+            terms.append(f"({columns}) > ({marks})")
+        return (" WHERE " + " AND ".join(terms)) if terms else "", args
+
+    async def count(self, conn: Conn, table: str) -> int:
+        where, args = self._sql(None)
+        return int(await conn.fetchval(f"SELECT count(*) FROM {table}" + where, *args))
+
+    async def pages(self, conn: Conn, select: str,
+                    page_rows: int) -> AsyncIterator[list[asyncpg.Record]]:
+        order = ", ".join(f"{self.alias}.{c}" for c in self.key)
+        after: list[object] | None = None
+        while True:
+            where, args = self._sql(after)
+            rows = await conn.fetch(select + where + f" ORDER BY {order} LIMIT {page_rows:d}",
+                                    *args)
+            if not rows:
+                return
+            after = [rows[-1][c] for c in self.key]
+            yield rows
+            del rows

@@ -62,11 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
     save.add_argument("--importance", type=float, help="0 to 1 (default 0.5)")
 
     export = sub.add_parser("export", help="export memories as the plane's JSON")
-    export.add_argument("--realm")
-    export.add_argument("-o", "--output", type=Path, help="file (default: stdout)")
+    export.add_argument("--realm", help="only this realm's memories (edges are never "
+                        "filtered by realm, as the plane)")
+    export.add_argument("-o", "--output", type=Path, help="file, replaced only by a complete "
+                        "export (default: stdout)")
 
     imp = sub.add_parser("import", help="import a JSON export ({memory_nodes, memory_edges})")
-    imp.add_argument("file", type=Path)
+    imp.add_argument("file", type=Path, metavar="FILE", help="an export (`syncd export`'s or "
+                     "the plane's); `-` reads standard input")
 
     backup = sub.add_parser("backup", help="online backup of the store to DEST (safe while "
                             "the daemon runs); the copy is integrity-checked")

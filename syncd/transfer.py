@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -55,21 +56,24 @@ def export_file(client: Client, args: argparse.Namespace) -> int:
 def import_file(client: Client, args: argparse.Namespace) -> int:
     """Send the file's rows in batches, reading it a piece at a time (``syncd/jsonrows.py``):
     once through to check it is an export and count its rows (nothing is sent from a file
-    that is not), then again to send them. Every refused row is reported by its place in the
-    file, whether this command found it ill-typed (it is then not sent: the daemon would
-    refuse its whole batch) or the daemon refused it."""
+    that is not), then again to send them. ``-`` reads standard input, first copied to a
+    private temporary file (read twice, as a file is). Every refused row is reported by its
+    place in the file, whether this command found it ill-typed (it is then not sent: the daemon
+    would refuse its whole batch) or the daemon refused it."""
+    name = "standard input" if str(args.file) == "-" else str(args.file)
     try:
-        with args.file.open(encoding="utf-8") as handle:
-            total = sum(count_rows(handle).values())
-        batches = _Batches(client, total)
-        with args.file.open(encoding="utf-8") as handle:
-            for key, index, row in rows(handle):
-                batches.add(key, index, row)
+        with _readable(args.file) as path:
+            with path.open(encoding="utf-8") as handle:
+                total = sum(count_rows(handle).values())
+            batches = _Batches(client, total)
+            with path.open(encoding="utf-8") as handle:
+                for key, index, row in rows(handle):
+                    batches.add(key, index, row)
     except OSError as exc:
-        print(f"syncd: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"syncd: cannot read {name}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_FAILED
     except ValueError as exc:  # not an export (or not UTF-8), or changed while being read
-        print(f"syncd: {args.file}: {exc}", file=sys.stderr)
+        print(f"syncd: {name}: {exc}", file=sys.stderr)
         return EXIT_FAILED
     batches.send()
     applied, refused = batches.applied, batches.refused
@@ -81,6 +85,19 @@ def import_file(client: Client, args: argparse.Namespace) -> int:
     if len(refused) > 20:
         print(f"  … and {len(refused) - 20} more", file=sys.stderr)
     return EXIT_OK if not refused else EXIT_FAILED
+
+
+@contextmanager
+def _readable(source: Path) -> Iterator[Path]:
+    """``source``, or for ``-`` standard input copied whole into a temporary file (0600,
+    removed on leaving): an import reads its input twice."""
+    if str(source) != "-":
+        yield source
+        return
+    with tempfile.NamedTemporaryFile(prefix="syncd-import-", suffix=".json") as spool:
+        shutil.copyfileobj(sys.stdin.buffer, spool, 1 << 20)
+        spool.flush()
+        yield Path(spool.name)
 
 
 class _Batches:

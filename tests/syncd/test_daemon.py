@@ -182,10 +182,11 @@ async def _exists(store: Store, memory_id: str) -> bool:
     return True
 
 
-async def cli(data: Path, *args: str, stdin: bytes | None = None) -> tuple[int, str, str]:
+async def cli(data: Path, *args: str, stdin: bytes | None = None,
+              **env: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "syncd", "--data-dir", str(data), *args,
-        env=env_for(data.parent), stdout=asyncio.subprocess.PIPE,
+        env=env_for(data.parent, **env), stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE)
     async with asyncio.timeout(60):
@@ -248,6 +249,21 @@ async def test_cli_round_trip_against_a_running_daemon(tmp_path: Path) -> None:
             "pytest -x stops at the first failure")
         code, _, err = await cli(data, "save", "-", stdin=b"  \n")
         assert code == 1 and "content" in err and "is empty" in err
+        # `import -` reads standard input, through a private spool file it removes
+        spool = tmp_path / "spool"
+        spool.mkdir()
+        piped = {"memory_nodes": [{"id": "memory:piped", "content": "from a pipe",
+                                   "updated_at": "2026-03-04T05:06:07Z"}]}
+        code, out, err = await cli(data, "import", "-", stdin=json.dumps(piped).encode(),
+                                   TMPDIR=str(spool))
+        assert code == 0 and out.startswith("applied 1 memories and 0 edges; 0 rows"), err
+        code, _, err = await cli(data, "import", "-", stdin=b"[1, 2]", TMPDIR=str(spool))
+        assert code == 1 and err.startswith("syncd: standard input: ") and "an object" in err
+        assert list(spool.iterdir()) == []
+        code, out, _ = await cli(data, "import", "-", stdin=json.dumps(piped).encode())
+        assert code == 0 and "applied 0 memories" in out  # the same version again
+        code, out, _ = await cli(data, "recall", "from a pipe", "--json")
+        assert json.loads(out)["memories"][0]["id"] == "memory:piped"
     finally:
         proc.send_signal(signal.SIGTERM)
         assert (await finish(proc))[0] == 0

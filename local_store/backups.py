@@ -10,14 +10,15 @@ Rules:
     moves the current database aside together with its ``-wal`` and ``-shm`` — never leaves
     them beside the restored file. SQLite would replay a left-over WAL (a crash leaves one)
     onto the restored file: the "restored" store would be the crashed one, or corrupt.
-  * The restored file is copied in under a temporary name, fsynced, then renamed into place.
+  * The restored file is copied in through SQLite's backup API (so a backup made by copying a
+    store's files brings the transactions its own WAL holds; a byte copy of the main file
+    dropped them) under a temporary name, fsynced, then renamed into place.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -81,7 +82,7 @@ def restore(data_dir: Path, source: Path, *, wall: float | None = None) -> Resto
         incoming = data_dir / f".{db.DB_FILENAME}.restoring"
         ours, theirs = _replica_of(target), _replica_of(source)
         try:
-            shutil.copyfile(source, incoming)
+            _copy(source, incoming)  # through SQLite: a WAL beside the backup comes along
             _fsync(incoming)
             replaced = _move_aside(target, wall if wall is not None else time.time())
             try:
@@ -91,10 +92,11 @@ def restore(data_dir: Path, source: Path, *, wall: float | None = None) -> Resto
                     os.replace(replaced, target)
                 raise
             _fsync(data_dir)
-        except OSError as exc:
+        except (OSError, sqlite3.Error) as exc:
             raise BackupError(f"restoring {source} into {data_dir} failed: {exc}") from None
         finally:
-            incoming.unlink(missing_ok=True)
+            for leftover in (incoming, incoming.with_name(incoming.name + "-journal")):
+                leftover.unlink(missing_ok=True)
         return Restored(memories, replaced, other_install=None not in (ours, theirs) and (
             ours != theirs))
     finally:

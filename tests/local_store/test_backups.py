@@ -173,3 +173,21 @@ def test_a_backup_of_nothing_or_onto_something_is_refused(tmp_path: Path) -> Non
     with pytest.raises(BackupError, match="no store at"):
         backup(tmp_path / "empty", tmp_path / "x.db")
     assert not (tmp_path / "x.db").exists()
+
+
+async def test_a_backup_copied_with_its_wal_restores_what_the_wal_holds(tmp_path: Path) -> None:
+    """A "backup" made by copying a store's files (``cp memory.db memory.db-wal …``, a
+    file-level backup tool) holds its last transactions in the WAL beside it. A restore reads
+    it through SQLite, so they come along; a byte copy of the main file alone dropped them
+    while its check (which reads the WAL) counted them."""
+    source, copied, data = tmp_path / "source", tmp_path / "copied", tmp_path / "data"
+    store = await Store.open(source, embedder=HashingEmbedder())
+    await store.save({"content": "checkpointed long ago"})
+    await store.close()
+    await asyncio.to_thread(crash_after_saving, source, ["only in the wal", "this one too"])
+    copied.mkdir()
+    for name in ("memory.db", "memory.db-wal"):
+        shutil.copyfile(source / name, copied / name)
+    restored = await asyncio.to_thread(restore, data, copied / "memory.db")
+    assert restored.memories == 3
+    assert await contents(data) == ["checkpointed long ago", "only in the wal", "this one too"]

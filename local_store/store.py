@@ -88,7 +88,7 @@ from local_store.writes import Vector, Writer, props_json
 from protocol.hlc import HybridClock
 from protocol.query import QueryRequest, QueryResponse
 from protocol.rows import EdgeRow, NodeRow
-from protocol.settings import DEFAULT_SETTINGS, MemorySettings, merge_patch, settings_decoder
+from protocol.settings import DEFAULT_SETTINGS, MemorySettings, load_settings, merge_patch
 
 T = TypeVar("T")
 log = logging.getLogger("local_store")
@@ -185,7 +185,10 @@ class Store:
                                            [r[1] for r in rows])
         found = await self._fetch("SELECT value FROM meta WHERE key = 'settings'")
         if found:
-            self._settings = settings_decoder.decode(found[0][0])
+            self._settings, problem = load_settings(found[0][0])
+            if problem:
+                log.warning("stored settings partly unreadable (%s): those fields take "
+                            "their defaults until the next PUT of the settings", problem)
 
     async def close(self) -> None:
         if self._closed:

@@ -10,8 +10,14 @@ Rules:
    ``msgspec.ValidationError`` naming the path. Note the plane's own PUT is a full replace,
    not a patch (contract §4.6).
 4. ``confidence_threshold`` is an f32 in the plane and may arrive as ``0.6000000238418579``.
+5. ``merge_patch`` also refuses a number that is not finite (JSON has none, but Python's
+   ``json`` reads ``NaN``; stored, it would come back as ``null`` and no longer decode) and an
+   ``rrf_k`` that is not above 0 (``1/(rrf_k + rank)`` with rank 0). ``load_settings`` reads
+   stored settings that an older syncd let such a value into: each field that does not decode
+   falls back to its default, so a store still opens.
 """
 
+import math
 from typing import Any
 
 import msgspec
@@ -88,6 +94,42 @@ def _merge(base: dict[str, Any], patch: dict[str, object]) -> dict[str, Any]:
 
 
 def merge_patch(current: MemorySettings, patch: dict[str, object]) -> MemorySettings:
-    """Apply only the keys in ``patch`` to ``current``; raise ValidationError on bad types."""
-    merged = _merge(msgspec.to_builtins(current), patch)
-    return msgspec.convert(merged, MemorySettings)
+    """Apply only the keys in ``patch`` to ``current``; raise ``msgspec.ValidationError``
+    naming the path on a bad type or value (rule 5)."""
+    merged = msgspec.convert(_merge(msgspec.to_builtins(current), patch), MemorySettings)
+    _check_numbers(merged, "$")
+    if not merged.rrf_k > 0:
+        raise msgspec.ValidationError(f"must be above 0, got {merged.rrf_k!r} - at `$.rrf_k`")
+    return merged
+
+
+def _check_numbers(value: msgspec.Struct, path: str) -> None:
+    for name in value.__struct_fields__:
+        field = getattr(value, name)
+        if isinstance(field, msgspec.Struct):
+            _check_numbers(field, f"{path}.{name}")
+        elif isinstance(field, float) and not math.isfinite(field):
+            raise msgspec.ValidationError(
+                f"must be a finite number, got {field!r} - at `{path}.{name}`")
+
+
+def load_settings(raw: str | bytes) -> tuple[MemorySettings, str | None]:
+    """Stored settings, and what could not be read (None: all of it): a field that does not
+    decode takes its default (rule 5)."""
+    try:
+        return settings_decoder.decode(raw), None
+    except msgspec.ValidationError as exc:
+        problem = str(exc)
+    stored = msgspec.json.decode(raw)
+    for _ in range(100):  # one bad field dropped per round: msgspec names the first it meets
+        try:
+            return msgspec.convert(stored, MemorySettings), problem
+        except msgspec.ValidationError as exc:
+            path = str(exc).rpartition("at `$.")[2].rstrip("`").split(".")
+            holder = stored
+            for key in path[:-1]:
+                holder = holder.get(key) if isinstance(holder, dict) else None
+            if not isinstance(holder, dict) or path[-1] not in holder:
+                break
+            del holder[path[-1]]
+    return DEFAULT_SETTINGS, problem

@@ -108,9 +108,14 @@ async def read_json(request: web.Request) -> Any:
     if not raw:
         raise HttpError(400, "bad_json", "request body is empty; send a JSON object")
     try:
-        return json.loads(raw)
+        return json.loads(raw, parse_constant=_not_json)
     except ValueError as exc:
         raise HttpError(400, "bad_json", f"malformed JSON: {exc}") from None
+
+
+def _not_json(name: str) -> Any:
+    """Python's ``json`` reads ``NaN`` and ``Infinity``; JSON has neither."""
+    raise ValueError(f"{name} is not a JSON value")
 
 
 async def read_typed(request: web.Request, kind: type[Any]) -> Any:

@@ -356,6 +356,11 @@ async def test_a_bad_settings_patch_names_the_field_and_changes_nothing(
         await hub_store.put_settings({"default_limit": "lots"})
     assert "default_limit" in (err.value.field or "")
     assert await hub_store.settings() == before
+    for patch, field in (({"w_graph": float("nan")}, "w_graph"), ({"rrf_k": 0}, "rrf_k")):
+        with pytest.raises(ValidationError) as err:
+            await hub_store.put_settings(patch)
+        assert err.value.field == field
+        assert await hub_store.settings() == before
 
 
 async def test_counters_grow_across_restarts(open_hub: Opener) -> None:

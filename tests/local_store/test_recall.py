@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from local_store import HashingEmbedder, Store, StoreClosedError, ValidationError
@@ -221,6 +224,44 @@ async def test_settings_patch_and_bad_settings(store: Store) -> None:
     assert await store.dump() == before
     merged = await store.put_settings({"w_graph": 0.7, "hitl": {"enabled": True}})
     assert merged.w_graph == 0.7 and merged.w_recency == 0.3 and merged.hitl.enabled is True
+
+
+@pytest.mark.parametrize(("patch", "field"), [
+    ({"w_rrf": float("nan")}, "w_rrf"), ({"half_life_days": float("inf")}, "half_life_days"),
+    ({"hitl": {"confidence_threshold": float("-inf")}}, "hitl.confidence_threshold"),
+    ({"rrf_k": 0}, "rrf_k"), ({"rrf_k": -5.5}, "rrf_k")])
+async def test_settings_that_would_break_recall_or_the_store_are_refused(
+        store: Store, patch: dict[str, object], field: str) -> None:
+    """A non-finite number would be stored as null and stop the settings decoding; an
+    ``rrf_k`` of 0 or below divides by zero in RRF. Refused, naming the field; nothing
+    changes, and recall still answers."""
+    await store.save({"content": "deploy with make release"})
+    before = await store.dump()
+    with pytest.raises(ValidationError) as exc:
+        await store.put_settings(patch)
+    assert exc.value.field == field
+    assert await store.dump() == before
+    assert (await store.recall({"query": "deploy release"})).memories
+
+
+async def test_settings_an_older_syncd_stored_unreadable_take_their_defaults(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A NaN stored before it was refused comes back as null: the store still opens, that
+    field takes its default, the others keep their values, and a warning says so."""
+    store = await Store.open(tmp_path, embedder=HashingEmbedder())
+    await store.put_settings({"w_graph": 0.7, "hitl": {"enabled": True}})
+    await store._write(lambda w: w.set_meta("settings", json.dumps({
+        **msgspec.to_builtins(store.settings), "w_rrf": None,
+        "hitl": {"enabled": True, "confidence_threshold": None}})))
+    await store.close()
+    with caplog.at_level(logging.WARNING, logger="local_store"):
+        store = await Store.open(tmp_path, embedder=HashingEmbedder())
+    try:
+        assert (store.settings.w_rrf, store.settings.w_graph) == (1.0, 0.7)
+        assert store.settings.hitl.enabled and store.settings.hitl.confidence_threshold == 0.6
+        assert "stored settings partly unreadable" in caplog.text
+    finally:
+        await store.close()
 
 
 class GatedEmbedder(HashingEmbedder):

@@ -71,6 +71,16 @@ async def test_settings_get_and_patch(daemon: Daemon) -> None:
                                            json={"w_graph": 0.7})
     assert isinstance(patched, dict) and patched["w_graph"] == 0.7
     assert patched["w_recency"] == 0.3  # a patch, not the plane's replace
+    for body in (b'{"w_rrf": NaN}', b'{"rrf_k": -Infinity}'):  # Python reads them; JSON has none
+        status, err, _ = await daemon.call(
+            "PUT", "/v1/agent/memory/settings", data=body,
+            headers=daemon.auth(**{"Content-Type": "application/json"}))
+        assert status == 400 and isinstance(err, dict) and err["error"]["code"] == "bad_json"
+        assert "is not a JSON value" in err["error"]["message"]
+    status, err, _ = await daemon.call("PUT", "/v1/agent/memory/settings", json={"rrf_k": 0})
+    assert status == 422 and isinstance(err, dict) and err["error"]["field"] == "rrf_k"
+    status, after, _ = await daemon.call("GET", "/v1/agent/memory/settings")
+    assert after == patched
 
 
 async def test_every_tool_is_a_route(daemon: Daemon) -> None:

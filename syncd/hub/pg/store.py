@@ -36,7 +36,7 @@ from local_store.records import parse_timestamp
 from local_store.views import wire_edge, wire_node, wire_vectors
 from protocol.query import QueryRequest, QueryResponse
 from protocol.rows import EdgeRow, NodeRow
-from protocol.settings import DEFAULT_SETTINGS, MemorySettings, merge_patch, settings_decoder
+from protocol.settings import DEFAULT_SETTINGS, MemorySettings, load_settings, merge_patch
 from protocol.timestamp import format_ns, parse_ns
 from syncd.hub.keys import key_from_pem, new_key_pem
 from syncd.hub.pg.marks import batch_end
@@ -287,7 +287,7 @@ class PgHubStore:
     async def settings(self) -> MemorySettings:
         async with self._connection() as conn:
             raw = await conn.fetchval("SELECT value FROM settings WHERE id = 1")
-        return DEFAULT_SETTINGS if raw is None else settings_decoder.decode(raw)
+        return DEFAULT_SETTINGS if raw is None else load_settings(raw)[0]
 
     async def put_settings(self, patch: Mapping[str, object]) -> MemorySettings:
         """Read-merge-write under the row lock, so two processes' patches both land."""
@@ -297,7 +297,7 @@ class PgHubStore:
                                msgspec.json.encode(DEFAULT_SETTINGS).decode())
             raw = await conn.fetchval("SELECT value FROM settings WHERE id = 1 FOR UPDATE")
             try:
-                merged = merge_patch(settings_decoder.decode(raw), dict(patch))
+                merged = merge_patch(load_settings(raw)[0], dict(patch))
             except msgspec.ValidationError as exc:
                 raise ValidationError(msgspec_field(str(exc)), str(exc)) from None
             await conn.execute("UPDATE settings SET value = $1 WHERE id = 1",

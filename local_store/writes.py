@@ -50,6 +50,11 @@ class Vector:
     values: npt.NDArray[np.float32]
 
 
+def _holds_text(row: Row) -> bool:
+    """A soft delete's tombstone still holds the memory's text; a hard delete's does not."""
+    return bool(row["content"] or row["title"] or row["topic_key"] or row["provenance"])
+
+
 class Writer:
     """Owns the writer connection. Only ever called from the writer thread."""
 
@@ -259,23 +264,31 @@ class Writer:
         return self.put_node(row)
 
     def delete(self, memory_id: str, *, hard: bool) -> Row:
-        """Soft delete keeps the text locally; hard delete purges it. Both leave a tombstone."""
+        """Soft delete keeps the text locally; hard delete purges it — the memory's text,
+        identity keys and the reasons on its edges — also after a soft delete. Both leave a
+        tombstone; deleting a tombstone again (or purging a purged one) is ``not_found``."""
         # A tombstone is also the plane's own soft delete — archived and invalidated — so a
         # plane that drops the ``deleted`` extension (Kyma does) still hides it everywhere.
-        changes: dict[str, object] = {"deleted": 1, "status": "archived"}
+        row = self.node(memory_id)
+        if row is None or (row["deleted"] and not (hard and _holds_text(row))):
+            raise NotFoundError(f"memory_id: memory {memory_id} not found")
+        row.update(deleted=1, status="archived")
         if hard:
             self.purge_index = True
-            changes.update(title=None, content="", content_preview="", tags="",
-                           provenance=None, source_uris=None, mentions=None, dedupe_key=None)
-        row = self.mutate(memory_id, changes)
-        for edge in self.edges_of(memory_id):
+            row.update(title=None, content="", content_preview="", tags="", provenance=None,
+                       source_uris=None, mentions=None, dedupe_key=None, topic_key=None)
+        row = self.put_node(row)
+        for edge in self.edges_of(memory_id, tombstones=hard):
+            if edge["deleted"] and edge["props"] is None:
+                continue  # a tombstone already, with nothing left to purge
             self.put_edge(edge["src"], edge["dst"], edge["type"], realm=edge["realm"],
-                          target_namespace=edge["target_namespace"], props=edge["props"],
-                          deleted=True)
+                          target_namespace=edge["target_namespace"],
+                          props=None if hard else edge["props"], deleted=True)
         return row
 
-    def edges_of(self, node_id: str) -> list[Row]:
-        cur = self.conn.execute(EDGE_SELECT + " WHERE (src = ? OR dst = ?) AND deleted = 0",
+    def edges_of(self, node_id: str, *, tombstones: bool = False) -> list[Row]:
+        live = "" if tombstones else " AND deleted = 0"
+        cur = self.conn.execute(EDGE_SELECT + " WHERE (src = ? OR dst = ?)" + live,
                                 (node_id, node_id))
         return [dict(zip(EDGE_ALL, found, strict=True)) for found in cur]
 

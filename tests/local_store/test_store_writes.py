@@ -236,6 +236,33 @@ async def test_soft_and_hard_delete_leave_tombstones(store: Store) -> None:
     assert (await store.stats())["memories"] == 0
 
 
+
+async def test_a_hard_delete_purges_every_user_text_also_after_a_soft_delete(
+        store: Store) -> None:
+    """Hard delete purges the text, the identity keys and the reasons on the memory's edges —
+    whether it follows a soft delete (whose tombstone keeps the text, and whose edge
+    tombstones keep their props) or not. Deleting a tombstone once more is not_found."""
+    canary = "purgecanary7741"
+    for soft_first in (False, True):
+        victim = await store.save({"content": f"plan {canary}", "title": f"t {canary}",
+                                   "topic_key": f"project/{canary}", "tags": [canary]})
+        other = await store.save({"content": f"other memory {soft_first}"})
+        await store.judge(other["id"], victim["id"], "conflicts", f"because {canary}")
+        if soft_first:
+            await store.delete(victim["id"])
+            assert canary in json.dumps(await store.dump(), default=str)  # soft keeps it
+            with pytest.raises(NotFoundError):
+                await store.delete(victim["id"])
+        await store.delete(victim["id"], hard=True)
+        assert canary not in json.dumps(await store.dump(), default=str), soft_first
+        with pytest.raises(NotFoundError):
+            await store.delete(victim["id"], hard=True)  # nothing left to purge
+        nodes, edges, _ = await store.changes(0)
+        assert [n.content for n in nodes if n.id == victim["node_id"]] == [""]
+        assert all(e.deleted and e.props is None for e in edges
+                   if victim["node_id"] in (e.src, e.dst))
+
+
 async def test_list_filters(store: Store) -> None:
     await store.save({"content": "a", "realm": "r1", "tags": ["x", "y"], "memory_type": "decision"})
     await store.save({"content": "b", "realm": "r1", "tags": ["xy"]})

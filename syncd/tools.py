@@ -22,7 +22,19 @@ from typing import Any
 import msgspec
 
 from local_store import Store, ValidationError
-from local_store.records import normalise_memory_id, optional_str, required_str, slug
+from local_store.records import (
+    MAX_CONTENT_CHARS,
+    MAX_KEY_CHARS,
+    MAX_TAG_CHARS,
+    MAX_TAGS,
+    MAX_TITLE_CHARS,
+    normalise_memory_id,
+    optional_str,
+    parse_realm,
+    parse_tags,
+    slug,
+)
+from local_store.redact import REDACTED, strip_json_strings
 
 Handler = Callable[[Store, dict[str, Any]], Awaitable[Any]]
 
@@ -134,8 +146,9 @@ async def _delete(store: Store, args: dict[str, Any]) -> Any:
 
 async def _verify(store: Store, args: dict[str, Any]) -> Any:
     """Related existing memories for a candidate, and what to do with it."""
-    content = required_str(args, "content", limit=256 * 1024)
-    realm = optional_str(args, "realm")
+    clean = _redacted(args)
+    content = _text(clean, "content", limit=MAX_CONTENT_CHARS)
+    realm = optional_str(clean, "realm")
     request: dict[str, Any] = {"query": content, "limit": 5, "expand_hops": 0}
     if realm:
         request["realms"] = [realm]
@@ -156,38 +169,35 @@ async def _verify(store: Store, args: dict[str, Any]) -> Any:
 
 
 async def _note(store: Store, args: dict[str, Any]) -> Any:
-    """A typed node by stable name, merged on (type, normalised name)."""
-    kind = required_str(args, "type")
-    name = required_str(args, "name", limit=1000)
-    summary = required_str(args, "summary", limit=4000)
-    realm = optional_str(args, "realm")
-    saved = await store.save({
-        "content": f"{name}: {summary}", "title": name, "memory_type": "entity",
-        "tags": [f"kind:{kind}", *(args.get("tags") or [])], "realm": realm,
-        "topic_key": f"note/{slug(kind)}/{slug(name)}"})
+    """A typed node by stable name, merged on (type, normalised name). Every argument is
+    redacted, then validated, before the first write: a refused call writes nothing (L7)."""
+    clean = _redacted(args)
+    kind = _kind(clean, "type")
+    name = _text(clean, "name", limit=MAX_TITLE_CHARS)
+    summary = _text(clean, "summary", limit=4000)
+    realm = parse_realm(clean.get("realm"))
+    tags = _note_tags(kind, clean.get("tags"))
+    topic = _topic(kind, name, "name")
+    edges = _edges(clean.get("edges"))
+    saved = await store.save({"content": f"{name}: {summary}", "title": name,
+                              "memory_type": "entity", "tags": tags, "realm": realm,
+                              "topic_key": topic})
     links = []
-    edges = args.get("edges") or []
-    if not isinstance(edges, list):
-        raise ValidationError("edges", "must be a list of {to, type}")
-    for index, edge in enumerate(edges):
-        if not isinstance(edge, Mapping):
-            raise ValidationError(f"edges[{index}]", "must be an object {to, type, to_type?}")
-        target = required_str(edge, "to", label=f"edges[{index}].to")
-        target_kind = optional_str(edge, "to_type") or "concept"
+    for target, target_kind, target_topic, relation in edges:
         target_id = await _find_note(store, target, realm)
         if target_id is None:  # a stub the target's own memory_note will later fill in
             target_id = (await store.save({
                 "content": f"{target}: (mentioned by {name})", "title": target,
                 "memory_type": "entity", "tags": [f"kind:{target_kind}"], "realm": realm,
-                "topic_key": f"note/{slug(target_kind)}/{slug(target)}"}))["node_id"]
-        relation = optional_str(edge, "type", label=f"edges[{index}].type") or "RELATES_TO"
+                "topic_key": target_topic}))["node_id"]
         await store.link({"memory_id": saved["node_id"], "target_node_id": target_id,
-                          "relationship_type": relation.upper()})
-        links.append({"to": target, "type": relation.upper(), "node_id": target_id})
+                          "relationship_type": relation})
+        links.append({"to": target, "type": relation, "node_id": target_id})
     return {**saved, "name": name, "type": kind, "edges": links}
 
 
-async def _find_note(store: Store, name: str, realm: str | None) -> str | None:
+async def _find_note(store: Store, name: str, realm: str) -> str | None:
+    """An entity of this realm only whose title has the same slug."""
     listed = await store.list_memories({"memory_type": "entity", "realm": realm, "limit": 500})
     wanted = slug(name)
     for row in listed["rows"]:
@@ -196,10 +206,78 @@ async def _find_note(store: Store, name: str, realm: str | None) -> str | None:
     return None
 
 
+def _edges(value: object) -> list[tuple[str, str, str, str]]:
+    """``edges`` as (to, to_type, its topic key, relation), every item checked."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ValidationError("edges", "must be a list of {to, type}")
+    edges = []
+    for index, edge in enumerate(value):
+        label = f"edges[{index}]"
+        if not isinstance(edge, Mapping):
+            raise ValidationError(label, "must be an object {to, type, to_type?}")
+        target = _text(edge, "to", limit=MAX_TITLE_CHARS, label=f"{label}.to")
+        target_kind = _kind(edge, "to_type", label=f"{label}.to_type", default="concept")
+        relation = _text(edge, "type", label=f"{label}.type", default="RELATES_TO")
+        edges.append((target, target_kind, _topic(target_kind, target, f"{label}.to"),
+                      relation.upper()))
+    return edges
+
+
+def _kind(args: Mapping[str, Any], name: str, *, label: str | None = None,
+          default: str | None = None) -> str:
+    """A node type; it is stored as the tag ``kind:<type>``, so it follows the tag rules."""
+    kind = _text(args, name, label=label, default=default)
+    if "," in kind or len(kind) > MAX_TAG_CHARS - len("kind:"):
+        raise ValidationError(label or name, f"must be at most {MAX_TAG_CHARS - len('kind:')} "
+                              "characters, without commas")
+    return kind
+
+
+def _note_tags(kind: str, value: object) -> list[str]:
+    """``kind:<type>`` then the caller's tags, parsed as ``save_memory`` parses them."""
+    given = parse_tags(value)
+    tags = [f"kind:{kind}", *(given.split(",") if given else [])]
+    if len(tags) > MAX_TAGS:
+        raise ValidationError("tags", f"must have at most {MAX_TAGS - 1} tags, got {len(tags) - 1}")
+    return tags
+
+
+def _topic(kind: str, name: str, label: str) -> str:
+    topic = f"note/{slug(kind)}/{slug(name)}"
+    if len(topic) > MAX_KEY_CHARS:
+        raise ValidationError(label, "is too long to be a stable name")
+    return topic
+
+
+def _text(args: Mapping[str, Any], name: str, *, limit: int = MAX_KEY_CHARS,
+          label: str | None = None, default: str | None = None) -> str:
+    """A trimmed string with something left besides ``[redacted]``; missing is ``default``
+    when there is one, else an error naming the field."""
+    value = optional_str(args, name, limit=limit, label=label)
+    if value is None and default is not None:
+        return default
+    if value is None:
+        raise ValidationError(label or name, "is required and must be a non-empty string")
+    if not value.replace(REDACTED, "").strip():
+        raise ValidationError(label or name, "is empty after removing <private> sections")
+    return value
+
+
+def _redacted(args: Mapping[str, Any]) -> dict[str, Any]:
+    """The arguments through the store's redactor, before any check or use (P1)."""
+    clean = strip_json_strings(dict(args))
+    assert isinstance(clean, dict)
+    return clean
+
+
 async def _learning(store: Store, args: dict[str, Any]) -> Any:
-    content = required_str(args, "content", limit=4000)
+    """A one-line lesson; the length limit applies to the redacted text."""
+    clean = _redacted(args)
+    content = _text(clean, "content", limit=4000)
     return await store.save({"content": content, "memory_type": "learning", "importance": 0.6,
-                             "realm": args.get("realm"), "tags": args.get("tags")})
+                             "realm": clean.get("realm"), "tags": clean.get("tags")})
 
 
 async def _maybe_get(store: Store, memory_id: object, field: str) -> Any:

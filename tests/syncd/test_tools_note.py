@@ -1,0 +1,154 @@
+"""memory_note and record_learning over the real daemon: arguments are redacted before they are
+checked or used (RELIABILITY P1, P7), every argument is checked before the first write (L7), tags
+parse as ``save_memory`` parses them, and edge targets resolve in the note's own realm."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.syncd.conftest import Daemon
+
+NOTE = "/v1/agent/memory/tools/memory_note"
+LEARNING = "/v1/agent/memory/tools/record_learning"
+
+
+async def tool(daemon: Daemon, path: str, args: dict[str, Any]) -> tuple[int, Any]:
+    status, body, _ = await daemon.call("POST", path, json=args)
+    return status, body
+
+
+async def stored(daemon: Daemon, tmp_path: Path) -> bytes:
+    """Everything the store holds: every table's rows and the bytes of its data files."""
+    files = b"".join(p.read_bytes() for p in sorted((tmp_path / "data").iterdir())
+                     if p.is_file())
+    return repr(await daemon.store.dump()).encode() + files
+
+
+async def refused(daemon: Daemon, path: str, args: dict[str, Any], field: str) -> Any:
+    """A 422 naming ``field`` that leaves the store exactly as it was."""
+    before = await daemon.store.dump()
+    status, body = await tool(daemon, path, args)
+    assert status == 422 and body["error"]["field"] == field, (status, body)
+    assert await daemon.store.dump() == before
+    return body
+
+
+# ---------------------------------------------------------------------- privacy
+
+
+async def test_private_spans_in_every_note_argument_are_never_stored_or_echoed(
+        daemon: Daemon, tmp_path: Path) -> None:
+    canaries = {f: f"notecanary{f}4417" for f in ("type", "name", "summary", "tag", "to",
+                                                   "totype", "rel", "realm")}
+
+    def hide(field: str, visible: str) -> str:
+        return f"{visible} <private>{canaries[field]}</private>"
+
+    status, body = await tool(daemon, NOTE, {
+        "type": hide("type", "person"), "name": hide("name", "Bob"),
+        "summary": hide("summary", "a friend"), "tags": [hide("tag", "team")],
+        "realm": hide("realm", "work"),
+        "edges": [{"to": hide("to", "Acme"), "to_type": hide("totype", "org"),
+                   "type": hide("rel", "works_at")}]})
+    assert status == 200, body
+    assert body["name"] == "Bob [redacted]" and body["edges"][0]["to"] == "Acme [redacted]"
+    node = await daemon.store.get(body["node_id"])
+    assert node["topic_key"] == "note/person-redacted/bob-redacted", node
+    reply, kept = json.dumps(body).lower(), (await stored(daemon, tmp_path)).lower()
+    for field, canary in canaries.items():
+        assert canary not in reply, field
+        assert canary.encode() not in kept, field
+
+
+@pytest.mark.parametrize("args, field", [
+    ({"name": "<private>notecanary9001</private>"}, "name"),
+    ({"summary": " <PRIVATE reason='x'>notecanary9001</PRIVATE> "}, "summary"),
+    ({"type": "<private>notecanary9001"}, "type"),
+    ({"edges": [{"to": "Acme"}, {"to": "notecanary9001</private>"}]}, "edges[1].to"),
+])
+async def test_a_name_or_summary_empty_after_redaction_is_refused(
+        daemon: Daemon, tmp_path: Path, args: dict[str, Any], field: str) -> None:
+    body = await refused(daemon, NOTE, {"type": "person", "name": "Bob", "summary": "a friend",
+                                        **args}, field)
+    assert "notecanary9001" not in json.dumps(body)
+    assert b"notecanary9001" not in await stored(daemon, tmp_path)
+
+
+# ---------------------------------------------------------------------- nothing written on error
+
+
+@pytest.mark.parametrize("args, field", [
+    ({"edges": "not-a-list"}, "edges"),
+    ({"edges": [{"to": "Acme"}, 5]}, "edges[1]"),
+    ({"edges": [{"to": "Acme"}, {"type": "knows"}]}, "edges[1].to"),
+    ({"edges": [{"to": "Acme"}, {"to": "Zed", "type": 7}]}, "edges[1].type"),
+    ({"edges": [{"to": "Acme"}, {"to": "Zed", "to_type": "a,b"}]}, "edges[1].to_type"),
+    ({"edges": [{"to": "Acme"}, {"to": "Zed", "to_type": "t" * 300}]}, "edges[1].to_type"),
+    ({"edges": [{"to": "Acme"}, {"to": "z" * 600}]}, "edges[1].to"),
+    ({"name": "n" * 600}, "name"),
+    ({"tags": [1]}, "tags[0]"),
+])
+async def test_any_bad_argument_writes_nothing(daemon: Daemon, args: dict[str, Any],
+                                               field: str) -> None:
+    await refused(daemon, NOTE, {"type": "person", "name": "Bob", "summary": "a friend", **args},
+                  field)
+
+
+# ---------------------------------------------------------------------- tags
+
+
+@pytest.mark.parametrize("tags", [5, "urgent", {"a": "b"}])
+async def test_tags_must_be_a_list_as_for_save_memory(daemon: Daemon, tags: object) -> None:
+    await refused(daemon, NOTE, {"type": "person", "name": "Al", "summary": "hi", "tags": tags},
+                  "tags")
+    status, body = await tool(daemon, "/v1/agent/memory/tools/save_memory",
+                              {"content": "hi", "tags": tags})
+    assert status == 422 and body["error"]["field"] == "tags"
+
+
+async def test_tags_follow_the_kind_tag(daemon: Daemon) -> None:
+    status, body = await tool(daemon, NOTE, {"type": "person", "name": "Al", "summary": "hi",
+                                             "tags": [" urgent ", "urgent", ""]})
+    assert status == 200, body
+    assert (await daemon.store.get(body["node_id"]))["tags"] == ["kind:person", "urgent"]
+    await refused(daemon, NOTE, {"type": "person", "name": "Al", "summary": "hi", "tags": 5},
+                  "tags")
+
+
+# ---------------------------------------------------------------------- realms
+
+
+async def test_edge_targets_resolve_in_the_notes_own_realm(daemon: Daemon) -> None:
+    status, work_bob = await tool(daemon, NOTE, {"type": "person", "name": "Bobby",
+                                                 "summary": "colleague", "realm": "work"})
+    assert status == 200, work_bob
+    status, carol = await tool(daemon, NOTE, {"type": "person", "name": "Carol",
+                                              "summary": "x", "edges": [{"to": "bobby"}]})
+    assert status == 200, carol
+    stub = await daemon.store.get(carol["edges"][0]["node_id"])
+    assert stub["id"] != work_bob["node_id"] and stub["realm"] == "default", stub
+    status, dave = await tool(daemon, NOTE, {"type": "person", "name": "Dave", "summary": "x",
+                                             "realm": "work", "edges": [{"to": "BOBBY"}]})
+    assert status == 200 and dave["edges"][0]["node_id"] == work_bob["node_id"], dave
+
+
+# ---------------------------------------------------------------------- record_learning
+
+
+async def test_learning_length_is_measured_after_redaction(daemon: Daemon,
+                                                           tmp_path: Path) -> None:
+    hidden = "learncanary" + "k" * 5000
+    status, body = await tool(daemon, LEARNING,
+                              {"content": f"rotate the key <private>{hidden}</private> monthly"})
+    assert status == 200, (status, body)
+    assert (await daemon.store.get(body["id"]))["content"] == "rotate the key [redacted] monthly"
+    assert b"learncanary" not in await stored(daemon, tmp_path)
+    assert "learncanary" not in json.dumps(body)
+    await refused(daemon, LEARNING, {"content": "x" * 4001}, "content")
+    body = await refused(daemon, LEARNING, {"content": f"<private>{hidden}</private>"},
+                         "content")
+    assert "after removing <private>" in body["error"]["message"]

@@ -129,13 +129,13 @@ def strip_json_strings(value: object) -> object:
 def strip_private_json_text(text: str) -> str:
     """Redact a field that holds JSON text (provenance, props, source_uris, mentions).
 
-    The raw text is scanned first; then, if it may hide a tag behind JSON escapes
-    (``\\u003cprivate\\u003e``), it is decoded, every string inside is scanned, and it is
-    re-encoded only when something changed. Text that is not JSON keeps its literal escapes,
-    which are not tags.
+    The raw text is scanned first; then, if it may hide a tag behind JSON escapes (any
+    backslash: ``\\u003cprivate>``, ``<\\u0070rivate>``, ``<\\/private>`` all decode to a
+    tag), it is decoded, every string inside is scanned, and it is re-encoded only when
+    something changed. Text that is not JSON keeps its literal escapes, which are not tags.
     """
     out = strip_private(text) if "<" in text else text
-    if "\\u003c" not in out.lower():
+    if "\\" not in out:
         return out
     try:
         parsed = json.loads(out)

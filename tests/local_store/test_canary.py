@@ -57,7 +57,10 @@ FORMS: dict[str, str] = {
 
 # A private span whose tags are JSON-escaped inside a field that holds JSON text
 # (provenance, props, source_uris): the tags only exist after the field is JSON-decoded.
-JSON_ESCAPED = "\\u003cprivate\\u003e{c}\\u003c/private\\u003e"
+# Any JSON escape can spell a tag: ``<`` as ``\\u003c``, a letter as ``\\u0070``, ``/`` as ``\\/``.
+JSON_ESCAPED = ("\\u003cprivate\\u003e{c}\\u003c/private\\u003e",
+                "<\\u0070rivate>{c}<\\/private>",
+                "<private\\u003e{c}<\\/PRIVATE>")
 
 
 class Canaries:
@@ -83,7 +86,8 @@ class Canaries:
     def escaped(self, field: str) -> str:
         """The inside of a JSON string literal whose decoded value is a private span."""
         canary = self.mint(f"{field} | json-escaped")
-        return "keep " + JSON_ESCAPED.format(c=canary) + " tail"
+        form = JSON_ESCAPED[len(self.labels) % len(JSON_ESCAPED)]
+        return "keep " + form.format(c=canary) + " tail"
 
 
 class Capture:

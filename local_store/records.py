@@ -214,6 +214,28 @@ def refuse_private_id(value: str, label: str) -> None:
         raise ValidationError(label, "must not contain <private> content")
 
 
+def refuse_private_identity(raw: Mapping[str, object], label: str = "") -> None:
+    """Identity keys in a request's raw arguments — ``topic_key``, ``target_node_id`` and
+    ``relationship_type`` (an edge's id is its ends and type), the ids in ``references``, and
+    ``links[]``' targets and types — are never rewritten by the redactor: two different
+    private keys would both become ``[redacted]`` and merge into one memory or one edge. One
+    holding a private span is refused, naming its field."""
+    p = f"{label}." if label else ""
+    for name in ("topic_key", "target_node_id", "relationship_type"):
+        value = raw.get(name)
+        if isinstance(value, str):
+            refuse_private_id(value, f"{p}{name}")
+    for name, key in (("references", ""), ("links", "target_node_id"),
+                      ("links", "relationship_type")):
+        items = raw.get(name)
+        if not isinstance(items, list | tuple):
+            continue
+        for index, item in enumerate(items):
+            value = item.get(key) if key and isinstance(item, Mapping) else item
+            if isinstance(value, str):
+                refuse_private_id(value, f"{p}{name}[{index}]" + (f".{key}" if key else ""))
+
+
 # ---------------------------------------------------------------------------- derived text
 
 def fold_content(content: str, why: str | None, where: str | None, learned: str | None) -> str:
@@ -280,6 +302,7 @@ def build_save(raw: Mapping[str, object], writer: Mapping[str, object], *,
     """Turn the ``save_memory`` arguments into a Draft (redacted, folded, validated)."""
     if not isinstance(raw, Mapping):
         raise ValidationError(label or "body", "must be a JSON object")
+    refuse_private_identity(raw, label)
     args = strip_json_strings(dict(raw))
     assert isinstance(args, dict)
     p = f"{label}." if label else ""

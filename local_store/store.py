@@ -70,6 +70,8 @@ from local_store.records import (
     parse_status,
     parse_tags,
     parse_timestamp,
+    refuse_private_id,
+    refuse_private_identity,
     required_str,
     slug,
     stamp_provenance,
@@ -379,6 +381,7 @@ class Store:
 
     async def link(self, args: Mapping[str, object]) -> dict[str, Any]:
         """``link_memory_to_entity``: an edge from a memory to any node id (verbatim)."""
+        refuse_private_identity(args)
         clean = strip_json_strings(dict(args))
         assert isinstance(clean, dict)
         src = normalise_memory_id(clean.get("memory_id"))
@@ -396,7 +399,13 @@ class Store:
         return await self._write(run)
 
     async def ingest_entity(self, args: Mapping[str, object]) -> dict[str, Any]:
-        """``ingest_entity``: idempotent per (realm, kind, name) through its topic key."""
+        """``ingest_entity``: idempotent per (realm, kind, name) through its topic key, so
+        kind and name are identity too: one holding a private span is refused, as other keys
+        are."""
+        refuse_private_identity(args)
+        for key in ("kind", "name"):
+            if isinstance(value := args.get(key), str):
+                refuse_private_id(value, key)
         clean = strip_json_strings(dict(args))
         assert isinstance(clean, dict)
         name = required_str(clean, "name", limit=1000)

@@ -32,6 +32,7 @@ from local_store.records import (
     optional_str,
     parse_realm,
     parse_tags,
+    refuse_private_id,
     slug,
 )
 from local_store.redact import REDACTED, strip_json_strings
@@ -170,7 +171,10 @@ async def _verify(store: Store, args: dict[str, Any]) -> Any:
 
 async def _note(store: Store, args: dict[str, Any]) -> Any:
     """A typed node by stable name, merged on (type, normalised name). Every argument is
-    redacted, then validated, before the first write: a refused call writes nothing (L7)."""
+    redacted, then validated, before the first write: a refused call writes nothing (L7).
+    Types and names make topic keys and edge ids, so one holding a private span is refused,
+    as other identity keys are (two would both become ``[redacted]`` and merge)."""
+    _refuse_private_names(args)
     clean = _redacted(args)
     kind = _kind(clean, "type")
     name = _text(clean, "name", limit=MAX_TITLE_CHARS)
@@ -204,6 +208,17 @@ async def _find_note(store: Store, name: str, realm: str) -> str | None:
         if slug(str(row.get("title") or "")) == wanted:
             return str(row["id"])
     return None
+
+
+def _refuse_private_names(args: Mapping[str, Any]) -> None:
+    for key in ("type", "name"):
+        if isinstance(value := args.get(key), str):
+            refuse_private_id(value, key)
+    edges = args.get("edges")
+    for index, edge in enumerate(edges if isinstance(edges, list) else []):
+        for key in ("to", "to_type", "type"):
+            if isinstance(edge, Mapping) and isinstance(value := edge.get(key), str):
+                refuse_private_id(value, f"edges[{index}].{key}")
 
 
 def _edges(value: object) -> list[tuple[str, str, str, str]]:

@@ -173,12 +173,12 @@ def save_args(c: Canaries, form: str, prefix: str = "save") -> dict[str, Any]:
     return {
         "content": w("content"), "title": w("title"), "memory_type": w("memory_type"),
         "tags": [w("tags[0]"), w("tags[1]"), f"visible-{form}"],
-        "realm": w("realm"), "importance": 0.7, "topic_key": w("topic_key"),
+        "realm": w("realm"), "importance": 0.7, "topic_key": f"{prefix}-topic-{form}",
         "why": w("why"), "where": w("where"), "learned": w("learned"),
         "provenance": {"note": w("provenance.value"), w("provenance.key"): "v",
                        "nested": {"deep": w("provenance.nested.value")},
                        "list": [w("provenance.list[0]")]},
-        "references": [w("references[0]")],
+        "references": [f"{prefix}::ref-{form}"],
         "source_session_id": w("source_session_id"), "source_run_id": w("source_run_id"),
         "memory_class": w("memory_class"), "space": w("space"),
         "writer_agent_id": w("writer_agent_id"),
@@ -195,6 +195,11 @@ async def scenario_save(store: Store, c: Canaries, cap: Capture) -> None:
         whole = c.mint(f"save.content (all private) | {form}")
         await cap.refused(f"save all-private {form}",
                           store.save({"content": FORMS[form].format(c=whole).replace(" rest", "")}))
+        # Identity keys are refused rather than rewritten (two would merge as [redacted]).
+        await cap.refused(f"save private topic_key {form}", store.save(
+            {"content": "c", "topic_key": c.wrap("save.topic_key (refused)", form)}))
+        await cap.refused(f"save private references {form}", store.save(
+            {"content": "c", "references": [c.wrap("save.references[0] (refused)", form)]}))
 
 
 async def scenario_save_many(store: Store, c: Canaries, cap: Capture) -> None:
@@ -246,19 +251,26 @@ async def scenario_entity(store: Store, c: Canaries, cap: Capture) -> None:
         def w(field: str, form: str = form) -> str:
             return c.wrap(f"entity.{field}", form)
 
+        for key in ("name", "kind"):  # the entity's identity: refused rather than rewritten
+            await cap.refused(f"ingest_entity private {key} {form}", store.ingest_entity(
+                {"name": "n", "kind": "k", key: w(f"{key} (refused)")}))
+        await cap.refused(f"ingest_entity private link {form}", store.ingest_entity(
+            {"name": "n", "links": [{"target_node_id": w("links[0].target_node_id (refused)")}]}))
+        await cap.refused(f"ingest_entity private link type {form}", store.ingest_entity(
+            {"name": "n", "links": [{"target_node_id": target["node_id"],
+                                     "relationship_type": w("links[0].type (refused)")}]}))
         await cap.call(f"ingest_entity {form}", store.ingest_entity({
-            "name": w("name"), "kind": w("kind"), "type": w("type"), "icon": w("icon"),
+            "name": f"entity {form}", "kind": f"kind-{form}", "type": w("type"), "icon": w("icon"),
             "realm": w("realm"),
             "properties": {"role": w("properties.value"), w("properties.key"): "v",
                            "list": [w("properties.list[0]")],
                            "obj": {"deep": w("properties.obj.value")}},
             "links": [
-                {"target_node_id": target["node_id"],
-                 "relationship_type": w("links[0].relationship_type")},
-                {"target_node_id": w("links[1].target_node_id"),
+                {"target_node_id": target["node_id"], "relationship_type": f"REL_{form}"},
+                {"target_node_id": f"svc::{form}",
                  "relationship_type": "USES",
                  "target_namespace": w("links[1].target_namespace")},
-                {"target_node_id": w("links[2].target_node_id (no namespace)")},
+                {"target_node_id": f"plain-{form}"},
             ],
         }))
 
@@ -266,9 +278,14 @@ async def scenario_entity(store: Store, c: Canaries, cap: Capture) -> None:
 async def scenario_link(store: Store, c: Canaries, cap: Capture) -> None:
     for form in FORMS:
         res = await cap.call("save", store.save({"content": c.wrap("link.memory.content", form)}))
+        await cap.refused(f"link private target {form}", store.link({
+            "memory_id": res["id"], "target_node_id": c.wrap("link.target_node_id", form)}))
+        await cap.refused(f"link private type {form}", store.link({
+            "memory_id": res["id"], "target_node_id": "x",
+            "relationship_type": c.wrap("link.relationship_type", form)}))
         await cap.call(f"link {form}", store.link({
-            "memory_id": res["id"], "target_node_id": c.wrap("link.target_node_id", form),
-            "relationship_type": c.wrap("link.relationship_type", form),
+            "memory_id": res["id"], "target_node_id": f"entity::{form}",
+            "relationship_type": f"USES_{form}",
             "target_namespace": c.wrap("link.target_namespace", form),
             "realm": c.wrap("link.realm", form)}))
 

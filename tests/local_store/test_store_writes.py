@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -396,10 +397,42 @@ async def test_private_is_redacted_in_every_text_field(store: Store) -> None:
     res = await store.save({
         "content": "key <private>sk-1</private> ok", "title": "t <private>T</private>",
         "tags": ["<private>tag</private>x"], "why": "<PRIVATE reason='r'>w</PRIVATE> why",
-        "provenance": {"note": "<private>p</private>"}, "topic_key": "k<private>z</private>",
+        "provenance": {"note": "<private>p</private>"}, "topic_key": "k",
     })
     got = await store.get(res["id"])
     blob = json.dumps(got)
     for secret in ("sk-1", "'r'", ">w<", "tag</", "\"p\""):
         assert secret not in blob
     assert got["content"] == f"key {REDACTED} ok\nWhy: {REDACTED} why"
+
+
+@pytest.mark.parametrize(("call", "field"), [
+    ({"content": "a", "topic_key": "project/<private>alpha</private>"}, "topic_key"),
+    ({"content": "a", "references": ["ok::1", "acct::<private>9</private>"]}, "references[1]"),
+    ({"link": "<private>acct-1</private>"}, "target_node_id"),
+    ({"link": "acct-1", "type": "OWNS <private>x</private>"}, "relationship_type"),
+    ({"entity": {"name": "<private>Jane Roe</private>", "kind": "person"}}, "name"),
+    ({"entity": {"name": "Jane <private>Roe</private>", "kind": "person"}}, "name"),
+    ({"entity": {"name": "Jane", "kind": "p</private>x"}}, "kind"),
+    ({"entity": {"name": "Jane", "links": [{"target_node_id": "<PRIVATE>x"}]}},
+     "links[0].target_node_id"),
+])
+async def test_an_identity_key_holding_a_private_span_is_refused_not_rewritten(
+        store: Store, call: dict[str, Any], field: str) -> None:
+    """Redacted, two different private topic keys (or entity names, or link targets) would
+    both become ``[redacted]``: the second save would overwrite the first, two links would
+    be one edge. Refused instead, naming the field, without echoing it; nothing written."""
+    first = await store.save({"content": "first", "topic_key": "project/kept"})
+    before = await store.dump()
+    with pytest.raises(ValidationError) as exc:
+        if "link" in call:
+            await store.link({"memory_id": first["id"], "target_node_id": call["link"],
+                              "relationship_type": call.get("type")})
+        elif "entity" in call:
+            await store.ingest_entity(call["entity"])
+        else:
+            await store.save(call)
+    assert exc.value.field == field
+    assert not {"alpha", "Roe", "acct", "9", "x"} & set(exc.value.message.split())
+    assert await store.dump() == before
+

@@ -42,23 +42,36 @@ async def refused(daemon: Daemon, path: str, args: dict[str, Any], field: str) -
 
 async def test_private_spans_in_every_note_argument_are_never_stored_or_echoed(
         daemon: Daemon, tmp_path: Path) -> None:
+    """The summary, tags and realm are redacted; the type, the name, an edge's target, its
+    type and its relation make topic keys and edge ids, so a private span there is refused
+    (two notes would both become ``bob-redacted`` and merge), naming the field and writing
+    nothing."""
     canaries = {f: f"notecanary{f}4417" for f in ("type", "name", "summary", "tag", "to",
                                                    "totype", "rel", "realm")}
 
     def hide(field: str, visible: str) -> str:
         return f"{visible} <private>{canaries[field]}</private>"
 
-    status, body = await tool(daemon, NOTE, {
-        "type": hide("type", "person"), "name": hide("name", "Bob"),
-        "summary": hide("summary", "a friend"), "tags": [hide("tag", "team")],
-        "realm": hide("realm", "work"),
-        "edges": [{"to": hide("to", "Acme"), "to_type": hide("totype", "org"),
-                   "type": hide("rel", "works_at")}]})
+    note = {"type": "person", "name": "Bob", "summary": hide("summary", "a friend"),
+            "tags": [hide("tag", "team")], "realm": hide("realm", "work"),
+            "edges": [{"to": "Acme", "to_type": "org", "type": "works_at"}]}
+    replies = []
+    for field, where in (("type", "type"), ("name", "name"), ("to", "edges[0].to"),
+                         ("totype", "edges[0].to_type"), ("rel", "edges[0].type")):
+        args = json.loads(json.dumps(note))
+        if where.startswith("edges"):
+            key = where.rsplit(".", 1)[1]
+            args["edges"][0][key] = hide(field, args["edges"][0][key])
+        else:
+            args[where] = hide(field, args[where])
+        replies.append(await refused(daemon, NOTE, args, where))
+    status, body = await tool(daemon, NOTE, note)
     assert status == 200, body
-    assert body["name"] == "Bob [redacted]" and body["edges"][0]["to"] == "Acme [redacted]"
+    assert body["name"] == "Bob" and body["edges"][0]["type"] == "WORKS_AT"
     node = await daemon.store.get(body["node_id"])
-    assert node["topic_key"] == "note/person-redacted/bob-redacted", node
-    reply, kept = json.dumps(body).lower(), (await stored(daemon, tmp_path)).lower()
+    assert node["topic_key"] == "note/person/bob" and node["realm"] == "work [redacted]"
+    reply = json.dumps([body, *replies]).lower()
+    kept = (await stored(daemon, tmp_path)).lower()
     for field, canary in canaries.items():
         assert canary not in reply, field
         assert canary.encode() not in kept, field

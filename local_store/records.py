@@ -40,7 +40,7 @@ MAX_TAGS = 64
 MAX_TAG_CHARS = 200
 MAX_KEY_CHARS = 500
 
-_SLUG_RUNS = re.compile(r"[^0-9a-z]+")
+_SLUG_RUNS = re.compile(r"[\W_]+")
 _WS = re.compile(r"\s+")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -251,6 +251,9 @@ def preview(content: str) -> str:
 
 
 def slug(name: str) -> str:
+    """The plane's slug: lowercase, every run of characters that are not letters or digits
+    (Unicode ones included, as Rust's ``char::is_alphanumeric``) becomes ``-``, ends trimmed.
+    ``東京`` stays ``東京``: an ASCII-only slug made every such name ``""``, one entity."""
     return _SLUG_RUNS.sub("-", name.lower()).strip("-")
 
 

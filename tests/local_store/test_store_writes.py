@@ -202,6 +202,21 @@ async def test_ingest_entity_is_idempotent_per_realm_kind_name(store: Store) -> 
     assert exc.value.field == "name"
 
 
+
+async def test_entity_names_in_any_script_keep_their_identity(store: Store) -> None:
+    """The slug keeps Unicode letters and digits, as the plane's (Rust ``is_alphanumeric``):
+    an ASCII-only slug made every non-Latin name ``entity/city/``, so 大阪 overwrote 東京."""
+    tokyo = await store.ingest_entity({"name": "東京", "kind": "city"})
+    osaka = await store.ingest_entity({"name": "大阪", "kind": "city"})
+    cafe = await store.ingest_entity({"name": "Café Olé_2", "kind": "place"})
+    assert (tokyo["topic_key"], osaka["topic_key"], cafe["topic_key"]) == (
+        "entity/city/東京", "entity/city/大阪", "entity/place/café-olé-2")
+    assert osaka["upserted"] is False and osaka["id"] != tokyo["id"]
+    assert (await store.get(tokyo["id"]))["title"] == "東京"
+    again = await store.ingest_entity({"name": "CAFÉ olé 2", "kind": "place"})
+    assert again["upserted"] is True and again["id"] == cafe["id"]
+
+
 async def test_link_defaults_to_the_memorys_realm(store: Store) -> None:
     m = await store.save({"content": "x", "realm": "proj"})
     res = await store.link({"memory_id": m["id"], "target_node_id": "default::repo:y"})

@@ -101,14 +101,19 @@ class Filters:
     importance_min: float | None = None
     as_of: str | None = None
     include_invalidated: bool = False
+    space_agent: str | None = None
 
     def sql(self, *, for_graph: bool = False) -> tuple[str, list[object]]:
-        """AND-ed predicates over ``memories m``. The graph (syncd) uses realm/status/validity."""
+        """AND-ed predicates over ``memories m``. The graph (syncd) uses realm/status/validity
+        and the space: another agent's private memory never arrives through an edge either."""
         where = ["m.deleted = 0", "m.status <> 'archived'"]
         params: list[object] = []
         if self.realms:
             where.append(f"m.realm IN ({','.join('?' * len(self.realms))})")
             params.extend(self.realms)
+        if self.space_agent is not None:  # the plane's rule (contract §6, step 3)
+            where.append("(m.space IS NULL OR m.space = 'public' OR m.space = ?)")
+            params.append(f"private:{self.space_agent}")
         if not for_graph:
             if self.memory_type is not None:
                 where.append("m.memory_type = ?")
@@ -142,7 +147,8 @@ def filters_from(request: QueryRequest) -> Filters:
     realms = tuple(dict.fromkeys(r for r in request.realms if r))
     return Filters(realms=realms, memory_type=kind, tags=tuple(t for t in tags if t),
                    importance_min=request.importance_min, as_of=as_of,
-                   include_invalidated=request.include_invalidated)
+                   include_invalidated=request.include_invalidated,
+                   space_agent=request.space_agent)
 
 
 def weights_from(s: MemorySettings) -> Weights:

@@ -130,6 +130,29 @@ async def test_graph_hops_and_linked(store: Store) -> None:
     assert other_realm["node_id"] in unfiltered
 
 
+
+async def test_space_agent_hides_other_agents_private_memories(store: Store) -> None:
+    """``space_agent`` keeps memories with no space, ``public`` and ``private:<agent>`` — in
+    the legs, through the graph and in the fallback; without it there is no space filter
+    (both as the plane, contract §6 step 3)."""
+    alice = await store.save({"content": "launch plan draft for alice", "space": "private:alice"})
+    bob = await store.save({"content": "launch plan notes for bob", "space": "private:bob"})
+    public = await store.save({"content": "launch plan for everyone", "space": "public"})
+    plain = await store.save({"content": "unrelated words here"})
+    await store.link({"memory_id": public["id"], "target_node_id": alice["node_id"],
+                      "relationship_type": "RELATES_TO"})
+    await store.link({"memory_id": public["id"], "target_node_id": plain["node_id"],
+                      "relationship_type": "RELATES_TO"})
+    seen = await ids(store, "launch plan", space_agent="bob", expand_hops=1)
+    assert alice["node_id"] not in seen  # neither as a hit nor through the edge
+    assert {bob["node_id"], public["node_id"], plain["node_id"]} <= set(seen)
+    assert alice["node_id"] in await ids(store, "launch plan", space_agent="alice")
+    assert alice["node_id"] in await ids(store, "launch plan")
+    fallback = await store.recall({"query": "zzqx wvbn", "space_agent": "carol", "limit": 10})
+    assert fallback.fallback and alice["node_id"] not in [m.id for m in fallback.memories]
+    assert bob["node_id"] not in [m.id for m in fallback.memories]
+
+
 async def test_graph_is_skipped_when_not_allowed(store: Store) -> None:
     seed = await store.save({"content": "gamma queue retries"})
     far = await store.save({"content": "zzz"})

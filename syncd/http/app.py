@@ -322,11 +322,13 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def mcp(request: web.Request) -> web.Response:
+    """JSON-RPC over HTTP: a body that is not JSON is JSON-RPC's own Parse error (-32700,
+    ``id`` null), as on stdio, not the REST error shape."""
     server = request.app[MCP]
-    answer = await server.handle(await read_json(request))  # type: ignore[attr-defined]
+    answer = await server.handle_bytes(await request.read())  # type: ignore[attr-defined]
     if answer is None:
         return web.Response(status=202)
-    return reply(answer)
+    return web.Response(body=answer, content_type="application/json")
 
 
 ROUTES: list[tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]]]] = [

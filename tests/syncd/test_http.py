@@ -300,3 +300,19 @@ async def test_an_unexpected_failure_is_500_in_the_one_error_shape(
     finally:
         await runner.cleanup()
     assert "GET /broken failed" in caplog.text and "a bug with a secret in it" in caplog.text
+
+
+async def test_mcp_over_http_answers_a_body_that_is_not_json_in_json_rpc(
+        daemon: Daemon) -> None:
+    """JSON-RPC's own Parse error (-32700, id null), as on stdio — not the REST error shape an
+    MCP client cannot read; a good request still gets its answer."""
+    for body in (b"{not json", b""):
+        status, answer, _ = await daemon.call(
+            "POST", "/mcp/v1", data=body,
+            headers=daemon.auth(**{"Content-Type": "application/json"}))
+        assert status == 200 and isinstance(answer, dict), (status, answer)
+        assert (answer["jsonrpc"], answer["id"], answer["error"]["code"]) == ("2.0", None, -32700)
+    status, answer, _ = await daemon.call("POST", "/mcp/v1", json={
+        "jsonrpc": "2.0", "id": 7, "method": "tools/list"})
+    assert status == 200 and isinstance(answer, dict) and answer["id"] == 7
+    assert any(t["name"] == "save_memory" for t in answer["result"]["tools"])

@@ -380,6 +380,8 @@ class Surfacer:
         context = params.pop("memoryContext", None)
         if conversation is not None and not isinstance(conversation, str):
             raise ValidationError("conversationId", "must be a string")
+        if conversation is not None:  # a key, echoed in every result: never rewritten
+            refuse_private_id(conversation, "conversationId")
         if context is not None and not isinstance(context, str):
             raise ValidationError("memoryContext", "must be a string")
         conversation = conversation or f"conv-{uuid.uuid4()}"

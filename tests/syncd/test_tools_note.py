@@ -165,3 +165,15 @@ async def test_learning_length_is_measured_after_redaction(daemon: Daemon,
     body = await refused(daemon, LEARNING, {"content": f"<private>{hidden}</private>"},
                          "content")
     assert "after removing <private>" in body["error"]["message"]
+
+
+async def test_a_private_conversation_id_is_refused_not_echoed(daemon: Daemon) -> None:
+    """``conversationId`` comes back in every result: one holding a private span is refused
+    (a key, so not rewritten), and the refusal does not echo it."""
+    body = await refused(daemon, "/v1/agent/memory/tools/save_memory", {
+        "content": "hi", "conversationId": "c-<private>convcanary5120</private>"},
+        "conversationId")
+    assert "convcanary5120" not in json.dumps(body)
+    status, answer = await tool(daemon, "/v1/agent/memory/tools/save_memory",
+                                {"content": "hi", "conversationId": "c-1"})
+    assert status == 200 and answer["conversationId"] == "c-1"

@@ -13,6 +13,7 @@ Rules:
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
@@ -42,6 +43,7 @@ Handler = Callable[[Store, dict[str, Any]], Awaitable[Any]]
 SURFACE_TOP = 2
 SEARCH_TOOLS = frozenset({"memory_search", "recall_memory"})
 MAX_CONVERSATIONS = 1000
+NOTE_PAGE = 500  # entities read at a time while looking for an edge target by name
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,12 +203,17 @@ async def _note(store: Store, args: dict[str, Any]) -> Any:
 
 
 async def _find_note(store: Store, name: str, realm: str) -> str | None:
-    """An entity of this realm only whose title has the same slug."""
-    listed = await store.list_memories({"memory_type": "entity", "realm": realm, "limit": 500})
+    """An entity of this realm only whose title has the same slug, newest first, looking
+    through every entity of the realm (not only the newest page)."""
     wanted = slug(name)
-    for row in listed["rows"]:
-        if slug(str(row.get("title") or "")) == wanted:
-            return str(row["id"])
+    for offset in itertools.count(0, NOTE_PAGE):
+        listed = await store.list_memories({"memory_type": "entity", "realm": realm,
+                                            "limit": NOTE_PAGE, "offset": offset})
+        for row in listed["rows"]:
+            if slug(str(row.get("title") or "")) == wanted:
+                return str(row["id"])
+        if not listed["truncated"]:
+            break
     return None
 
 

@@ -177,3 +177,17 @@ async def test_a_private_conversation_id_is_refused_not_echoed(daemon: Daemon) -
     status, answer = await tool(daemon, "/v1/agent/memory/tools/save_memory",
                                 {"content": "hi", "conversationId": "c-1"})
     assert status == 200 and answer["conversationId"] == "c-1"
+
+
+async def test_an_edge_finds_its_target_among_more_entities_than_a_page(
+        daemon: Daemon) -> None:
+    """The target is looked for through every entity of the realm: with 600 newer ones, an
+    edge to the oldest links it instead of adding a duplicate stub."""
+    status, acme = await tool(daemon, NOTE, {"type": "org", "name": "Acme", "summary": "a co"})
+    assert status == 200
+    for start in range(0, 600, 200):
+        await daemon.store.save_many([{"content": f"entity {i}", "title": f"Thing {i}",
+                                       "memory_type": "entity"} for i in range(start, start + 200)])
+    status, bob = await tool(daemon, NOTE, {"type": "person", "name": "Bob", "summary": "hi",
+                                            "edges": [{"to": "ACME", "type": "works_at"}]})
+    assert status == 200 and bob["edges"][0]["node_id"] == acme["node_id"]

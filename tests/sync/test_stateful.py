@@ -340,18 +340,25 @@ class ReplicationMachine(RuleBasedStateMachine):
     @step
     def delete(self, who: int, pick: int, hard: bool) -> None:
         """Soft or hard delete: a tombstone (archived, invalidated), and every live edge of the
-        memory tombstoned."""
+        memory tombstoned. A hard delete also purges a soft delete's tombstone (its text) and
+        the reasons (props) on every edge of the memory, tombstones included."""
         store, mid = self.laptops[who].store, self.pick(pick)
         op = store.delete(mid, hard=hard)
         before = self.live(who, mid)
-        if before is None:
+        held = self.read(who, "node", mid)
+        purge = hard and before is None and held is not None and bool(
+            held[0][FIELD["content"]] or held[0][FIELD["title"]] is not None)
+        if before is None and not purge:
             self.refused(who, mid, op, ("node", mid))
             return
         edges = {r[0]: self.read(who, "edge", r[0]) for r in self.run(store._fetch(
-            "SELECT id FROM edges WHERE (src = ? OR dst = ?) AND deleted = 0", (mid, mid)))}
+            "SELECT id FROM edges WHERE (src = ? OR dst = ?) AND (deleted = 0 OR ? AND "
+            "props IS NOT NULL)", (mid, mid, hard)))}
         self.run(op)
         after = self.read(who, "node", mid)
         assert after is not None
+        before = before or held
+        assert before is not None
         fields = list(before[0])
         fields[FIELD["deleted"]] = 1
         # a tombstone is also the plane's soft delete: archived, and invalid from its stamp on
@@ -363,7 +370,7 @@ class ReplicationMachine(RuleBasedStateMachine):
         self.wrote(who, "node", mid, tuple(fields), before)
         for eid, edge in edges.items():
             assert edge is not None
-            self.wrote(who, "edge", eid, (1, edge[0][1]), edge)
+            self.wrote(who, "edge", eid, (1, None if hard else edge[0][1]), edge)
 
     @rule(who=LAPTOP, pick=PICK, entity=st.sampled_from(ENTITIES))
     @step

@@ -64,7 +64,7 @@ def stage(writer: Writer, limit: int, realm: str | None, keep_within_ns: int = 0
     """Stage up to ``limit`` queued items (oldest first), re-stamping those whose version is
     more than ``keep_within_ns`` older than the clock, and return their rows."""
     realm_sql, params = _realm_filter(realm)
-    bound = format_ns(max(0, writer.clock.physical_ns() - keep_within_ns))
+    bound = restamp_bound(writer.clock.physical_ns(), keep_within_ns)
     queued = writer.conn.execute(
         "SELECT o.kind, o.item_id, o.local_seq FROM outbox o "
         "LEFT JOIN memories m ON o.kind = 'node' AND m.id = o.item_id "
@@ -75,7 +75,7 @@ def stage(writer: Writer, limit: int, realm: str | None, keep_within_ns: int = 0
     for kind, item_id, seq in queued:
         table = "memories" if kind == "node" else "edges"
         current = writer.version(table, item_id)
-        if current is None or current < bound:
+        if needs_restamp(current, bound):
             stamp, seq = writer.stamp_after(current), writer.next_seq()
             writer.conn.execute(f"UPDATE {table} SET updated_at = ?, origin = ?, local_seq = ? "
                                 "WHERE id = ?", (stamp, writer.replica_id, seq, item_id))
@@ -91,6 +91,15 @@ def stage(writer: Writer, limit: int, realm: str | None, keep_within_ns: int = 0
             assert erow is not None
             staged.edges.append(erow)
     return staged
+
+
+def restamp_bound(now_ns: int, keep_within_ns: int) -> str:
+    """The version below which ``stage`` re-stamps a queued item."""
+    return format_ns(max(0, now_ns - keep_within_ns))
+
+
+def needs_restamp(version: str | None, bound: str) -> bool:
+    return version is None or version < bound
 
 
 def _realm_filter(realm: str | None) -> tuple[str, tuple[str, ...]]:

@@ -52,7 +52,9 @@ def _sync_lines(sync: dict[str, Any]) -> list[str]:
     return [f"  sync             {sync['url']} (every {sync['interval_secs']:.0f} s)"] + [
         f"    {key:20} {sync.get(key)}" for key in (
             "last_success", "last_error", "cursor", "outbox", "clock_offset_ms",
-            "consecutive_failures", "auth_blocked")]
+            "consecutive_failures", "auth_blocked")] + [
+        f"    {key:20} {', '.join(rows)}" for key in ("skipped_rows", "too_large_rows")
+        if (rows := sync.get(key))]
 
 
 def _n(count: object, one: str, many: str | None = None) -> str:
@@ -61,7 +63,9 @@ def _n(count: object, one: str, many: str | None = None) -> str:
 
 def pass_summary(r: dict[str, Any]) -> list[str]:
     """A sync pass's report for a person (``--json`` gives all of it)."""
-    head = f"sync {'ok' if r.get('ok') else 'failed'} in {r.get('took_ms', 0):.0f} ms"
+    outcome = "ok" if r.get("ok") else (
+        "incomplete" if r.get("error_kind") == "held_back" else "failed")
+    head = f"sync {outcome} in {r.get('took_ms', 0):.0f} ms"
     lines = [f"{head}: pulled {_n(r.get('pulled_nodes'), 'memory', 'memories')} and "
              f"{_n(r.get('pulled_edges'), 'edge')} in {_n(r.get('pull_pages'), 'page')}, pushed "
              f"{_n(r.get('pushed_nodes'), 'memory', 'memories')} and "
@@ -75,7 +79,10 @@ def pass_summary(r: dict[str, Any]) -> list[str]:
              (r.get("push_row_errors"), f"{r.get('push_row_errors')} pushed rows refused by "
                                         "the plane"),
              (r.get("future_rows"), f"{r.get('future_rows')} rows stamped ahead of this clock"),
-             (r.get("error"), f"error ({r.get('error_kind')}): {r.get('error')}")]
+             (r.get("error") and r.get("error_kind") == "held_back",
+              f"rows held back: {r.get('error')}"),
+             (r.get("error") and r.get("error_kind") != "held_back",
+              f"error ({r.get('error_kind')}): {r.get('error')}")]
     lines += [f"  {text}" for present, text in notes if present]
     lines += [f"  {hint}" for kind, hint in PASS_HINTS if r.get("error_kind") == kind]
     return lines

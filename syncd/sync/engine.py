@@ -10,11 +10,21 @@ Rules:
   * Push stages the outbox (versions older than half the overlap window are re-stamped at
     push time, after the pull — see ``local_store/replica.py``), packs batches under
     ``push_batch_bytes``, halves a batch on 413, clears entries only on 2xx with no errors (per
-    row when the plane reports rows), and stops the pass on any failure.
+    row when the plane reports rows), and stops the pass on any other failure. A row the
+    plane refuses even alone (413) stays queued and is skipped for the rest of the pass.
+  * Nothing is re-stamped in a pass whose pull stopped short: re-stamped, a stale local edit
+    would beat a delete the pull has not reached yet (R12). Queued versions old enough to need
+    it stay queued until a pull completes; recent ones are pushed as they are.
+  * A pass that reached its end but left queued rows behind (held by a short pull, or too
+    large) is not ok: it reports ``held_back`` and why, without backing off (the plane
+    answered).
   * Clock: each response's ``Date`` (and a plane's ``until``) estimates this machine's offset to
     the plane; an offset over ``OFFSET_MIN_NS`` is applied to every later stamp.
   * A reset is suspected when the plane's ``store_id`` changes or ``until`` goes backwards: the
-    cursor restarts from the beginning and anti-entropy runs in the same pass.
+    cursor restarts from the beginning (the learnt ``plane_model`` and ``feed`` stay) and
+    ``resync_pending`` is stored with it. Anti-entropy runs in every pass while it is set; it is
+    cleared only in the transaction that re-queues what the plane lacks, so a failed pass
+    cannot forget the reset, and a cursor-less pull does not count as a bootstrap meanwhile.
   * Errors: 401/403 stop and block scheduled passes until a manual run; other failures back
     off exponentially (capped, jittered, at least ``Retry-After``). A cursor is never reset
     because of a transient error.
@@ -34,8 +44,8 @@ from typing import Any
 import msgspec
 
 from local_store import Store
-from local_store.replica import remote_versions
-from protocol.rows import ChangesResponse
+from local_store.replica import Entry, needs_restamp, remote_versions, restamp_bound
+from protocol.rows import ChangesResponse, EdgeRow, NodeRow
 from protocol.timestamp import format_ns, parse_ns
 from syncd.sync.plane import (
     AuthFailed,
@@ -54,6 +64,10 @@ BACKOFF_BASE_SECS = 1.0
 BACKOFF_CAP_SECS = 600.0
 LOG_EVERY_SECS = 60.0
 PLANE_DIM = 384
+RESYNC = "resync_pending"  # sync state: a reset was detected, anti-entropy has not finished
+HELD_BACK = "held_back"  # error_kind of a pass that reached its end but left rows behind
+RESET_STATE: dict[str, str | None] = {"cursor": None, "plane_store_id": None, RESYNC: "1"}
+KEEP_ALL_NS = 2**62  # as ``keep_within_ns``: staging re-stamps nothing
 _encoder = msgspec.json.Encoder()
 
 
@@ -75,11 +89,14 @@ class PassReport:
     pulled_edges: int = 0
     pull_pages: int = 0
     pull_problems: int = 0
+    pull_stopped: bool = False  # a row that cannot be applied held the cursor (R5)
     pushed_nodes: int = 0
     pushed_edges: int = 0
     push_requests: int = 0
     push_splits: int = 0
     push_row_errors: int = 0
+    push_too_large: list[str] = field(default_factory=list)  # refused alone (413): still queued
+    push_held: int = 0  # old queued versions kept back by a short pull: still queued
     anti_entropy: bool = False
     requeued: int = 0
     reset: str | None = None
@@ -114,6 +131,7 @@ class SyncStatus:
     drift_rejections: int = 0
     egress_refusals: int = 0
     skipped_rows: list[str] = field(default_factory=list)
+    too_large_rows: list[str] = field(default_factory=list)  # as of the last pass that saw any
     totals: dict[str, int] = field(default_factory=dict)
     last_pass: dict[str, Any] | None = None
 
@@ -181,9 +199,12 @@ class SyncEngine:
             reset = await self._pull(report, state)
             if await self._push(report):
                 await self._pull(report, await self.store.sync_state())
-            if reset or self._anti_entropy_due(await self.store.sync_state()):
+            state = await self.store.sync_state()
+            if reset or RESYNC in state or self._anti_entropy_due(state):
                 await self._anti_entropy(report)
-            report.ok = True
+            report.error = _held_back(report)
+            report.ok = report.error is None
+            report.error_kind = None if report.ok else HELD_BACK
         except PlaneError as exc:
             report.error, report.error_kind = str(exc), exc.kind
             self._failed(exc)
@@ -212,20 +233,31 @@ class SyncEngine:
             delay = max(delay, exc.retry_after)
         self._not_before = time.monotonic() + delay
         status.next_attempt_in_secs = round(delay, 3)
+        self._warn("sync pass failed (%s), retrying in %.1f s: %s", exc.kind, delay, exc)
+
+    def _warn(self, message: str, *args: object) -> None:
+        """Rate-limited: one line a minute at most."""
         now = time.monotonic()
-        if now - self._last_log >= LOG_EVERY_SECS:  # rate-limited: one line a minute at most
+        if now - self._last_log >= LOG_EVERY_SECS:
             self._last_log = now
-            log.warning("sync pass failed (%s), retrying in %.1f s: %s", exc.kind, delay, exc)
+            log.warning(message, *args)
 
     def _record(self, report: PassReport) -> None:
         status = self.status
         status.passes += 1
-        if report.ok:
+        if report.ok or report.error_kind == HELD_BACK:  # the plane answered: no backoff
             status.consecutive_failures = 0
             status.auth_blocked = False
-            status.last_success = report.started_at
             status.next_attempt_in_secs = 0.0
             self._not_before = 0.0
+        if report.ok:
+            status.last_success = report.started_at
+            status.too_large_rows = []
+        elif report.error_kind == HELD_BACK:
+            status.last_error, status.last_error_at = report.error, report.started_at
+            self._warn("sync pass left rows behind: %s", report.error)
+        if report.push_too_large:
+            status.too_large_rows = list(report.push_too_large)
         status.future_rows += report.future_rows
         status.drift_rejections = self.store.clock.drift_rejections
         status.egress_refusals = self.client.egress_refusals
@@ -254,17 +286,18 @@ class SyncEngine:
                 if suspicion and not reset:
                     log.warning("control plane reset suspected (%s): full resync", suspicion)
                     report.reset, reset, cursor_was_empty = suspicion, True, False
-                    await self.store.set_sync_state({"cursor": None, "plane_store_id": None})
-                    state, cursor = {}, None
+                    await self.store.set_sync_state(RESET_STATE)
+                    state, cursor = _after_reset(state), None
                     fetch = asyncio.ensure_future(self._fetch_page(None, FIRST_PAGE_ROWS))
                     continue
                 if page.has_more:
                     fetch = asyncio.ensure_future(self._fetch_page(page.until))
                 if not await self._apply_page(report, state, page):
+                    report.pull_stopped = True
                     return reset
                 cursor, state = page.until, {**state, "cursor": page.until}
                 if not page.has_more:
-                    if cursor_was_empty and not reset and not report.pull_problems:
+                    if cursor_was_empty and RESYNC not in state and not report.pull_problems:
                         # a bootstrap from the beginning is a full export: no diff due for now
                         await self.store.set_sync_state({"anti_entropy_ns": str(self._wall())})
                     return reset
@@ -369,28 +402,35 @@ class SyncEngine:
     # ------------------------------------------------------------------ push
 
     async def _push(self, report: PassReport) -> bool:
+        """Push the outbox; True if anything was sent. After a short pull nothing is re-stamped
+        and versions old enough to need it stay queued (R12)."""
         depth = await self.store.outbox_depth()
         if not depth:
             return False  # the idle pass: one count, no state read, no write
         model = self._plane_model(await self.store.sync_state())
         dim = self.store.embedder.dim if model == self.store.embedder.model_id else PLANE_DIM
-        rounds = depth // STAGE_ROWS + 2
+        keep = int(self.options.overlap_secs * 1e9) // 2
+        hold = report.pull_stopped
+        held: set[str] = set()
         pushed = False
-        for _ in range(rounds):
+        for _ in range(depth // STAGE_ROWS + 2):
             entries, nodes, edges = await self.store.stage_push(
                 STAGE_ROWS, model=model, dim=dim, realm=self.options.realm,
-                keep_within_ns=int(self.options.overlap_secs * 1e9) // 2)
+                keep_within_ns=KEEP_ALL_NS if hold else keep)
             if not entries:
                 break
-            items = [(e, _encoder.encode(n)) for e, n in zip(
-                [e for e in entries if e[0] == "node"], nodes, strict=True)]
-            items += [(e, _encoder.encode(x)) for e, x in zip(
-                [e for e in entries if e[0] == "edge"], edges, strict=True)]
+            rows = _rows(entries, nodes, edges)
+            if hold:
+                bound = restamp_bound(self.store.clock.physical_ns(), keep)
+                held |= {_label(e) for e, row in rows if needs_restamp(row.updated_at, bound)}
+            skip = held | set(report.push_too_large)  # too large: refused alone once a pass
+            items = [(e, _encoder.encode(row)) for e, row in rows if _label(e) not in skip]
             for batch in _pack(items, self.options.push_batch_bytes):
                 await self._send(batch, report)
                 pushed = True
-            if len(entries) < STAGE_ROWS:
+            if len(entries) < STAGE_ROWS or not items:
                 break
+        report.push_held = max(report.push_held, len(held))
         return pushed
 
     async def _send(self, batch: list[tuple[tuple[str, str, int], bytes]],
@@ -402,8 +442,9 @@ class SyncEngine:
         try:
             result = await self.client.import_rows(body)
         except TooLarge:
-            if len(batch) == 1:
-                raise
+            if len(batch) == 1:  # too large even alone: it stays queued, the rest still go
+                report.push_too_large.append(_label(batch[0][0]))
+                return
             report.push_splits += 1
             half = len(batch) // 2
             await self._send(batch[:half], report)
@@ -462,11 +503,39 @@ class SyncEngine:
             cursor = page.next_cursor
         requeued = await self.store.requeue_unseen(
             remote_nodes, remote_edges, realm=self.options.realm,
-            state={"anti_entropy_ns": str(self._wall())})
+            state={"anti_entropy_ns": str(self._wall()), RESYNC: None})
         report.anti_entropy = True
         report.requeued += sum(requeued)
         if report.requeued:
             await self._push(report)
+
+
+def _after_reset(state: dict[str, str]) -> dict[str, str]:
+    """The state a reset leaves: cursor and plane identity gone, what was learnt kept."""
+    return {k: v for k, v in state.items() if k not in RESET_STATE} | {RESYNC: "1"}
+
+
+def _held_back(report: PassReport) -> str | None:
+    """Why a pass that reached its end is still not ok, or None."""
+    reasons = []
+    if report.push_held:
+        reasons.append(f"{report.push_held} old queued rows wait for a complete pull (it stopped "
+                       f"at rows that cannot be applied, skipped after {BAD_ROW_PASSES} passes)")
+    if report.push_too_large:
+        reasons.append(f"{len(report.push_too_large)} queued rows are too large for the plane "
+                       f"even alone and stay queued: {', '.join(report.push_too_large[:5])}")
+    return "; ".join(reasons) or None
+
+
+def _rows(entries: list[Entry], nodes: list[NodeRow],
+          edges: list[EdgeRow]) -> list[tuple[Entry, NodeRow | EdgeRow]]:
+    """Staged entries with their wire rows (``stage_push`` returns nodes, then edges)."""
+    return [*zip([e for e in entries if e[0] == "node"], nodes, strict=True),
+            *zip([e for e in entries if e[0] == "edge"], edges, strict=True)]
+
+
+def _label(entry: Entry) -> str:
+    return f"{entry[0]} {entry[1]}"
 
 
 def _pack(items: list[tuple[tuple[str, str, int], bytes]],

@@ -7,8 +7,9 @@ Rules:
     ``TooLarge`` (413 — the caller splits the batch), ``Transient`` (timeouts, resets, 5xx, 429
     with its ``Retry-After``, truncated or malformed JSON — back off and retry), ``Rejected``
     (any other 4xx — surfaced; retried only on the slow schedule).
-  * Every outbound body passes the egress guard: one still holding ``<private`` is refused
-    before it is sent (RELIABILITY P6) and counted.
+  * Every outbound body passes the egress guard: one with a JSON string that still holds a
+    ``<private`` opener — as the redactor defines it, so ``<privateKey>`` is not one (P2) — is
+    refused before it is sent (RELIABILITY P6) and counted.
   * Each response records the server's ``Date`` and the local send/receive instants, so the
     engine can estimate the offset between this machine's clock and the plane's.
 """
@@ -16,6 +17,7 @@ Rules:
 from __future__ import annotations
 
 import email.utils
+import re
 import time
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -23,6 +25,7 @@ from typing import Any, TypeVar
 import aiohttp
 import msgspec
 
+from local_store.redact import contains_private_marker
 from protocol.rows import (
     ChangesResponse,
     ExportBody,
@@ -35,6 +38,10 @@ from protocol.settings import MemorySettings, settings_decoder
 
 T = TypeVar("T")
 IMPORT_PATH = "/v1/agent/memory/import"
+# JSON's string token (RFC 8259 §7), not a tag rule: the guard decodes each string and asks
+# the redactor's own ``contains_private_marker``.
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*+"')
+_string_decoder = msgspec.json.Decoder(str)
 
 
 class _Entitlement(msgspec.Struct):
@@ -147,7 +154,7 @@ class PlaneClient:
         return await self._get("/v1/agent/memory/settings", {}, settings_decoder)
 
     async def import_rows(self, body: bytes) -> ImportResult:
-        if b"<private" in body.lower():
+        if _holds_private(body):
             self.egress_refusals += 1
             raise EgressRefused("an outbound body still contains <private: refused to send")
         data = await self._request("POST", IMPORT_PATH, {}, body)
@@ -190,6 +197,24 @@ class PlaneClient:
         if status in (408, 425, 429) or status >= 500:
             raise Transient(detail, status, retry_after)
         raise Rejected(detail, status)
+
+
+def _holds_private(body: bytes) -> bool:
+    """The egress guard: True when a string of the JSON ``body`` still holds a ``<private``
+    opener, judged per string as the redactor judges a field (an escape such as ``\\n`` or
+    the string's end can complete an opener). A body that is not UTF-8 counts (fail closed)."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    if "<" not in text and "\\u" not in text:
+        return False
+    try:
+        return any(contains_private_marker(_string_decoder.decode(token))
+                   for token in (m.group() for m in _JSON_STRING.finditer(text))
+                   if "<" in token or "\\u" in token)
+    except msgspec.DecodeError:
+        return True
 
 
 def _date_ns(header: str | None) -> int | None:

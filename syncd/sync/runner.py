@@ -17,7 +17,7 @@ from typing import Any
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from local_store import Store
-from syncd.sync.engine import PassReport, SyncEngine, SyncOptions
+from syncd.sync.engine import HELD_BACK, RESYNC, PassReport, SyncEngine, SyncOptions
 from syncd.sync.plane import PlaneClient
 
 log = logging.getLogger("syncd.sync")
@@ -80,7 +80,8 @@ class SyncRunner:
     def _after(self, report: PassReport | None) -> None:
         """Pulled rows carry the plane's model's vectors: embed them with the local model in the
         background (one task at a time), so semantic recall covers them without a restart."""
-        if report is not None and report.ok and self.after_success is not None and (
+        answered = report is not None and (report.ok or report.error_kind == HELD_BACK)
+        if answered and self.after_success is not None and (
                 self._refresh is None or self._refresh.done()):
             self._refresh = asyncio.create_task(self.after_success(), name="entitlement")
         store = self.engine.store
@@ -128,6 +129,7 @@ class SyncRunner:
                 "interval_secs": self.interval, "cursor": state.get("cursor"),
                 "plane_store_id": state.get("plane_store_id"),
                 "plane_model": state.get("plane_model"), "outbox": stats["outbox"],
+                "resync_pending": RESYNC in state,
                 "passes": status.passes, "failures": status.failures,
                 "consecutive_failures": status.consecutive_failures,
                 "last_success": status.last_success, "last_error": status.last_error,
@@ -137,4 +139,5 @@ class SyncRunner:
                 "clock_offset_ms": status.clock_offset_ms, "future_rows": status.future_rows,
                 "drift_rejections": status.drift_rejections,
                 "egress_refusals": status.egress_refusals, "skipped_rows": status.skipped_rows,
+                "too_large_rows": status.too_large_rows,
                 "totals": status.totals, "last_pass": status.last_pass}

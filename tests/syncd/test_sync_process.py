@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from syncd.report import pass_summary
+from syncd.report import pass_summary, status_lines
 from syncd.sync.engine import PassReport
 from tests.syncd.processes import cli, finish, spawn, wait_ready
 
@@ -140,6 +140,19 @@ def test_a_failed_pass_reads_as_such_with_what_to_do() -> None:
         "  error (auth): HTTP 401: unknown token",
         "  the control plane refused this install's token: fix control_plane.token_file and run "
         "`syncd sync` (it reads the file again); scheduled passes wait for that"]
+    report = PassReport(trigger="manual", started_at="t", pushed_nodes=3, push_requests=1,
+                        push_too_large=["node memory:big"], error_kind="held_back",
+                        error="1 queued rows are too large for the plane even alone and stay "
+                              "queued: node memory:big").as_dict()
+    assert pass_summary(report) == [
+        "sync incomplete in 0 ms: pulled 0 memories and 0 edges in 0 pages, pushed 3 memories "
+        "and 0 edges in 1 request",
+        "  rows held back: 1 queued rows are too large for the plane even alone and stay "
+        "queued: node memory:big"]
+    lines = status_lines({"sync": {"configured": True, "url": "http://plane", "interval_secs": 60,
+                                   "too_large_rows": ["node memory:big"], "skipped_rows": []}})
+    assert "    too_large_rows       node memory:big" in lines
+    assert not any("skipped_rows" in line for line in lines)
 
 
 async def test_scheduled_passes_do_not_fill_the_log(tmp_path: Path) -> None:

@@ -974,6 +974,8 @@
           ["Egress refusals", String(status.egress_refusals ?? 0), "egress_refusals"],
           ["Skipped rows", (status.skipped_rows || []).length ?
             (status.skipped_rows || []).join(", ") : "0", "skipped_rows"],
+          ["Too large to push", (status.too_large_rows || []).length ?
+            (status.too_large_rows || []).join(", ") : "0", "too_large_rows"],
         ])));
       cards.append(h("section", {class: "card", id: "sync-last-pass"},
         h("h2", {}, "Last pass"), lastPass ? passView(lastPass) :

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,3 +111,17 @@ async def edge_set(store: Store) -> dict[str, tuple[Any, ...]]:
     rows = await store._fetch(
         "SELECT id, deleted, updated_at, props FROM edges ORDER BY id")
     return {r[0]: tuple(r[1:]) for r in rows}
+
+
+def _execute(db: Path, sql: str, params: tuple[object, ...]) -> int:
+    conn = sqlite3.connect(db, timeout=10)
+    try:
+        with conn:
+            return conn.execute(sql, params).rowcount
+    finally:
+        conn.close()
+
+
+async def tamper(store: Store, sql: str, *params: object) -> None:
+    """Write to the store's database file behind its back: a bug that bypassed the write path."""
+    assert await asyncio.to_thread(_execute, store.db_path, sql, params) == 1

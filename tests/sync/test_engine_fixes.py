@@ -20,27 +20,21 @@ from syncd.hub.app import create_hub_app
 from syncd.hub.tokens import TokenBook, create_token
 from syncd.sync.engine import BAD_ROW_PASSES, SyncEngine, SyncOptions
 from syncd.sync.plane import PlaneClient
-from tests.sync.harness import MODEL, Hub, Laptop, live_contents, start_hub, start_laptop
+from tests.sync.harness import (
+    MODEL,
+    Hub,
+    Laptop,
+    live_contents,
+    start_hub,
+    start_laptop,
+    tamper,
+)
 from tests.syncd.faultproxy import Fault, FaultProxy
 
 CHANGES = "/v1/agent/memory/changes"
 IMPORT = "/v1/agent/memory/import"
 CONFIG_DEFAULT_MODEL = "bge-small-en-v1.5"  # control_plane.embedding_model's default
 assert CONFIG_DEFAULT_MODEL != MODEL
-
-
-def _execute(db: Path, sql: str, params: tuple[object, ...]) -> int:
-    conn = sqlite3.connect(db, timeout=10)
-    try:
-        with conn:
-            return conn.execute(sql, params).rowcount
-    finally:
-        conn.close()
-
-
-async def tamper(db: Path, sql: str, *params: object) -> None:
-    """Write to a database file behind its store's back (a bug that bypassed the write path)."""
-    assert await asyncio.to_thread(_execute, db, sql, params) == 1
 
 
 async def save(store: Store, content: str) -> str:
@@ -125,7 +119,7 @@ async def test_the_egress_guard_refuses_openers_only(tmp_path: Path) -> None:
 
             x = await save(a.store, "b: corrupted behind the redactor's back")
             for n, opener in enumerate(OPENERS, 1):
-                await tamper(a.store.db_path, "UPDATE memories SET content = ? WHERE id = ?",
+                await tamper(a.store, "UPDATE memories SET content = ? WHERE id = ?",
                              opener, x)
                 report = await a.sync()
                 assert not report.ok and report.error_kind == "egress_refused", (opener, report)

@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import shutil
-import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ from tests.sync.harness import (
     restart_hub,
     start_hub,
     start_laptop,
+    tamper,
 )
 from tests.syncd.faultproxy import Fault, FaultProxy
 
@@ -108,20 +108,6 @@ async def content_view(store: Store) -> dict[str, list[tuple[Any, ...]]]:
 
 async def cursor(store: Store) -> str | None:
     return (await store.sync_state()).get("cursor")
-
-
-def _execute(db: Path, sql: str, params: tuple[object, ...]) -> int:
-    conn = sqlite3.connect(db, timeout=10)
-    try:
-        with conn:
-            return conn.execute(sql, params).rowcount
-    finally:
-        conn.close()
-
-
-async def tamper(store: Store, sql: str, *params: object) -> None:
-    """Write to the store's database file behind its back: a bug that bypassed the write path."""
-    assert await asyncio.to_thread(_execute, store.db_path, sql, params) == 1
 
 
 async def converged(hub: Hub, *laptops: Laptop) -> None:

@@ -147,7 +147,8 @@ class SyncEngine:
         self._flight = asyncio.Lock()
         self._wall = wall
         self._not_before = 0.0  # monotonic seconds
-        self._bad_streak: tuple[str, int] | None = None
+        self._bad_streak: tuple[str, int, int] | None = None  # rows, passes, the last pass
+        self._passes = 0
         self._skipped: set[str] = set()  # rows given up on: they no longer hold the cursor
         self._last_log = 0.0
 
@@ -182,6 +183,7 @@ class SyncEngine:
             return await self._pass(trigger)
 
     async def _pass(self, trigger: str) -> PassReport:
+        self._passes += 1
         report = PassReport(trigger=trigger, started_at=format_ns(self._wall()))
         gated = self.gate() if self.gate is not None else None
         if gated is not None:  # paused, not failed: no request, no backoff; writes queue up
@@ -362,8 +364,12 @@ class SyncEngine:
         if keys <= self._skipped:
             return True
         key = ";".join(sorted(keys))
-        streak = self._bad_streak[1] + 1 if self._bad_streak and self._bad_streak[0] == key else 1
-        self._bad_streak = (key, streak)
+        if self._bad_streak and self._bad_streak[0] == key:
+            # passes, not pulls: a pass that pushed pulls twice
+            streak = self._bad_streak[1] + (self._bad_streak[2] != self._passes)
+        else:
+            streak = 1
+        self._bad_streak = (key, streak, self._passes)
         if streak < BAD_ROW_PASSES:
             return False
         self._skipped |= keys

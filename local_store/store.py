@@ -515,6 +515,15 @@ class Store:
         edges = [wire_edge(dict(zip(EDGE_ALL, r, strict=True))) for _, k, r in merged if k == "e"]
         return nodes, edges, int(cursor)
 
+    async def any_change_after(self, since_seq: int, realm: str | None = None) -> bool:
+        """Whether ``changes(since_seq, realm=realm)`` would return anything."""
+        realm_sql = "" if realm is None else " AND realm = ?"
+        rows = await self._fetch(
+            "SELECT EXISTS (SELECT 1 FROM memories WHERE local_seq > ?" + realm_sql + ") OR "
+            "EXISTS (SELECT 1 FROM edges WHERE local_seq > ?)",
+            (since_seq, since_seq) if realm is None else (since_seq, realm, since_seq))
+        return bool(rows[0][0])
+
     async def changes_since(self, since: str | None, realm: str | None = None, *,
                             model: str | None = None, edge_version: str = "updated_at",
                             ) -> tuple[list[NodeRow], list[EdgeRow]]:

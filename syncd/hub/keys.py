@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
@@ -18,23 +19,38 @@ class KeyFileError(ValueError):
 
 
 def load_or_create_key(data_dir: Path) -> Ed25519PrivateKey:
+    """The key in ``data_dir``, created on first use. The file appears whole or not at all: the
+    PEM is written and fsynced under a temporary name, then hard-linked into place, so a
+    second process starting at the same moment (or a crash) never finds it empty; the loser
+    of the race loads the winner's key."""
     path = data_dir / KEY_FILENAME
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
+    if path.exists():
         return load_key(path)
     pem = new_key_pem()
+    fd, partial = tempfile.mkstemp(prefix=f".{KEY_FILENAME}.", dir=data_dir)  # 0600
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(pem)
             handle.flush()
             os.fsync(handle.fileno())
-    except BaseException:
+        try:
+            os.link(partial, path)
+        except FileExistsError:
+            return load_key(path)
+        _fsync_dir(data_dir)
+    finally:
         with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        raise
+            os.unlink(partial)
     return key_from_pem(pem, str(path))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def load_key(path: Path) -> Ed25519PrivateKey:

@@ -203,7 +203,7 @@ class SqliteHubStore:
     async def export_page(self, cursor: str, *, limit: int, realm: str | None = None) -> Page:
         start = parse_cursor(cursor)
         nodes, edges, last = await self.store.changes(start, limit=limit, realm=realm)
-        more = len(nodes) + len(edges) == limit  # fewer means both tables ran out
+        more = len(nodes) + len(edges) == limit and await self.store.any_change_after(last, realm)
         return nodes, edges, str(last), more
 
     async def recall(self, request: QueryRequest) -> QueryResponse:
@@ -231,7 +231,13 @@ class SqliteHubStore:
         await self.store.close()
 
 
+MAX_CURSOR = 2**63 - 1  # a 64-bit integer, as the stores keep it
+
+
 def parse_cursor(raw: str) -> int:
-    if not raw.isdigit() or len(raw) > 19:
-        raise ValidationError("cursor", f"must be a next_cursor from a previous page, got {raw!r}")
+    """An export cursor: ASCII digits (``str.isdigit`` also takes ``٣``) up to a 64-bit
+    integer; anything else is a ``ValidationError`` naming ``cursor``."""
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 19 or int(raw) > MAX_CURSOR:
+        raise ValidationError("cursor", f"must be a next_cursor from a previous page, got "
+                              f"{raw[:40]!r}")
     return int(raw)

@@ -4,6 +4,9 @@ settings, counters, tokens, the signing key — and recall, through the ``HubSto
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
 import pytest
 from cryptography.hazmat.primitives import serialization
 
@@ -11,6 +14,7 @@ from local_store import HashingEmbedder, ValidationError
 from protocol.query import QueryRequest
 from protocol.rows import EdgeRow, NodeRow, edge_id
 from protocol.timestamp import format_ns, parse_ns
+from syncd.hub.keys import KEY_FILENAME, load_or_create_key
 from syncd.hub.store import HubStore
 from syncd.hub.tokens import AuthError
 from tests.hub.conftest import Opener
@@ -330,7 +334,23 @@ async def test_an_export_snapshot_streams_exports_rows_and_ignores_later_writes(
     assert home == [n.id for n in (await hub_store.export("home"))[0]]
 
 
-@pytest.mark.parametrize("cursor", ["", "-1", "abc", "1e3", "9" * 40])
+async def test_an_export_page_that_takes_the_last_row_says_there_is_no_more(
+        hub_store: HubStore) -> None:
+    """``has_more`` is false when a page ends exactly on the last row (a client otherwise
+    fetches an empty page), and true when one row is left. (One import per row: PostgreSQL
+    pages end on an import's boundary.)"""
+    for i in range(3):
+        await hub_store.apply([node(f"memory:x{i}", f"row {i}", 1)], [], model=MODEL)
+    _, _, cursor, more = await hub_store.export_page("0", limit=2)
+    assert more is True
+    nodes, _, cursor, more = await hub_store.export_page(cursor, limit=1)
+    assert len(nodes) == 1 and more is False
+    assert (await hub_store.export_page(cursor, limit=1))[:2] == ([], [])
+    _, _, _, more = await hub_store.export_page("0", limit=3)
+    assert more is False
+
+@pytest.mark.parametrize("cursor", ["", "-1", "abc", "1e3", "9" * 40, "9" * 19, "٣",
+                                    str(2**63)])
 async def test_a_bad_export_cursor_names_the_field(hub_store: HubStore, cursor: str) -> None:
     with pytest.raises(ValidationError) as err:
         await hub_store.export_page(cursor, limit=10)
@@ -413,6 +433,20 @@ async def test_the_signing_key_is_created_once_and_kept(open_hub: Opener) -> Non
     assert public(await hub.signing_key()) == first
     await hub.close()
     assert public(await (await open_hub()).signing_key()) == first
+
+
+def test_processes_creating_the_key_at_once_all_get_the_one_key(tmp_path: Path) -> None:
+    """The key file appears whole (written, then linked into place): a second process starting
+    at the same moment never reads it empty, and all of them end up with the same key."""
+    for round_ in range(20):
+        data_dir = tmp_path / f"hub{round_}"
+        with ThreadPoolExecutor(4) as pool:
+            keys = list(pool.map(load_or_create_key, [data_dir] * 4))
+        assert len({k.public_key().public_bytes(serialization.Encoding.Raw,
+                                                serialization.PublicFormat.Raw)
+                    for k in keys}) == 1
+        assert sorted(p.name for p in data_dir.iterdir()) == [KEY_FILENAME]
+        assert (data_dir / KEY_FILENAME).stat().st_mode & 0o777 == 0o600
 
 
 # ---------------------------------------------------------------------- recall

@@ -90,7 +90,8 @@ def create_hub_app(backend: HubStore | Store, book: TokenBook | None = None, *,
         tokens = FileTokens(backend.data_dir, book) if book is not None else None
         backend = SqliteHubStore(backend, tokens)
     app = web.Application(client_max_size=max_body,
-                          middlewares=[errors_middleware, _unavailable, _auth(backend)])
+                          middlewares=[errors_middleware, _unavailable, _auth(backend),
+                                       _no_nul_params])
     app[HUB], app[CURSOR_MODE] = backend, cursor
     app[SESSIONS], app[PAGE_KIND] = Sessions(), "hub"
     app[ISSUER] = (signing_key, token_lifetime_days)
@@ -103,6 +104,19 @@ def create_hub_app(backend: HubStore | Store, book: TokenBook | None = None, *,
 
 def hub_of(request: web.Request) -> HubStore:
     return request.app[HUB]  # type: ignore[return-value]
+
+
+NUL_MESSAGE = "must not contain the NUL character (U+0000)"
+
+
+@web.middleware
+async def _no_nul_params(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A query parameter holding U+0000 names itself in a 422 (PostgreSQL text cannot hold it,
+    so the PostgreSQL store failed with a 500 where SQLite answered)."""
+    for name, value in request.query.items():
+        if "\x00" in value:
+            raise ValidationError(name, NUL_MESSAGE)
+    return await handler(request)
 
 
 @web.middleware
@@ -215,7 +229,14 @@ async def import_rows(request: web.Request) -> web.Response:
 
 
 async def query(request: web.Request) -> web.Response:
-    return reply(await hub_of(request).recall(await read_typed(request, QueryRequest)))
+    body: QueryRequest = await read_typed(request, QueryRequest)
+    for name in ("realms", "tags"):
+        if any("\x00" in value for value in getattr(body, name)):
+            raise ValidationError(name, NUL_MESSAGE)
+    for name in ("memory_type", "space_agent", "as_of"):
+        if "\x00" in (getattr(body, name) or ""):
+            raise ValidationError(name, NUL_MESSAGE)
+    return reply(await hub_of(request).recall(body))
 
 
 async def entitlement(request: web.Request) -> web.Response:
@@ -226,7 +247,9 @@ async def entitlement(request: web.Request) -> web.Response:
     device = request.query.get("device_id", "")
     if not 1 <= len(device) <= 128 or not device.isprintable() or device.strip() != device:
         raise ValidationError("device_id", "must be 1-128 printable characters")
-    raw = request.headers.get("Authorization", "")[len("Bearer "):].strip()
+    session = request.get(SESSION_KEY)  # the web page signs in with a token too
+    raw = session.token if session is not None else (
+        request.headers.get("Authorization", "")[len("Bearer "):].strip())
     hub = hub_of(request)
     found = await hub.tokens.identify(raw)
     if found is None:

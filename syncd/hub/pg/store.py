@@ -194,6 +194,7 @@ class PgHubStore:
         for index, wire in enumerate(wires):
             try:
                 row = node_from_wire(wire)
+                _refuse_nul(row)
                 values = batch[index] if batch is not None else vector_from_wire(wire)
                 if values is not None and redacted_text(wire, row):
                     values = None  # embedded from the private span: the hub re-embeds it
@@ -216,6 +217,7 @@ class PgHubStore:
         for index, wire in enumerate(wires):
             try:
                 row = edge_from_wire(wire)
+                _refuse_nul(row)
             except ValidationError as exc:
                 result.problems.append(RowProblem("edge", index, safe_id(wire.id), exc.field,
                                                   exc.message))
@@ -323,7 +325,8 @@ class PgHubStore:
                                                                 readonly=True):
             start = 0
             if stamp is not None and parse_ns(stamp) != 0:
-                since_ns = parse_ns(stamp)
+                # a bigint: a stamp beyond its range (year 1600, 9999) is no mark either
+                since_ns = min(max(parse_ns(stamp), -(2**63)), 2**63 - 1)
                 found = await conn.fetchval("SELECT seq FROM feed_tx WHERE stamp_ns = $1",
                                             since_ns)
                 if found is None:
@@ -474,6 +477,14 @@ async def _upsert(conn: Conn, sql: str, columns: tuple[str, ...],
     arrays = [[row[c] for row in values] for c in columns]
     return {r[0] for r in await conn.fetch(sql, *arrays, tx, *extra)}
 
+
+
+def _refuse_nul(row: Mapping[str, Any]) -> None:
+    """PostgreSQL text cannot hold U+0000: such a row is refused on its own (a ``row_errors``
+    entry naming the field), not the whole import with a 500."""
+    for name, value in row.items():
+        if isinstance(value, str) and "\x00" in value:
+            raise ValidationError(name, "must not contain the NUL character (U+0000)")
 
 
 def _md5(text: str) -> str:

@@ -61,8 +61,8 @@ def backup(data_dir: Path, dest: Path) -> int:
     except (OSError, sqlite3.Error) as exc:
         raise BackupError(f"backup to {dest} failed: {exc}") from None
     finally:
-        for leftover in (partial, partial.with_name(partial.name + "-journal")):
-            leftover.unlink(missing_ok=True)
+        for suffix in ("", "-journal", *SIDE_FILES):
+            partial.with_name(partial.name + suffix).unlink(missing_ok=True)
     return memories
 
 
@@ -95,8 +95,8 @@ def restore(data_dir: Path, source: Path, *, wall: float | None = None) -> Resto
         except (OSError, sqlite3.Error) as exc:
             raise BackupError(f"restoring {source} into {data_dir} failed: {exc}") from None
         finally:
-            for leftover in (incoming, incoming.with_name(incoming.name + "-journal")):
-                leftover.unlink(missing_ok=True)
+            for suffix in ("", "-journal", *SIDE_FILES):
+                incoming.with_name(incoming.name + suffix).unlink(missing_ok=True)
         return Restored(memories, replaced, other_install=None not in (ours, theirs) and (
             ours != theirs))
     finally:
@@ -139,12 +139,20 @@ def _replica_of(path: Path) -> str | None:
 
 
 def _copy(source: Path, dest: Path) -> None:
+    """``source`` into a new file ``dest``: 0600 (it holds memories), one consistent snapshot
+    through SQLite's backup API, and in rollback-journal mode, so reading it (the check) leaves
+    no ``-wal``/``-shm`` beside it; a store opened on it goes back to WAL by itself. ``dest``
+    is a temporary name of ours: one a crash left behind is replaced."""
+    for suffix in ("", "-journal", *SIDE_FILES):
+        dest.with_name(dest.name + suffix).unlink(missing_ok=True)
+    os.close(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     reader = db.read_only(source)
     try:
         reader.execute(f"PRAGMA busy_timeout = {db.BUSY_TIMEOUT_MS}")
         writer = sqlite3.connect(dest)
         try:
             reader.backup(writer, pages=1024)
+            writer.execute("PRAGMA journal_mode = DELETE")
         finally:
             writer.close()
     finally:

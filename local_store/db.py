@@ -19,6 +19,7 @@ import os
 import sqlite3
 from importlib import resources
 from pathlib import Path
+from urllib.parse import quote
 
 from local_store.errors import StoreLockedError, StoreUnusableError
 
@@ -123,8 +124,10 @@ def latest_version(files: list[tuple[int, str, str]] | None = None) -> int:
 
 
 def read_only(path: Path) -> sqlite3.Connection:
-    """A connection to the database file at ``path`` that cannot write to it (nor create it)."""
-    return sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    """A connection to the database file at ``path`` that cannot write to it (nor create it).
+    The path is quoted into the URI: a raw ``#``, ``?`` or ``%`` in it would open (and create)
+    another file, without ``mode=ro``."""
+    return sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True)
 
 
 def replica_id_of(path: Path) -> str | None:

@@ -191,3 +191,42 @@ async def test_a_backup_copied_with_its_wal_restores_what_the_wal_holds(tmp_path
     restored = await asyncio.to_thread(restore, data, copied / "memory.db")
     assert restored.memories == 3
     assert await contents(data) == ["checkpointed long ago", "only in the wal", "this one too"]
+
+
+@pytest.mark.parametrize("name", ["backups #1", "what?", "100%25 sure", "plain"])
+async def test_backup_and_restore_paths_may_hold_uri_characters(tmp_path: Path,
+                                                                name: str) -> None:
+    """``#``, ``?`` and ``%`` are path characters, not URI syntax: unquoted in SQLite's URI,
+    ``#`` cut the path (opening, and creating, another file without ``mode=ro``)."""
+    data, elsewhere = tmp_path / f"data {name}", tmp_path / name
+    store = await Store.open(data, embedder=HashingEmbedder())
+    await store.save({"content": "remember the milk"})
+    await store.close()
+    await asyncio.to_thread(elsewhere.mkdir)
+    copy = elsewhere / f"b {name}.db"
+    assert await asyncio.to_thread(backup, data, copy) == 1
+    restored = await asyncio.to_thread(restore, tmp_path / f"again {name}", copy)
+    assert restored.memories == 1
+    assert await contents(tmp_path / f"again {name}") == ["remember the milk"]
+    expected = {f"data {name}", name, f"again {name}"}
+    names = await asyncio.to_thread(lambda: {p.name for p in tmp_path.iterdir()})
+    assert names == expected  # no stray file beside them
+
+
+async def test_a_backup_is_one_private_file(tmp_path: Path) -> None:
+    """The copy is 0600 (it holds memories) and alone: reading it for the check leaves no
+    ``-wal``/``-shm``; a partial copy a crash left behind does not stop the next backup."""
+    data = tmp_path / "data"
+    store = await Store.open(data, embedder=HashingEmbedder())
+    await store.save({"content": "remember the milk"})
+    await store.close()
+    out = tmp_path / "out"
+
+    def leave_a_partial() -> None:
+        out.mkdir()
+        (out / ".b.db.partial").write_bytes(b"left by a crash")
+
+    await asyncio.to_thread(leave_a_partial)
+    assert await asyncio.to_thread(backup, data, out / "b.db") == 1
+    assert await asyncio.to_thread(lambda: sorted(p.name for p in out.iterdir())) == ["b.db"]
+    assert (await asyncio.to_thread((out / "b.db").stat)).st_mode & 0o777 == 0o600

@@ -157,6 +157,8 @@ def _main(argv: Sequence[str] | None) -> int:
     except ValueError as exc:
         print(f"syncd: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    # the daemon's level (its default, info, is what was set above); apscheduler stays quiet
+    logging.getLogger().setLevel(settings["config"].daemon.log_level.upper())
     if args.command == "run":
         return _run(args, settings)
     if args.command == "hub":

@@ -52,6 +52,9 @@ DEFAULT_ALLOWED_HOSTS: tuple[str, ...] = ()
 DEFAULT_MAX_BODY_BYTES = 4 * MiB
 DEFAULT_SHUTDOWN_TIMEOUT_SECS = 10.0
 DEFAULT_LOG_LEVEL: LogLevel = "info"
+# Periods (intervals, windows, timeouts) are at most a year: the scheduler's date arithmetic
+# overflowed on 1e12 s, and the daemon then exited 75 (try again) on a value that never works.
+MAX_PERIOD_SECS = 365 * 86400.0
 DEFAULT_EMBEDDING_MODEL: EmbeddingModel = "all-MiniLM-L6-v2"
 DEFAULT_CONTROL_PLANE_EMBEDDING_MODEL = "bge-small-en-v1.5"
 DEFAULT_SYNC_INTERVAL_SECS = 30.0
@@ -257,6 +260,12 @@ class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=
         else:
             self._check(name, math.isfinite(value) and value >= low, f"must be >= {low:g}")
 
+    def _check_period(self, name: str, *, strict: bool = False) -> None:
+        """A number of seconds: >= 0 (> 0 when ``strict``) and at most a year."""
+        self._check_number(name, low=0, strict=strict)
+        self._check(name, getattr(self, name) <= MAX_PERIOD_SECS,
+                    f"must be at most {MAX_PERIOD_SECS:g} (a year)")
+
     def _check_path(self, name: str) -> None:
         value = getattr(self, name)
         if value is not None:
@@ -301,7 +310,12 @@ class DaemonConfig(_Section, kw_only=True, forbid_unknown_fields=True, frozen=Tr
                                   f"{exc} (give host names without a port)") from None
         msgspec.structs.force_setattr(self, "allowed_hosts", hosts)
         self._check_number("max_body_bytes", low=1)
-        self._check_number("shutdown_timeout_secs", low=0)
+        self._check_period("shutdown_timeout_secs")
+        if self.unix_socket is not None:  # sun_path: 108 bytes on Linux, 104 on macOS, with NUL
+            room = 103 if sys.platform == "darwin" else 107
+            self._check("unix_socket", len(os.fsencode(self.unix_socket)) <= room,
+                        f"must be at most {room} bytes long (the operating system's limit for "
+                        "a socket path)")
 
 
 class EmbeddingConfig(_Section, kw_only=True, forbid_unknown_fields=True, frozen=True):
@@ -352,11 +366,11 @@ class SyncConfig(_Section, kw_only=True, forbid_unknown_fields=True, frozen=True
     anti_entropy_secs: float = DEFAULT_SYNC_ANTI_ENTROPY_SECS
 
     def __post_init__(self) -> None:
-        self._check_number("interval_secs", low=0, strict=True)
+        self._check_period("interval_secs", strict=True)
         self._check_number("jitter", low=0, high=1)
-        self._check_number("overlap_secs", low=0)
+        self._check_period("overlap_secs")
         self._check_number("push_batch_bytes", low=1)
-        self._check_number("anti_entropy_secs", low=0, strict=True)
+        self._check_period("anti_entropy_secs", strict=True)
 
 
 class EntitlementConfig(_Section, kw_only=True, forbid_unknown_fields=True, frozen=True):
@@ -372,7 +386,7 @@ class EntitlementConfig(_Section, kw_only=True, forbid_unknown_fields=True, froz
             if not key or any(c.isspace() for c in key):
                 raise self._error(f"public_keys[{i}]", key, "must be non-empty, without spaces")
         self._check_path("license_file")
-        self._check_number("refresh_secs", low=0, strict=True)
+        self._check_period("refresh_secs", strict=True)
 
 
 class HubConfig(_Section, kw_only=True, forbid_unknown_fields=True, frozen=True):
@@ -402,8 +416,12 @@ class HubConfig(_Section, kw_only=True, forbid_unknown_fields=True, frozen=True)
         if dsn is not None and self.store_file is not None:
             raise self._error("store_file", str(self.store_file),
                               "set either store (a DSN) or store_file, not both")
+        self._check_path("data_dir")
+        self._check_path("store_file")
         self._check_number("token_lifetime_days", low=0, strict=True)
-        self._check_number("reembed_secs", low=0)
+        self._check("token_lifetime_days", self.token_lifetime_days <= 3650,
+                    "must be at most 3650 (ten years)")
+        self._check_period("reembed_secs")
 
 
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):

@@ -179,7 +179,7 @@ class Daemon:
             try:
                 await web.UnixSite(runner, str(self.unix_socket)).start()
             except OSError as exc:
-                raise StartupError(f"cannot listen on {self.unix_socket}: {exc.strerror}",
+                raise StartupError(f"cannot listen on {self.unix_socket}: {exc.strerror or exc}",
                                    EXIT_TEMPFAIL) from None
 
     async def _write_state(self) -> None:
@@ -241,7 +241,7 @@ async def listen(runner: web.AppRunner, host: str, port: int, shutdown_timeout: 
     try:
         await web.TCPSite(runner, bare, port, shutdown_timeout=shutdown_timeout).start()
     except OSError as exc:
-        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror}",
+        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
                            EXIT_TEMPFAIL) from None
     shown = f"[{bare}]" if ":" in bare else host
     return f"http://{shown}:{runner.addresses[0][1]}"

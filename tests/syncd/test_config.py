@@ -353,6 +353,28 @@ def test_unreadable_toml_is_an_error_naming_the_source(data: bytes, expected: st
     assert str(caught.value).endswith("(from /etc/syncd/config.toml)")
 
 
+
+@pytest.mark.parametrize(("data", "field", "reason"), [
+    (b"[sync]\ninterval_secs = 1e12\n", "sync.interval_secs", "must be at most 3.1536e+07"),
+    (b"[sync]\nanti_entropy_secs = 1e20\n", "sync.anti_entropy_secs", "at most"),
+    (b"[sync]\noverlap_secs = 1e9\n", "sync.overlap_secs", "at most"),
+    (b"[entitlement]\nrefresh_secs = 1e10\n", "entitlement.refresh_secs", "at most"),
+    (b"[hub]\nreembed_secs = 1e10\n", "hub.reembed_secs", "at most"),
+    (b"[hub]\ntoken_lifetime_days = 1e6\n", "hub.token_lifetime_days", "at most 3650"),
+    (b'[hub]\ndata_dir = "hubdata"\n', "hub.data_dir", "absolute path"),
+    (b'[hub]\nstore_file = "dsn.txt"\n', "hub.store_file", "absolute path"),
+    (b'[daemon]\nunix_socket = "/tmp/' + b"s" * 120 + b'.sock"\n', "daemon.unix_socket",
+     "at most 107 bytes"),
+])
+def test_values_that_would_fail_later_are_refused_at_load(data: bytes, field: str,
+                                                          reason: str) -> None:
+    """A period beyond a year overflowed the scheduler's dates (and the daemon exited 75, "try
+    again", forever); a relative hub path depended on the working directory (``/`` under
+    systemd); a socket path beyond the OS limit failed at bind with no reason."""
+    message = str(_error(data.decode()))
+    assert message.startswith(f"config error: {field} = ") and reason in message, message
+
+
 def test_long_values_are_shortened_in_messages() -> None:
     message = str(_error(f'[daemon]\nlisten = "{"x" * 200}"'))
     assert '"xxx' in message and '..."' not in message and "...: " in message

@@ -448,3 +448,20 @@ def test_the_save_help_lists_the_stores_memory_types() -> None:
     from local_store.records import MEMORY_TYPES
     from syncd.cli import SAVE_TYPES
     assert SAVE_TYPES == MEMORY_TYPES
+
+
+async def test_the_configured_log_level_applies(tmp_path: Path) -> None:
+    """``daemon.log_level`` was checked but never used: at ``warning`` the daemon's INFO lines
+    (here the ones after its ready line: stopping, draining) are gone; its ready line, not a
+    log record, still shows (``wait_ready`` reads it)."""
+    data = tmp_path / "data"
+    proc = await start(data, "--listen", "127.0.0.1:0", SYNCD_DAEMON_LOG_LEVEL="warning")
+    await wait_ready(proc)
+    proc.send_signal(signal.SIGTERM)
+    code, err = await finish(proc)
+    assert code == 0 and " INFO " not in err, err[-600:]
+    proc = await start(data, "--listen", "127.0.0.1:0")  # the default, info
+    await wait_ready(proc)
+    proc.send_signal(signal.SIGTERM)
+    code, err = await finish(proc)
+    assert code == 0 and " INFO syncd.daemon: " in err, err[-600:]

@@ -113,7 +113,14 @@ def _opens_session(payload: object) -> bool:
 
 
 def _encode_line(value: object) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+    """One JSON line. Text that UTF-8 cannot carry (a lone surrogate, which ``json`` reads from
+    ``"\\ud800"`` in an id) goes out as JSON escapes, as it came in: encoding must never fail,
+    or the write's error would be taken for a closed stdout."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(value, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+    return text + b"\n"
 
 
 class _Bridge:

@@ -163,6 +163,12 @@ async def test_without_a_daemon_requests_get_an_error_and_eof_exits_0(tmp_path: 
             assert answer["error"]["code"] == -32000
             assert answer["error"]["message"] == not_running_message(url)
             assert "syncd run" in answer["error"]["message"]
+        # An id UTF-8 cannot carry (a lone surrogate, which JSON can spell) comes back as it
+        # was spelled; before, failing to encode it was taken for a closed stdout.
+        proc.stdin.write(b'{"jsonrpc":"2.0","id":"\\ud800","method":"ping"}\n')
+        await proc.stdin.drain()
+        odd = await asyncio.wait_for(proc.stdout.readline(), DEADLINE)
+        assert b'"id":"\\ud800"' in odd and json.loads(odd)["error"]["code"] == -32000
         # Still going after the failures: one more request, then EOF.
         proc.stdin.write(b'{"jsonrpc":"2.0","id":3,"method":"ping"}\n')
         await proc.stdin.drain()

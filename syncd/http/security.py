@@ -17,6 +17,7 @@ handler runs, so a refused request can never change the store.
 from __future__ import annotations
 
 import hmac
+import re
 from collections.abc import Awaitable, Callable, Iterable
 
 from aiohttp import web
@@ -34,13 +35,16 @@ TOKEN_QUERY_KEYS = frozenset({"token", "access_token", "api_key", "apikey", "aut
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
+_HOST = re.compile(r"(\[[^\]]*\]|[^:\[\]]*)(?::(\d{1,5}))?")
+
+
 def host_name(header: str) -> str:
-    """``Host`` without its port: ``[::1]:7777`` → ``[::1]``, ``localhost:1`` → ``localhost``."""
+    """``Host`` without its port: ``[::1]:7777`` → ``[::1]``, ``localhost:1`` → ``localhost``.
+    Anything else after the name (``[::1]evil.com``, ``localhost:7777@evil.com``, a port that is
+    not digits) is returned whole, so it matches no allowed name."""
     header = header.strip().lower()
-    if header.startswith("["):
-        end = header.find("]")
-        return header[: end + 1] if end > 0 else header
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+    found = _HOST.fullmatch(header)
+    return found.group(1) if found else header
 
 
 def guards(token: str, extra_hosts: Iterable[str] = ()) -> web.middleware:  # type: ignore[valid-type]

@@ -108,8 +108,12 @@ async def test_metrics(daemon: Daemon) -> None:
 
 # ---------------------------------------------------------------------- L2–L7
 
-BAD_HOSTS = ["evil.test:{port}", "localhost.evil.com:{port}", "", "127.0.0.2:{port}"]
-GOOD_HOSTS = ["localhost:{port}", "127.0.0.1:{port}", "[::1]:{port}", "LOCALHOST"]
+BAD_HOSTS = ["evil.test:{port}", "localhost.evil.com:{port}", "", "127.0.0.2:{port}",
+             # a loopback name with something after it is not that name (nor is a port of
+             # letters): the allow-list is exact
+             "[::1]evil.com", "[::1].evil.com:{port}", "localhost:{port}@evil.com",
+             "127.0.0.1:not-a-port", "localhost:{port}:{port}"]
+GOOD_HOSTS = ["localhost:{port}", "127.0.0.1:{port}", "[::1]:{port}", "LOCALHOST", "[::1]"]
 
 
 @pytest.mark.parametrize("host", BAD_HOSTS)

@@ -187,8 +187,11 @@ def _main(argv: Sequence[str] | None) -> int:
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     """Config file + SYNCD_* env + flags → what the commands need."""
     from syncd.config import ConfigError, load_config, parse_listen
+    env = dict(os.environ)
+    if getattr(args, "allow_non_loopback", False):  # the flag is the setting, for the file too
+        env["SYNCD_DAEMON_ALLOW_NON_LOOPBACK"] = "true"
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, env)
         default_listen = config.hub.listen if args.command == "hub" else config.daemon.listen
         listen = getattr(args, "listen", None) or default_listen
         host, port = parse_listen(listen)

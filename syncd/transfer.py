@@ -63,10 +63,10 @@ def import_file(client: Client, args: argparse.Namespace) -> int:
     name = "standard input" if str(args.file) == "-" else str(args.file)
     try:
         with _readable(args.file) as path:
-            with path.open(encoding="utf-8") as handle:
+            with path.open(encoding="utf-8-sig") as handle:  # a BOM is not data
                 total = sum(count_rows(handle).values())
             batches = _Batches(client, total)
-            with path.open(encoding="utf-8") as handle:
+            with path.open(encoding="utf-8-sig") as handle:  # a BOM is not data
                 for key, index, row in rows(handle):
                     batches.add(key, index, row)
     except OSError as exc:

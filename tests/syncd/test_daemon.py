@@ -262,6 +262,9 @@ async def test_cli_round_trip_against_a_running_daemon(tmp_path: Path) -> None:
         assert list(spool.iterdir()) == []
         code, out, _ = await cli(data, "import", "-", stdin=json.dumps(piped).encode())
         assert code == 0 and "applied 0 memories" in out  # the same version again
+        code, out, err = await cli(data, "import", "-",  # a byte-order mark is not data
+                                   stdin=b"\xef\xbb\xbf" + json.dumps(piped).encode())
+        assert code == 0 and "applied 0 memories" in out, err
         code, out, _ = await cli(data, "recall", "from a pipe", "--json")
         assert json.loads(out)["memories"][0]["id"] == "memory:piped"
     finally:

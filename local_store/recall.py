@@ -27,6 +27,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from local_store.arguments import like_escape
 from local_store.ranking import (
     Candidate,
     Weights,
@@ -121,9 +122,9 @@ class Filters:
             if self.importance_min is not None:
                 where.append("m.importance >= ?")
                 params.append(self.importance_min)
-            for tag in self.tags:
-                where.append("m.tags LIKE ?")
-                params.append(f"%{tag}%")
+            for tag in self.tags:  # a substring, as the plane's LIKE; % and _ are literal
+                where.append("m.tags LIKE ? ESCAPE '\\'")
+                params.append(f"%{like_escape(tag)}%")
         if self.include_invalidated:
             pass
         elif self.as_of is not None:
@@ -143,7 +144,7 @@ def filters_from(request: QueryRequest) -> Filters:
     as_of = None
     if request.as_of is not None and not request.include_invalidated:
         as_of = parse_timestamp(request.as_of, "as_of")
-    tags = tuple(t.replace("%", "").replace("_", "") for t in request.tags if t.strip())
+    tags = tuple(t for t in request.tags if t.strip())
     realms = tuple(dict.fromkeys(r for r in request.realms if r))
     return Filters(realms=realms, memory_type=kind, tags=tuple(t for t in tags if t),
                    importance_min=request.importance_min, as_of=as_of,
@@ -441,6 +442,11 @@ class Recall:
                                              edge_type=etype, depth=depth))
                 if len(cands) + len(added) > 200 or len(linked) > limit * 20:
                     break
+            if mode != "plane":  # a memory the filters hide is no bridge to the next hop
+                reached = {mid: added[mid] for mid in next_frontier}
+                self._hydrate(reached, filters, mode, graph=True)
+                next_frontier = {mid: seed for mid, seed in next_frontier.items()
+                                 if reached[mid].row is not None}
             frontier = next_frontier
         self._hydrate(added, filters, mode, graph=True)
         for mid, cand in added.items():

@@ -157,8 +157,9 @@ def parse_timestamp(value: object, label: str) -> str | None:
             return None
     try:
         return canonical(value)
-    except TimestampError as exc:
-        raise ValidationError(label, str(exc)) from None
+    except TimestampError as exc:  # the message quotes the value: never a private span
+        message = str(exc) if not _private(value) else "invalid RFC 3339 timestamp"
+        raise ValidationError(label, message) from None
 
 
 def parse_tags(value: object, label: str = "tags") -> str:
@@ -210,8 +211,12 @@ def normalise_memory_id(value: object, label: str = "memory_id") -> str:
 def refuse_private_id(value: str, label: str) -> None:
     """Ids are identity, so they are never rewritten: one holding a private span is refused
     (without echoing it)."""
-    if contains_private_marker(value) or "</private" in value.lower():
+    if _private(value):
         raise ValidationError(label, "must not contain <private> content")
+
+
+def _private(value: str) -> bool:
+    return contains_private_marker(value) or "</private" in value.lower()
 
 
 def refuse_private_identity(raw: Mapping[str, object], label: str = "") -> None:

@@ -456,3 +456,19 @@ async def test_the_reapply_lookup_searches_the_primary_key(store: Store) -> None
                                                           ('["memory:x"]',))]
     assert plan == ["SCAN j VIRTUAL TABLE INDEX 1:",
                     "SEARCH t USING INDEX sqlite_autoindex_memories_1 (id=?)"], plan
+
+
+async def test_a_refused_rows_message_never_quotes_a_private_span(store: Store) -> None:
+    """A bad timestamp's message quotes the value — except when it holds a private span: the
+    message goes back in the import answer and into ``syncd status`` (P5, P7)."""
+    stamp = format_ns(1_780_000_000_000_000_000)
+    result = await store.apply(
+        [NodeRow(id="memory:a", content="c", updated_at=stamp, created_at=stamp,
+                 valid_at="<private>CANARY123</private>"),
+         NodeRow(id="memory:b", content="c", updated_at=stamp, valid_at="soon")],
+        [EdgeRow(src="memory:a", dst="memory:b", type="X",
+                 created_at="x </private> CANARY123")], model="m")
+    problems = {(p.kind, p.id, p.field): p.message for p in result.problems}
+    assert problems[("node", "memory:a", "valid_at")] == "invalid RFC 3339 timestamp"
+    assert problems[("node", "memory:b", "valid_at")] == "invalid RFC 3339 timestamp: 'soon'"
+    assert len(problems) == 3 and not any("CANARY123" in m for m in problems.values())

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 import pytest
 
 from local_store import HashingEmbedder, Store, StoreClosedError, ValidationError
@@ -151,6 +152,68 @@ async def test_space_agent_hides_other_agents_private_memories(store: Store) -> 
     fallback = await store.recall({"query": "zzqx wvbn", "space_agent": "carol", "limit": 10})
     assert fallback.fallback and alice["node_id"] not in [m.id for m in fallback.memories]
     assert bob["node_id"] not in [m.id for m in fallback.memories]
+
+
+
+async def test_the_graph_never_walks_through_a_memory_the_filters_hide(store: Store) -> None:
+    """A memory hidden by the filters (another agent's private one, an archived one) is not a
+    bridge: what lies behind it, memory or linked resource, does not come back through it."""
+    public = await store.save({"content": "launch plan for everyone", "space": "public"})
+    alice = await store.save({"content": "zz qq private", "space": "private:alice"})
+    behind = await store.save({"content": "unrelated words here", "space": "public"})
+    await store.link({"memory_id": public["id"], "target_node_id": alice["node_id"],
+                      "relationship_type": "RELATES_TO"})
+    await store.link({"memory_id": alice["id"], "target_node_id": behind["node_id"],
+                      "relationship_type": "RELATES_TO"})
+    await store.link({"memory_id": alice["id"], "target_node_id": "doc:alice-diary",
+                      "target_namespace": "docs"})
+    res = await store.recall({"query": "launch plan", "space_agent": "bob", "expand_hops": 2})
+    assert not {alice["node_id"], behind["node_id"]} & {m.id for m in res.memories}
+    assert "doc:alice-diary" not in [x.node_id for x in res.linked]
+    as_alice = await store.recall({"query": "launch plan", "space_agent": "alice",
+                                   "expand_hops": 2})
+    assert behind["node_id"] in [m.id for m in as_alice.memories]  # the control
+    assert "doc:alice-diary" in [x.node_id for x in as_alice.linked]
+    await store.update_status(alice["node_id"], "archived")
+    res = await store.recall({"query": "launch plan", "space_agent": "alice", "expand_hops": 2})
+    assert behind["node_id"] not in [m.id for m in res.memories]
+
+
+async def test_a_tag_filter_is_a_literal_substring(store: Store) -> None:
+    """``_`` and ``%`` in a tag filter are the tag's own characters: ``ci_cd`` finds ``ci_cd``
+    (the filter used to drop them and look for ``cicd``) and not ``ciXcd``."""
+    hit = (await store.save({"content": "deploy billing service", "tags": ["ci_cd"]}))
+    await store.save({"content": "deploy billing worker", "tags": ["ciXcd"]})
+    await store.save({"content": "deploy billing cron", "tags": ["100%"]})
+    assert await ids(store, "deploy billing", tags=["ci_cd"]) == [hit["node_id"]]
+    assert len(await ids(store, "deploy billing", tags=["100%"])) == 1
+    assert await ids(store, "deploy billing", tags=["cicd"]) == []
+
+
+async def test_a_pulled_vector_of_any_length_ranks_by_its_cosine(store: Store) -> None:
+    """The index holds unit vectors (a dot product is the cosine): a pulled vector of norm 10
+    is scaled as it enters, so it no longer outranks an exact match (distance 0 for both)."""
+    emb = HashingEmbedder()
+    q = emb.embed(["alpha beta gamma"])[0]
+    mix = 0.6 * q + 0.8 * emb.embed(["delta epsilon"])[0]
+    mix = mix / np.linalg.norm(mix)
+    s = format_ns(1_780_000_000_000_000_000)
+    exact = NodeRow(id="memory:a", content="zzzz", updated_at=s, created_at=s,
+                    embedding=[float(x) for x in q])
+    long = NodeRow(id="memory:b", content="yyyy", updated_at=s, created_at=s,
+                   embedding=[float(x) * 10 for x in mix])
+    assert (await store.apply([exact, long], [], model=emb.model_id)).applied_nodes == 2
+    res = await store.recall({"query": "alpha beta gamma"})
+    got = {m.id: m.distance for m in res.memories}
+    assert res.memories[0].id == "memory:a"
+    assert got["memory:b"] == pytest.approx(1 - float(q @ mix), abs=1e-3)
+    await store.close()
+    reopened = await Store.open(store.data_dir, embedder=emb)  # loaded from the blobs too
+    try:
+        first = (await reopened.recall({"query": "alpha beta gamma"})).memories[0]
+        assert first.id == "memory:a"
+    finally:
+        await reopened.close()
 
 
 async def test_graph_is_skipped_when_not_allowed(store: Store) -> None:

@@ -609,12 +609,17 @@ class Store:
                          ) -> tuple[list[replica.Entry], list[NodeRow], list[EdgeRow]]:
         """Stage up to ``limit`` queued items (re-stamping those older than ``keep_within_ns``)
         and return them as wire rows. Each node carries
-        its ``model`` vector, or zeros when there is none (the plane requires a vector and
-        skips a zero one in its semantic leg)."""
+        its ``model`` vector, or zeros when there is none or it is not ``dim`` wide (the plane
+        requires a vector of its width and skips a zero one in its semantic leg)."""
         staged = await self._write(lambda w: replica.stage(w, limit, realm, keep_within_ns))
         vectors = await self._vectors([row["id"] for row in staged.nodes], model)
         zeros = [0.0] * dim
-        nodes = [wire_node(row, vectors.get(row["id"]) or zeros) for row in staged.nodes]
+
+        def vector(memory_id: str) -> list[float]:
+            found = vectors.get(memory_id)
+            return found if found is not None and len(found) == dim else zeros
+
+        nodes = [wire_node(row, vector(row["id"])) for row in staged.nodes]
         return staged.entries, nodes, [wire_edge(row) for row in staged.edges]
 
     async def outbox_depth(self) -> int:

@@ -472,3 +472,18 @@ async def test_a_refused_rows_message_never_quotes_a_private_span(store: Store) 
     assert problems[("node", "memory:a", "valid_at")] == "invalid RFC 3339 timestamp"
     assert problems[("node", "memory:b", "valid_at")] == "invalid RFC 3339 timestamp: 'soon'"
     assert len(problems) == 3 and not any("CANARY123" in m for m in problems.values())
+
+
+async def test_a_vector_of_another_width_is_never_pushed(store: Store) -> None:
+    """A pulled vector not as wide as the plane's is pushed back as zeros (no vector), never as
+    it was: the plane refuses a vector of another width, and it is not the plane model's."""
+    stamp = format_ns(1_780_000_000_000_000_000)
+    await store.apply([NodeRow(id="memory:a", content="a", updated_at=stamp, created_at=stamp,
+                               embedding=[1.0, 0.0, 0.0]),
+                       NodeRow(id="memory:b", content="b", updated_at=stamp, created_at=stamp,
+                               embedding=[0.0, 1.0, 0.0, 0.0, 0.0])], [], model="plane-model")
+    for mid in ("memory:a", "memory:b"):
+        await store.update_importance(mid, 0.9)  # local edits queue both for push
+    _, nodes, _ = await store.stage_push(10, model="plane-model", dim=3)
+    sent = {n.id: n.embedding for n in nodes}
+    assert sent == {"memory:a": [1.0, 0.0, 0.0], "memory:b": [0.0, 0.0, 0.0]}

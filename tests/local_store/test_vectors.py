@@ -50,12 +50,16 @@ def test_snapshot_is_consistent_while_another_thread_writes() -> None:
 
     dim = 16
     index = VectorIndex("m", dim, capacity=4)
-    query = np.ones(dim, dtype=np.float32) / np.sqrt(dim)
+    query = np.zeros(dim, dtype=np.float32)
+    query[0] = 1.0
 
     def vector(n: int) -> np.ndarray:
+        """A unit vector (the index holds unit rows) whose cosine with the query encodes n:
+        -0.998 + 0.004·n, so any two ids differ by 0.004."""
+        cosine = -0.998 + 0.004 * n
         v = np.zeros(dim, dtype=np.float32)
-        v[n % dim] = 1.0  # cosine with the query is the same for all, so encode n in the norm
-        return v * (1.0 + n / 1000.0)
+        v[0], v[1 + n % (dim - 1)] = cosine, np.sqrt(1.0 - cosine * cosine)
+        return v
 
     stop = threading.Event()
     errors: list[str] = []

@@ -6,7 +6,8 @@ Rules:
   * Failures are classified once, here: ``AuthFailed`` (401/403 — never retried in a loop),
     ``TooLarge`` (413 — the caller splits the batch), ``Transient`` (timeouts, resets, 5xx, 429
     with its ``Retry-After``, truncated or malformed JSON — back off and retry), ``Rejected``
-    (any other 4xx — surfaced; retried only on the slow schedule).
+    (any other 4xx — surfaced in status and the log; retried with the same capped backoff
+    as a transient failure, since a plane fixed by its operator should be used again).
   * Every outbound body passes the egress guard: one with a JSON string that still holds a
     ``<private`` opener — as the redactor defines it, so ``<privateKey>`` is not one (P2) — is
     refused before it is sent (RELIABILITY P6) and counted.

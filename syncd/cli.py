@@ -186,12 +186,15 @@ def _main(argv: Sequence[str] | None) -> int:
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     """Config file + SYNCD_* env + flags → what the commands need."""
-    from syncd.config import ConfigError, load_config, parse_listen
+    from syncd.config import ConfigError, load_config, parse_config, parse_listen
     env = dict(os.environ)
     if getattr(args, "allow_non_loopback", False):  # the flag is the setting, for the file too
         env["SYNCD_DAEMON_ALLOW_NON_LOOPBACK"] = "true"
     try:
-        config = load_config(args.config, env)
+        if _creates_config(args):  # the defaults (and SYNCD_*), as the new file will hold
+            config = parse_config(b"", env=env)
+        else:
+            config = load_config(args.config, env)
         default_listen = config.hub.listen if args.command == "hub" else config.daemon.listen
         listen = getattr(args, "listen", None) or default_listen
         host, port = parse_listen(listen)
@@ -201,6 +204,13 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     shown = f"[{host}]" if ":" in host else host
     return {"config": config, "data_dir": data_dir, "host": host, "port": port,
             "url": f"http://{shown}:{port}"}
+
+
+def _creates_config(args: argparse.Namespace) -> bool:
+    """``service install`` with ``--config`` naming a file that is not there yet: install
+    creates it, so it is not an error to read it first."""
+    return (args.command == "service" and getattr(args, "action", None) == "install"
+            and args.config is not None and not args.config.expanduser().exists())
 
 
 def _run(args: argparse.Namespace, settings: dict[str, Any]) -> int:

@@ -152,6 +152,21 @@ def test_install_without_the_service_manager_says_so(tmp_path: Path, flag: str) 
     assert not (home / ".config/systemd").exists() and not (home / "Library").exists()
 
 
+
+def test_install_may_name_a_config_file_it_will_create(tmp_path: Path) -> None:
+    """``syncd --config NEW.toml service install``: install creates the missing file, so
+    reading it first is not an error (it said "file not found"); any other command still
+    refuses a ``--config`` that is not there."""
+    home, config = tmp_path / "home", tmp_path / "etc" / "custom.toml"
+    out = syncd_cli(home, "--config", str(config), "--data-dir", str(tmp_path / "d"),
+                    "service", "install", "--systemd", "--print")
+    assert out.returncode == 0, out.stderr
+    exec_start = next(x for x in out.stdout.splitlines() if x.startswith("ExecStart="))
+    assert f" --config {config} " in exec_start
+    out = syncd_cli(home, "--config", str(config), "status")
+    assert out.returncode == 2 and "file not found" in out.stderr
+
+
 def test_recall_needs_a_query_unless_hook(tmp_path: Path) -> None:
     out = syncd_cli(tmp_path, "--data-dir", str(tmp_path / "data"), "recall")
     assert out.returncode == 2 and "QUERY is required" in out.stderr

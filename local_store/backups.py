@@ -83,7 +83,7 @@ def restore(data_dir: Path, source: Path, *, wall: float | None = None) -> Resto
         ours, theirs = _replica_of(target), _replica_of(source)
         try:
             _copy(source, incoming)  # through SQLite: a WAL beside the backup comes along
-            _fsync(incoming)
+            db.fsync(incoming)
             replaced = _move_aside(target, wall if wall is not None else time.time())
             try:
                 os.replace(incoming, target)
@@ -91,7 +91,7 @@ def restore(data_dir: Path, source: Path, *, wall: float | None = None) -> Resto
                 if replaced is not None:  # put the store back where it was
                     os.replace(replaced, target)
                 raise
-            _fsync(data_dir)
+            db.fsync(data_dir)
         except (OSError, sqlite3.Error) as exc:
             raise BackupError(f"restoring {source} into {data_dir} failed: {exc}") from None
         finally:
@@ -189,9 +189,3 @@ def _move_aside(target: Path, wall: float) -> Path | None:
     return aside
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

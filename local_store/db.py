@@ -123,6 +123,15 @@ def latest_version(files: list[tuple[int, str, str]] | None = None) -> int:
                default=0)
 
 
+def fsync(path: Path) -> None:
+    """Flush a file's, or a directory's (a rename or link in it), changes to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def read_only(path: Path) -> sqlite3.Connection:
     """A connection to the database file at ``path`` that cannot write to it (nor create it).
     The path is quoted into the URI: a raw ``#``, ``?`` or ``%`` in it would open (and create)

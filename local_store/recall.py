@@ -448,7 +448,8 @@ class Recall:
                 next_frontier = {mid: seed for mid, seed in next_frontier.items()
                                  if reached[mid].row is not None}
             frontier = next_frontier
-        self._hydrate(added, filters, mode, graph=True)
+        if mode == "plane":  # syncd mode hydrated each hop's memories above
+            self._hydrate(added, filters, mode, graph=True)
         for mid, cand in added.items():
             if cand.row is not None or mode == "plane":
                 cands[mid] = cand

@@ -11,6 +11,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from local_store.db import fsync
+
 KEY_FILENAME = "entitlement-key.pem"
 
 
@@ -38,19 +40,11 @@ def load_or_create_key(data_dir: Path) -> Ed25519PrivateKey:
             os.link(partial, path)
         except FileExistsError:
             return load_key(path)
-        _fsync_dir(data_dir)
+        fsync(data_dir)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(partial)
     return key_from_pem(pem, str(path))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def load_key(path: Path) -> Ed25519PrivateKey:

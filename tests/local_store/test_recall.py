@@ -26,6 +26,12 @@ async def ids(store: Store, query: str, **kw: object) -> list[str]:
     return [m.id for m in res.memories if not m.fallback]
 
 
+async def relate(store: Store, src: dict[str, Any], dst: dict[str, Any]) -> None:
+    """A ``RELATES_TO`` edge between two saved memories."""
+    await store.link({"memory_id": src["id"], "target_node_id": dst["node_id"],
+                      "relationship_type": "RELATES_TO"})
+
+
 @pytest.fixture
 async def seeded(store: Store) -> dict[str, str]:
     out = {}
@@ -102,12 +108,9 @@ async def test_graph_hops_and_linked(store: Store) -> None:
     hop1 = await store.save({"content": "unrelated words one", "realm": "p"})
     hop2 = await store.save({"content": "unrelated words two", "realm": "p"})
     other_realm = await store.save({"content": "unrelated words three", "realm": "z"})
-    await store.link({"memory_id": seed["id"], "target_node_id": hop1["node_id"],
-                      "relationship_type": "RELATES_TO"})
-    await store.link({"memory_id": hop1["id"], "target_node_id": hop2["node_id"],
-                      "relationship_type": "RELATES_TO"})
-    await store.link({"memory_id": seed["id"], "target_node_id": other_realm["node_id"],
-                      "relationship_type": "RELATES_TO"})
+    await relate(store, seed, hop1)
+    await relate(store, hop1, hop2)
+    await relate(store, seed, other_realm)
     await store.link({"memory_id": seed["id"], "target_node_id": "github::repo:alpha",
                       "target_namespace": "github"})
     q = "alpha service invoices"
@@ -140,10 +143,8 @@ async def test_space_agent_hides_other_agents_private_memories(store: Store) -> 
     bob = await store.save({"content": "launch plan notes for bob", "space": "private:bob"})
     public = await store.save({"content": "launch plan for everyone", "space": "public"})
     plain = await store.save({"content": "unrelated words here"})
-    await store.link({"memory_id": public["id"], "target_node_id": alice["node_id"],
-                      "relationship_type": "RELATES_TO"})
-    await store.link({"memory_id": public["id"], "target_node_id": plain["node_id"],
-                      "relationship_type": "RELATES_TO"})
+    await relate(store, public, alice)
+    await relate(store, public, plain)
     seen = await ids(store, "launch plan", space_agent="bob", expand_hops=1)
     assert alice["node_id"] not in seen  # neither as a hit nor through the edge
     assert {bob["node_id"], public["node_id"], plain["node_id"]} <= set(seen)
@@ -161,10 +162,8 @@ async def test_the_graph_never_walks_through_a_memory_the_filters_hide(store: St
     public = await store.save({"content": "launch plan for everyone", "space": "public"})
     alice = await store.save({"content": "zz qq private", "space": "private:alice"})
     behind = await store.save({"content": "unrelated words here", "space": "public"})
-    await store.link({"memory_id": public["id"], "target_node_id": alice["node_id"],
-                      "relationship_type": "RELATES_TO"})
-    await store.link({"memory_id": alice["id"], "target_node_id": behind["node_id"],
-                      "relationship_type": "RELATES_TO"})
+    await relate(store, public, alice)
+    await relate(store, alice, behind)
     await store.link({"memory_id": alice["id"], "target_node_id": "doc:alice-diary",
                       "target_namespace": "docs"})
     res = await store.recall({"query": "launch plan", "space_agent": "bob", "expand_hops": 2})

@@ -22,7 +22,7 @@ Rules:
     the reader ends copies the backlog before more than a write or two is appended, and the
     WAL restarts at the size it had (S4). Such a pass copies nothing the reader still needs,
     so it is short — what SQLite's own checkpoint did at every COMMIT in that state.
-  * The writer keeps SQLite's own automatic checkpoint as a backstop at ``db.BACKSTOP_PAGES``:
+  * The writer keeps SQLite's own automatic checkpoint as a backstop at ``db.BACKSTOP_BYTES``:
     it only fires when this falls behind.
   * A failed checkpoint is recorded in ``last_error`` and never raised: the backstop and the
     daemon's periodic ``TRUNCATE`` checkpoint still bound the WAL.

@@ -7,7 +7,12 @@ Rules:
     only an OS crash or power loss can drop the last commits. ``busy_timeout`` covers the
     checkpointer and outside readers (CLI, backup); ``journal_size_limit`` bounds the WAL.
   * Checkpoints run on their own thread after each write (``checkpoint.Checkpointer``); the
-    automatic checkpoint inside a COMMIT is only a backstop at ``BACKSTOP_PAGES``.
+    automatic checkpoint inside a COMMIT is only a backstop at ``BACKSTOP_BYTES`` of WAL.
+  * A new store file gets ``PAGE_SIZE`` pages (8 KiB; SQLite's default is 4 KiB). A 10,000-row
+    bootstrap commits ~30 MB: with half as many pages it writes half as many WAL frames and
+    splits b-tree pages half as often (bench/store.py: fresh apply 12.7k → 15.1k rows/s,
+    recall and save no slower). A store created with other pages keeps them: WAL mode fixes
+    the page size of a file once it has any.
   * Migrations are ``schema/NNNN_name.sql`` applied in order, each in its own transaction
     together with its ``schema_migrations`` record. Applied files are never edited.
 """
@@ -28,7 +33,8 @@ LOCK_FILENAME = "syncd.lock"
 BUSY_TIMEOUT_MS = 10_000
 JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
 CACHE_KIB = 64 * 1024
-BACKSTOP_PAGES = 10_000
+BACKSTOP_BYTES = 40 * 1024 * 1024
+PAGE_SIZE = 8192
 
 
 class DataDirLock:
@@ -101,10 +107,12 @@ def _configure(conn: sqlite3.Connection, *, readonly: bool) -> None:
     if readonly:
         conn.execute("PRAGMA query_only = ON")
     else:
+        conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")  # before WAL; only a new file takes it
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
-        conn.execute(f"PRAGMA wal_autocheckpoint = {BACKSTOP_PAGES}")
+        page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+        conn.execute(f"PRAGMA wal_autocheckpoint = {BACKSTOP_BYTES // page_size}")
 
 
 def migration_files() -> list[tuple[int, str, str]]:

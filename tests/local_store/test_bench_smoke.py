@@ -24,7 +24,8 @@ def test_bench_store_quick_prints_its_table() -> None:
     rows = {line.split("|")[0].strip(): line for line in lines if "|" in line}
     for metric in ("save @ 1k memories", "save @ 10k memories", "save p50 ratio 10k / 1k",
                    "HashingEmbedder.embed, 1 text", "baseline: sqlite3 INSERT+COMMIT",
-                   "apply fresh, 384-d embeddings", "apply fresh, no embeddings",
+                   "apply fresh, 384-d embeddings", "baseline: bare bulk INSERT+COMMIT",
+                   "apply fresh, no embeddings",
                    "re-apply same rows (all skipped)"):
         assert metric in rows, "\n".join(lines)
     # Every size got the same number of timed saves (they are taken in turns).

@@ -3,10 +3,11 @@ growing (autocheckpoint reuses it) and an explicit checkpoint truncates it."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 
-from local_store import Store
+from local_store import Store, db
 
 
 def wal_size(data: Path) -> int:
@@ -37,3 +38,34 @@ async def test_wal_is_bounded_once_a_long_reader_ends(tmp_path: Path) -> None:
         assert (await store.stats())["memories"] == 2400
     finally:
         await store.close()
+
+
+def make_store_file(data: Path, *, page_size: int) -> None:
+    """An empty, migrated store file with pages of ``page_size`` bytes."""
+    data.mkdir()
+    conn = sqlite3.connect(data / db.DB_FILENAME, isolation_level=None)
+    try:
+        conn.execute(f"PRAGMA page_size = {page_size}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        db.migrate(conn)
+    finally:
+        conn.close()
+
+
+async def test_a_new_store_takes_8k_pages_and_an_old_one_keeps_its_own(tmp_path: Path) -> None:
+    new = tmp_path / "new"
+    async with await Store.open(new) as store:
+        await store.save({"content": "a memory in a fresh store"})
+        assert store._writer.conn.execute("PRAGMA page_size").fetchone()[0] == db.PAGE_SIZE
+        assert store._writer.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == (
+            db.BACKSTOP_BYTES // db.PAGE_SIZE)
+    old = tmp_path / "old"
+    await asyncio.to_thread(make_store_file, old, page_size=4096)
+    async with await Store.open(old) as store:
+        saved = await store.save({"content": "a memory in a store made with 4 KiB pages"})
+        assert store._writer.conn.execute("PRAGMA page_size").fetchone()[0] == 4096
+        assert store._writer.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == (
+            db.BACKSTOP_BYTES // 4096)
+        found = await store.recall({"query": "4 KiB pages"})
+        assert [m.id for m in found.memories] == [f"memory:{saved['id']}"]
+        assert await store.integrity_check() == "ok"

@@ -93,7 +93,12 @@ class PlaneClient:
                  wall: Any = time.time_ns) -> None:
         self.url = url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=min(timeout, 10.0))
+        # ``timeout`` bounds a silence (connecting, or waiting for the next bytes), not a whole
+        # transfer: the plane's ``changes`` is one unpaged body, which for a first pull of a
+        # large plane over a slow link takes longer than any fixed total would allow.
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=timeout,
+                                              sock_connect=min(timeout, 10.0),
+                                              sock_read=timeout)
         self._session: aiohttp.ClientSession | None = None
         self._wall = wall
         self.requests = 0

@@ -105,7 +105,7 @@ def node_from_wire(wire: NodeRow, key: WireKey | None = None) -> Row:
                 if "<" in value:
                     row[name] = strip_private(value)
     if row["provenance"] is not None:
-        row["provenance"] = strip_private_json_text(row["provenance"])
+        row["provenance"] = strip_private_json_text(row["provenance"], "provenance")
     raw_created = wire.created_at
     created = updated if raw_created == wire.updated_at else (
         parse_timestamp(raw_created, "created_at") or updated)
@@ -242,7 +242,7 @@ def edge_from_wire(wire: EdgeRow) -> Row:
         raise ValidationError("created_at", "is required")
     props = _text(wire.props, "props")
     if props is not None:
-        props = strip_private_json_text(props)
+        props = strip_private_json_text(props, "props")
     deleted = bool(wire.deleted) or _props_say_deleted(props)
     return {
         "id": eid, "src": src, "dst": dst, "type": type_,

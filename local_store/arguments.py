@@ -33,11 +33,14 @@ def redact_request(request: QueryRequest) -> QueryRequest:
 
 
 def msgspec_field(message: str) -> str:
-    """The field named in a msgspec error (``… - at `$.limit` `` → ``limit``)."""
-    marker = "at `$."
-    if marker in message:
-        return message.split(marker, 1)[1].split("`", 1)[0]
-    return "body"
+    """The field named in a msgspec error: ``… - at `$.limit` `` → ``limit``; ``Object
+    missing required field `x` - at `$.a` `` → ``a.x`` (``x`` at the top level)."""
+    marker, missing = "at `$.", "missing required field `"
+    path = message.split(marker, 1)[1].split("`", 1)[0] if marker in message else ""
+    if missing in message:
+        name = message.split(missing, 1)[1].split("`", 1)[0]
+        return f"{path}.{name}" if path else name
+    return path or "body"
 
 
 def lenient_type(value: object) -> str:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from local_store.errors import ValidationError
 from local_store.redact import (
     REDACTED,
-    contains_private_marker,
+    has_private_tag,
     strip_json_strings,
     strip_private_json_text,
 )
@@ -137,7 +137,10 @@ def parse_importance(value: object, label: str = "importance",
         return DEFAULT_IMPORTANCE
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValidationError(label, f"must be a number between 0 and 1, got {type(value).__name__}")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond float range (JSON allows 1 followed by 400 zeros)
+        raise ValidationError(label, "must be a finite number between 0 and 1") from None
     if not math.isfinite(number):
         raise ValidationError(label, f"must be a finite number, got {number}")
     clamped = min(1.0, max(0.0, number))
@@ -216,7 +219,7 @@ def refuse_private_id(value: str, label: str) -> None:
 
 
 def _private(value: str) -> bool:
-    return contains_private_marker(value) or "</private" in value.lower()
+    return has_private_tag(value)
 
 
 def refuse_private_identity(raw: Mapping[str, object], label: str = "") -> None:
@@ -277,7 +280,7 @@ def json_text(value: object, label: str) -> str | None:
     if value is None:
         return None
     if isinstance(value, str):
-        return strip_private_json_text(value)
+        return strip_private_json_text(value, label)
     if isinstance(value, dict | list):
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
     raise ValidationError(label, "must be an object or a JSON string")
@@ -293,13 +296,15 @@ def stamp_provenance(given: object, writer: Mapping[str, object]) -> str:
     elif isinstance(given, str):
         try:
             parsed = json.loads(given)
+        except RecursionError:
+            raise ValidationError("provenance", "is nested too deeply") from None
         except ValueError:
             parsed = given
         base = dict(parsed) if isinstance(parsed, dict) else {"value": parsed}
     else:
         raise ValidationError("provenance", "must be an object or a JSON string")
     base["writer"] = dict(writer)
-    clean = strip_json_strings(base)  # a JSON string may have hidden tags behind \u escapes
+    clean = strip_json_strings(base, "provenance")  # tags may hide behind \u escapes
     return json.dumps(clean, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
 
 

@@ -40,10 +40,15 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 
-__all__ = ["REDACTED", "contains_private_marker", "strip_json_strings", "strip_private"]
+from local_store.errors import ValidationError
+
+__all__ = ["MAX_JSON_DEPTH", "REDACTED", "contains_private_marker", "has_private_tag",
+           "strip_json_object", "strip_json_strings", "strip_private"]
 
 REDACTED = "[redacted]"
+MAX_JSON_DEPTH = 64  # nesting of arguments and JSON-text fields; deeper is refused
 
 # One token per match, found leftmost-first:
 #   group "open":  "<private" then ">" | whitespace + everything up to ">" or the
@@ -93,6 +98,12 @@ def strip_private(text: str) -> str:
     return "".join(pieces)
 
 
+def has_private_tag(text: str) -> bool:
+    """True if :func:`strip_private` would change ``text``: it holds an opener or a closer,
+    by the same rules (and the same case folding) as the redactor's."""
+    return "<" in text and _TOKEN.search(text) is not None
+
+
 def contains_private_marker(text: str) -> bool:
     """True if ``text`` still holds a ``<private`` that would open a tag.
 
@@ -104,44 +115,77 @@ def contains_private_marker(text: str) -> bool:
     return _OPENER.search(text) is not None
 
 
-def strip_json_strings(value: object) -> object:
+def strip_json_strings(value: object, field: str = "body") -> object:
     """Apply :func:`strip_private` to every string in a JSON-like structure.
 
     Dict keys and values, list and tuple items are visited recursively and a new
     structure is returned (dicts become plain ``dict``, lists ``list``, tuples
     ``tuple``); non-string scalars are returned unchanged. If two keys redact to
     the same string, the later one wins, as with duplicate keys in JSON.
+
+    A structure nested more than ``MAX_JSON_DEPTH`` levels deep raises
+    ``ValidationError`` naming the top-level key whose value is too deep (an
+    object's keys are its fields: ``field.key``, or ``key`` when ``field`` is
+    ``"body"``, the whole of a request's arguments).
     """
+    return _strip_json(value, 0, field, top=True)
+
+
+def strip_json_object(value: Mapping[str, object]) -> dict[str, object]:
+    """:func:`strip_json_strings` of a request's arguments (each key a field)."""
+    clean = strip_json_strings(dict(value))
+    assert isinstance(clean, dict)
+    return clean
+
+
+def _strip_json(value: object, depth: int, field: str, *, top: bool = False) -> object:
     if isinstance(value, str):
         return strip_private(value)
+    if not isinstance(value, dict | list | tuple):
+        return value
+    if depth >= MAX_JSON_DEPTH:
+        raise ValidationError(field, f"is nested more than {MAX_JSON_DEPTH} levels deep")
     if isinstance(value, dict):
-        return {
-            (strip_private(k) if isinstance(k, str) else k): strip_json_strings(v)
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [strip_json_strings(item) for item in value]
-    if isinstance(value, tuple):
-        return tuple(strip_json_strings(item) for item in value)
-    return value
+        out = {}
+        for key, item in value.items():
+            clean = strip_private(key) if isinstance(key, str) else key
+            name = field if not top else str(clean) if field == "body" else f"{field}.{clean}"
+            out[clean] = _strip_json(item, depth + 1, name)
+        return out
+    items = [_strip_json(item, depth + 1, field) for item in value]
+    return items if isinstance(value, list) else tuple(items)
 
 
-def strip_private_json_text(text: str) -> str:
+def strip_private_json_text(text: str, field: str = "body") -> str:
     """Redact a field that holds JSON text (provenance, props, source_uris, mentions).
 
     The raw text is scanned first; then, if it may hide a tag behind JSON escapes (any
     backslash: ``\\u003cprivate>``, ``<\\u0070rivate>``, ``<\\/private>`` all decode to a
-    tag), it is decoded, every string inside is scanned, and it is re-encoded only when
-    something changed. Text that is not JSON keeps its literal escapes, which are not tags.
+    tag), it is decoded, every string inside is scanned, and it is re-encoded when something
+    changed — or when an object repeats a key: decoding keeps only the last, so an earlier
+    one could hide a tag the comparison never sees; the re-encoded text drops it, as any
+    JSON reader would. Text that is not JSON keeps its literal escapes, which are not tags;
+    JSON nested more than ``MAX_JSON_DEPTH`` levels deep raises ``ValidationError`` naming
+    ``field``.
     """
     out = strip_private(text) if "<" in text else text
     if "\\" not in out:
         return out
+    repeated = False
+
+    def pairs(items: list[tuple[str, object]]) -> dict[str, object]:
+        nonlocal repeated
+        found = dict(items)
+        repeated = repeated or len(found) != len(items)
+        return found
+
     try:
-        parsed = json.loads(out)
+        parsed = json.loads(out, object_pairs_hook=pairs)
+    except RecursionError:
+        raise ValidationError(field, f"is nested more than {MAX_JSON_DEPTH} levels deep") from None
     except ValueError:
         return out
-    cleaned = strip_json_strings(parsed)
-    if cleaned == parsed:
+    cleaned = strip_json_strings(parsed, field)
+    if cleaned == parsed and not repeated:
         return out
     return json.dumps(cleaned, ensure_ascii=False, separators=(",", ":"))

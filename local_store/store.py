@@ -60,6 +60,8 @@ from local_store.feed import feed_page
 from local_store.reader import SyncReader
 from local_store.recall import Mode, Recall, Semantic
 from local_store.records import (
+    MAX_CONTENT_CHARS,
+    MAX_TAG_CHARS,
     Draft,
     build_save,
     entity_content,
@@ -76,7 +78,7 @@ from local_store.records import (
     slug,
     stamp_provenance,
 )
-from local_store.redact import strip_json_strings
+from local_store.redact import strip_json_object, strip_json_strings
 from local_store.vectors import VectorIndex
 from local_store.views import (
     edge_view,
@@ -410,6 +412,10 @@ class Store:
         assert isinstance(clean, dict)
         name = required_str(clean, "name", limit=1000)
         kind = optional_str(clean, "kind")
+        if kind is not None and ("," in kind or len(kind) > MAX_TAG_CHARS - len("kind:")):
+            # stored as the tag ``kind:<kind>``, so it follows the tag rules
+            raise ValidationError("kind", f"must be at most {MAX_TAG_CHARS - len('kind:')} "
+                                  "characters, without commas")
         type_ = optional_str(clean, "type")
         icon = optional_str(clean, "icon")
         properties = clean.get("properties") or {}
@@ -420,9 +426,12 @@ class Store:
         topic = f"entity/{kind or 'entity'}/{slug(name)}"
         provenance = {"source": "synthetic", "via": "ingest_entity", "kind": kind,
                       "type": type_, "icon": icon}
+        content = entity_content(name, kind, properties, type_, icon)
+        if len(content) > MAX_CONTENT_CHARS:
+            raise ValidationError("properties", f"make the entity's text {len(content)} "
+                                  f"characters long, over the limit of {MAX_CONTENT_CHARS}")
         draft = Draft(
-            realm=realm, memory_type="entity", title=name,
-            content=entity_content(name, kind, properties, type_, icon),
+            realm=realm, memory_type="entity", title=name, content=content,
             tags=parse_tags([f"kind:{kind}"] if kind else []), importance=0.5,
             topic_key=topic, provenance=stamp_provenance(provenance, self.writer_info),
         )
@@ -445,7 +454,7 @@ class Store:
         """``memory_session_summary``: one summary memory from the non-empty fields."""
         clean = strip_json_strings(dict(args))
         assert isinstance(clean, dict)
-        parts = []
+        parts, sizes = [], dict[str, int]()
         for key, label in (("goal", "Goal"), ("instructions", "Instructions"),
                            ("discoveries", "Discoveries"), ("accomplished", "Accomplished"),
                            ("next_steps", "Next steps"), ("files", "Files")):
@@ -455,8 +464,13 @@ class Store:
             text = optional_str({key: value}, key, limit=64 * 1024)
             if text:
                 parts.append(f"\n{label}: {text}")
+                sizes[key] = len(text)
         if not parts:
             raise ValidationError("goal", "nothing to summarize — provide at least one field")
+        if len("Session summary.") + sum(len(part) for part in parts) > MAX_CONTENT_CHARS:
+            longest = max(sizes, key=lambda key: sizes[key])
+            raise ValidationError(longest, f"the fields together must be at most "
+                                  f"{MAX_CONTENT_CHARS} characters (this one is the longest)")
         return await self.save({
             "content": "Session summary." + "".join(parts), "title": "Session summary",
             "memory_type": "summary", "importance": 0.6, "tags": ["session-summary"],
@@ -720,9 +734,10 @@ class Store:
         return self._settings
 
     async def put_settings(self, patch: Mapping[str, object]) -> MemorySettings:
-        """Patch the given keys (nested objects merge) and persist; returns the full settings."""
+        """Patch the given keys (nested objects merge) and persist; returns the full settings.
+        Strings are redacted like any other text (settings are served to every client)."""
         try:
-            merged = merge_patch(self._settings, dict(patch))
+            merged = merge_patch(self._settings, strip_json_object(patch))
         except msgspec.ValidationError as exc:
             raise ValidationError(msgspec_field(str(exc)), str(exc)) from None
         encoded = msgspec.json.encode(merged).decode()
@@ -781,7 +796,8 @@ class Store:
         if clean.get("memory_type") is not None:
             where.append("memory_type = ?")
             params.append(lenient_type(clean["memory_type"]))
-        for tag in parse_tags(clean.get("tags")).split(",") if clean.get("tags") else []:
+        tags = parse_tags(clean.get("tags"))  # a wrong type is refused, even a falsy one
+        for tag in tags.split(",") if tags else []:
             where.append("(',' || tags || ',') LIKE ? ESCAPE '\\'")
             params.append("%," + like_escape(tag) + ",%")
         sql = (NODE_SELECT + " WHERE " + " AND ".join(where)

@@ -383,6 +383,14 @@ async def test_a_bad_settings_patch_names_the_field_and_changes_nothing(
         assert await hub_store.settings() == before
 
 
+async def test_settings_strings_are_redacted(hub_store: HubStore) -> None:
+    """P1/P7: a hub serves its settings to every client; a private span is never stored."""
+    merged = await hub_store.put_settings({
+        "dreaming": {"mode": "nightly <private>hub-settings-secret</private>"}})
+    assert merged.dreaming.mode == "nightly [redacted]"
+    assert (await hub_store.settings()).dreaming.mode == "nightly [redacted]"
+
+
 async def test_counters_grow_across_restarts(open_hub: Opener) -> None:
     hub = await open_hub()
     assert [await hub.next_counter("c") for _ in range(3)] == [1, 2, 3]

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from local_store import NotFoundError, Store, StoreError, ValidationError
+from local_store.records import MAX_CONTENT_CHARS
 
 Case = Callable[[Store, dict[str, str]], Awaitable[Any]]
 
@@ -63,7 +64,41 @@ CASES: dict[str, tuple[Case, type[StoreError], str | None]] = {
     "get missing": (lambda s, ids: s.get("memory:nope"), NotFoundError, None),
     "list bad status": (lambda s, ids: s.list_memories({"status": "x"}), ValidationError,
                         "status"),
+    "list falsy tags": (lambda s, ids: s.list_memories({"tags": ""}), ValidationError, "tags"),
+    "importance beyond float": (lambda s, ids: s.update_importance(ids["a"], 10**400),
+                                ValidationError, "importance"),
+    "save importance beyond float": (lambda s, ids: s.save({"content": "x", "importance": 10**400}),
+                                     ValidationError, "importance"),
+    "save deep provenance": (lambda s, ids: s.save({"content": "x", "provenance": nested(100)}),
+                             ValidationError, "provenance"),
+    "save deep provenance text": (
+        lambda s, ids: s.save({"content": "x", "provenance": "[" * 5000 + "]" * 5000}),
+        ValidationError, "provenance"),
+    "save deep source_uris text": (
+        lambda s, ids: s.save({"content": "x", "source_uris": "[" * 5000 + '"\\u0041"'
+                               + "]" * 5000}), ValidationError, "source_uris"),
+    "entity kind with comma": (lambda s, ids: s.ingest_entity({"name": "n", "kind": "a,b"}),
+                               ValidationError, "kind"),
+    "entity kind too long": (lambda s, ids: s.ingest_entity({"name": "n", "kind": "k" * 300}),
+                             ValidationError, "kind"),
+    "entity over the content limit": (
+        lambda s, ids: s.ingest_entity({"name": "n", "properties": {"p": "x" * MAX_CONTENT_CHARS}}),
+        ValidationError, "properties"),
+    "summary over the content limit": (
+        lambda s, ids: s.session_summary({"goal": "g" * 60_000, "instructions": "i" * 60_000,
+                                          "discoveries": "d" * 60_000,
+                                          "accomplished": "a" * 65_000,
+                                          "next_steps": "n" * 60_000}),
+        ValidationError, "accomplished"),
 }
+
+
+def nested(depth: int) -> object:
+    """An object ``depth`` levels deep: ``{"a": {"a": … 1}}``."""
+    value: object = 1
+    for _ in range(depth):
+        value = {"a": value}
+    return value
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

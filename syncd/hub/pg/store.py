@@ -33,6 +33,7 @@ from local_store.exporting import EDGE_VERSIONS, Changed, ExportPages, collect
 from local_store.exporting import PAGE_ROWS as EXPORT_PAGE_ROWS
 from local_store.merge import EDGE_HASHED, content_hash, version_key, wins
 from local_store.records import parse_timestamp
+from local_store.redact import strip_json_object
 from local_store.views import wire_edge, wire_node, wire_vectors
 from protocol.query import QueryRequest, QueryResponse
 from protocol.rows import EdgeRow, NodeRow
@@ -299,7 +300,7 @@ class PgHubStore:
                                msgspec.json.encode(DEFAULT_SETTINGS).decode())
             raw = await conn.fetchval("SELECT value FROM settings WHERE id = 1 FOR UPDATE")
             try:
-                merged = merge_patch(load_settings(raw)[0], dict(patch))
+                merged = merge_patch(load_settings(raw)[0], strip_json_object(patch))
             except msgspec.ValidationError as exc:
                 raise ValidationError(msgspec_field(str(exc)), str(exc)) from None
             await conn.execute("UPDATE settings SET value = $1 WHERE id = 1",

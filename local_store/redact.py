@@ -140,6 +140,7 @@ def strip_json_object(value: Mapping[str, object]) -> dict[str, object]:
 
 def _strip_json(value: object, depth: int, field: str, *, top: bool = False) -> object:
     if isinstance(value, str):
+        _refuse_surrogates(value, field)
         return strip_private(value)
     if not isinstance(value, dict | list | tuple):
         return value
@@ -148,12 +149,25 @@ def _strip_json(value: object, depth: int, field: str, *, top: bool = False) -> 
     if isinstance(value, dict):
         out = {}
         for key, item in value.items():
+            if isinstance(key, str):
+                _refuse_surrogates(key, field)
             clean = strip_private(key) if isinstance(key, str) else key
             name = field if not top else str(clean) if field == "body" else f"{field}.{clean}"
             out[clean] = _strip_json(item, depth + 1, name)
         return out
     items = [_strip_json(item, depth + 1, field) for item in value]
     return items if isinstance(value, list) else tuple(items)
+
+
+def _refuse_surrogates(text: str, field: str) -> None:
+    """JSON can spell a lone surrogate (``"\\ud800"``), which no UTF-8 text (nor SQLite)
+    can hold: refused here, naming the field, rather than failing the write later."""
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            raise ValidationError(field, "must be Unicode text: it holds a lone surrogate "
+                                  "(an unpaired \\ud800-\\udfff escape)") from None
 
 
 def strip_private_json_text(text: str, field: str = "body") -> str:

@@ -9,12 +9,20 @@ Rules:
   * Tool failures the agent caused (bad arguments, unknown ids) are tool *results* with
     ``isError: true`` and the one error shape ``{"error": {"code", "message", "field"}}`` as
     text, so the agent reads them; an unknown tool name is a JSON-RPC -32602.
-  * Argument values are never logged: they may hold text meant to stay private.
+  * Argument values are never logged: they may hold text meant to stay private. Names the
+    client chose (argument keys, a method or tool name) pass the redactor before they reach a
+    log line or an error message.
+  * A body is read as JSON whatever decoder it takes: valid JSON msgspec refuses (a number
+    beyond double range, an escaped lone surrogate) is read by the stdlib, as the stdio bridge
+    and the REST routes read it, so the request keeps its id; an answer msgspec cannot encode
+    goes out with ASCII escapes, as it came in.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -22,6 +30,7 @@ import msgspec
 
 import syncd
 from local_store import Store, StoreError, ValidationError
+from local_store.redact import strip_private
 from syncd.tools import TOOLS, Surfacer
 
 log = logging.getLogger(__name__)
@@ -94,8 +103,45 @@ def _tool_error(code: str, message: str, field: str | None) -> dict[str, Any]:
 
 
 def _valid_id(value: object) -> bool:
-    return value is None or isinstance(value, str) or (
-        isinstance(value, int | float) and not isinstance(value, bool))
+    """A string, a number that can be echoed as it came (not 1e400, read as infinity) or null."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return value is None or (isinstance(value, str | int) and not isinstance(value, bool))
+
+
+def _shown(name: str, limit: int = 80) -> str:
+    """A client-chosen name fit for a message or a log line: redacted, then shortened."""
+    return strip_private(name)[:limit]
+
+
+def decode_message(body: bytes) -> object:
+    """The JSON value in ``body``: msgspec first, then the stdlib for valid JSON msgspec refuses.
+    Raises ``ValueError`` for a body that is not JSON (``NaN``, ``Infinity`` and text that is
+    not UTF-8 included), ``RecursionError`` for one nested too deeply for either decoder."""
+    try:
+        return msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        pass
+    return json.loads(body.decode("utf-8"), parse_constant=_not_json)
+
+
+def _not_json(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def encode_message(value: object) -> bytes:
+    """``value`` as JSON. Text UTF-8 cannot carry (a lone surrogate, which JSON can spell as
+    ``"\\ud800"``, say in an id) goes out as JSON escapes; encoding never fails."""
+    try:
+        return msgspec.json.encode(value)
+    except UnicodeEncodeError:
+        pass
+    try:
+        return json.dumps(value, ensure_ascii=True, allow_nan=False,
+                          separators=(",", ":")).encode("ascii")
+    except ValueError:  # a non-finite number beside the surrogate: no faithful JSON exists
+        return msgspec.json.encode(error_response(None, INTERNAL_ERROR, "Internal error: the "
+                                                  "answer cannot be written as JSON"))
 
 
 class McpServer:
@@ -120,14 +166,18 @@ class McpServer:
         return await self._handle_one(payload)
 
     async def handle_bytes(self, body: bytes) -> bytes | None:
-        """``handle`` on a raw body: a body that is not JSON gets a -32700 Parse error."""
+        """``handle`` on a raw body: a body that is not JSON, or nested too deeply to read, gets
+        a -32700 Parse error."""
+        answer: object | None
         try:
-            payload = msgspec.json.decode(body)
-        except msgspec.DecodeError:
-            answer: object | None = error_response(None, PARSE_ERROR, "Parse error: not JSON")
+            payload = decode_message(body)
+        except RecursionError:
+            answer = error_response(None, PARSE_ERROR, "Parse error: JSON nested too deeply")
+        except ValueError:
+            answer = error_response(None, PARSE_ERROR, "Parse error: not JSON")
         else:
             answer = await self.handle(payload)
-        return None if answer is None else msgspec.json.encode(answer)
+        return None if answer is None else encode_message(answer)
 
     # ------------------------------------------------------------------ dispatch
 
@@ -158,7 +208,7 @@ class McpServer:
         except _ProtocolError as exc:
             return error_response(request_id, exc.code, exc.message) if has_id else None
         except Exception:
-            log.exception("MCP method %s failed", method[:80])
+            log.exception("MCP method %s failed", _shown(method))
             return error_response(request_id, INTERNAL_ERROR,
                                   "Internal error") if has_id else None
         if not has_id:
@@ -177,7 +227,7 @@ class McpServer:
             return {}
         if notification and method.startswith("notifications/"):
             return {}  # initialized, cancelled, roots/list_changed…: nothing to do
-        raise _ProtocolError(METHOD_NOT_FOUND, f"Method not found: {method[:80]}")
+        raise _ProtocolError(METHOD_NOT_FOUND, f"Method not found: {_shown(method)}")
 
     def _initialize(self, params: Mapping[str, Any]) -> dict[str, Any]:
         asked = params.get("protocolVersion")
@@ -194,7 +244,7 @@ class McpServer:
         if not isinstance(name, str):
             raise _ProtocolError(INVALID_PARAMS, 'Invalid params: "name" must be a string')
         if name not in TOOLS:
-            raise _ProtocolError(INVALID_PARAMS, f"Unknown tool: {name[:80]!r}; "
+            raise _ProtocolError(INVALID_PARAMS, f"Unknown tool: {_shown(name)!r}; "
                                  "call tools/list for the tool names")
         arguments = params.get("arguments")
         if arguments is None:
@@ -208,9 +258,9 @@ class McpServer:
         except StoreError as exc:  # not found, store closed…
             return _tool_error(exc.code, exc.message, getattr(exc, "field", None))
         except Exception as exc:
-            # Keys only: the values may carry private text.
+            # Keys only, redacted: the values may carry private text, and so may a key.
             log.exception("tool %s failed (argument keys: %s)", name,
-                          ", ".join(sorted(str(k)[:40] for k in arguments)[:20]))
+                          ", ".join(sorted(_shown(str(k), 40) for k in arguments)[:20]))
             return _tool_error("internal", f"internal error in {name} "
                                f"({type(exc).__name__}); see the daemon log", None)
         value = msgspec.to_builtins(result)

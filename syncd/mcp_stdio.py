@@ -136,6 +136,10 @@ class _Bridge:
         """The answer to one stdin line (``None``: nothing to write)."""
         try:
             payload = json.loads(line)
+        except RecursionError:  # too deep to read, here as in the daemon
+            return {"jsonrpc": "2.0", "id": None,
+                    "error": {"code": PARSE_ERROR, "message": "Parse error: JSON nested too "
+                              "deeply"}}
         except ValueError:  # includes UnicodeDecodeError
             return {"jsonrpc": "2.0", "id": None,
                     "error": {"code": PARSE_ERROR, "message": "Parse error: not JSON"}}
@@ -280,9 +284,10 @@ def _fixed(token: str) -> TokenSource:
 
 
 def _safe_json(line: bytes) -> object:
+    """``line`` decoded, or ``None``: called from the handler that must not fail itself."""
     try:
         return json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 

@@ -36,7 +36,7 @@ from local_store.records import (
     refuse_private_id,
     slug,
 )
-from local_store.redact import REDACTED, strip_json_strings
+from local_store.redact import REDACTED, strip_json_strings, strip_private
 
 Handler = Callable[[Store, dict[str, Any]], Awaitable[Any]]
 
@@ -370,6 +370,17 @@ TOOLS: dict[str, Tool] = {t.name: t for t in (
 )}
 
 
+def _check_conversation(value: object) -> None:
+    """A conversation id is kept as a key (up to ``MAX_CONVERSATIONS`` of them) and echoed in
+    every result, so it is capped like the store's other keys."""
+    if not isinstance(value, str):
+        raise ValidationError("conversationId", "must be a string")
+    if len(value) > MAX_KEY_CHARS:
+        raise ValidationError("conversationId",
+                              f"must be at most {MAX_KEY_CHARS} characters, got {len(value)}")
+    refuse_private_id(value, "conversationId")
+
+
 class Surfacer:
     """Remembers, per conversation, what was surfaced, so it is repeated on later calls."""
 
@@ -379,16 +390,14 @@ class Surfacer:
     async def call(self, store: Store, name: str, args: Mapping[str, Any]) -> Any:
         tool = TOOLS.get(name)
         if tool is None:
-            raise ValidationError("name", f"unknown tool {name[:80]!r}")
+            raise ValidationError("name", f"unknown tool {strip_private(name)[:80]!r}")
         if not isinstance(args, Mapping):
             raise ValidationError("arguments", "must be a JSON object")
         params = dict(args)
         conversation = params.pop("conversationId", None)
         context = params.pop("memoryContext", None)
-        if conversation is not None and not isinstance(conversation, str):
-            raise ValidationError("conversationId", "must be a string")
         if conversation is not None:  # a key, echoed in every result: never rewritten
-            refuse_private_id(conversation, "conversationId")
+            _check_conversation(conversation)
         if context is not None and not isinstance(context, str):
             raise ValidationError("memoryContext", "must be a string")
         conversation = conversation or f"conv-{uuid.uuid4()}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -15,7 +16,9 @@ from aiohttp import web
 
 from local_store import Store, StoreError, ValidationError
 from local_store.apply import ApplyResult
+from local_store.arguments import msgspec_field
 from local_store.exporting import ExportPages
+from local_store.redact import strip_private
 from protocol.query import QueryRequest
 from protocol.rows import (
     EXPORT_COUNT_HEADERS,
@@ -30,8 +33,9 @@ from syncd.http.metrics import Metrics
 from syncd.http.security import guards
 from syncd.http.web import ROUTES as WEB_ROUTES
 from syncd.http.web import SESSIONS, Sessions
-from syncd.mcp import McpServer
-from syncd.tools import Surfacer
+from syncd.mcp import INVALID_REQUEST, SUPPORTED_PROTOCOL_VERSIONS, McpServer
+from syncd.mcp import error_response as rpc_error
+from syncd.tools import TOOLS, Surfacer
 
 log = logging.getLogger("syncd.http")
 STORE = web.AppKey("store", Store)
@@ -45,6 +49,7 @@ KEEPER = web.AppKey("keeper", object)  # a syncd.entitlement.keeper.Keeper, or N
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
 EXPORT_HINT = ("Re-import on another instance via POST /v1/agent/memory/import with this same "
                "{memory_nodes, memory_edges} body.")
+MCP_VERSION_HEADER = "MCP-Protocol-Version"
 _encoder = msgspec.json.Encoder()
 
 
@@ -96,11 +101,17 @@ async def errors_middleware(request: web.Request,
         if exc.status == 405:
             return error_response(405, "method_not_allowed", f"{request.method} not allowed here")
         if exc.status == 404:
-            return error_response(404, "not_found", f"no route {request.path}")
+            return error_response(404, "not_found", f"no route {shown_path(request)}")
         return error_response(exc.status, "http_error", exc.reason)
     except Exception:
-        log.exception("%s %s failed", request.method, request.path)
+        log.exception("%s %s failed", request.method, shown_path(request))
         return error_response(500, "internal", "internal error; the daemon's log has the details")
+
+
+def shown_path(request: web.Request, limit: int = 200) -> str:
+    """The request's path fit for a message or a log line: redacted (a path can hold an id or a
+    name the client chose, so a ``<private>`` span), then shortened."""
+    return strip_private(request.path)[:limit]
 
 
 async def read_json(request: web.Request) -> Any:
@@ -108,9 +119,42 @@ async def read_json(request: web.Request) -> Any:
     if not raw:
         raise HttpError(400, "bad_json", "request body is empty; send a JSON object")
     try:
-        return json.loads(raw, parse_constant=_not_json)
+        value = json.loads(raw, parse_constant=_not_json)
+    except RecursionError:
+        raise HttpError(400, "bad_json", "malformed JSON: nested too deeply") from None
     except ValueError as exc:
         raise HttpError(400, "bad_json", f"malformed JSON: {exc}") from None
+    if _SURROGATE_ESCAPE.search(raw) and _holds_surrogate(value):
+        raise HttpError(400, "bad_json", "malformed JSON: a lone surrogate escape "
+                        "(\\ud800-\\udfff without its pair) is not text")
+    return value
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _holds_surrogate(value: object) -> bool:
+    """Whether a decoded JSON value has a string (or key) no UTF-8 text can hold."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii() and not _encodable(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _not_json(name: str) -> Any:
@@ -123,9 +167,7 @@ async def read_typed(request: web.Request, kind: type[Any]) -> Any:
     try:
         return msgspec.convert(body, kind)
     except msgspec.ValidationError as exc:
-        text = str(exc)
-        field = text.split("at `$.", 1)[1].split("`", 1)[0] if "at `$." in text else "body"
-        raise ValidationError(field, text) from None
+        raise ValidationError(msgspec_field(str(exc)), str(exc)) from None
 
 
 def _object(body: Any) -> dict[str, Any]:
@@ -241,8 +283,10 @@ async def put_settings(request: web.Request) -> web.Response:
 
 
 async def tool(request: web.Request) -> web.Response:
-    args = _object(await read_json(request))
     name = request.match_info["name"]
+    if name not in TOOLS:  # a route that does not exist, not a bad argument
+        raise HttpError(404, "not_found", f"no tool {strip_private(name)[:80]!r}")
+    args = _object(await read_json(request))
     return reply(await request.app[SURFACER].call(request.app[STORE], name, args))
 
 
@@ -323,7 +367,14 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def mcp(request: web.Request) -> web.Response:
     """JSON-RPC over HTTP: a body that is not JSON is JSON-RPC's own Parse error (-32700,
-    ``id`` null), as on stdio, not the REST error shape."""
+    ``id`` null), as on stdio, not the REST error shape. An ``MCP-Protocol-Version`` header
+    naming a version this server does not speak is a 400 (Streamable HTTP), its body a
+    JSON-RPC error too; no header is fine (clients before 2025-06-18 send none)."""
+    version = request.headers.get(MCP_VERSION_HEADER)
+    if version is not None and version not in SUPPORTED_PROTOCOL_VERSIONS:
+        return reply(rpc_error(None, INVALID_REQUEST, f"Bad Request: unsupported "
+                               f"{MCP_VERSION_HEADER}; this server speaks "
+                               f"{', '.join(SUPPORTED_PROTOCOL_VERSIONS)}"), status=400)
     server = request.app[MCP]
     answer = await server.handle_bytes(await request.read())  # type: ignore[attr-defined]
     if answer is None:

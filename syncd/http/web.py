@@ -32,6 +32,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from local_store.redact import strip_private
 from syncd.http.errors import HttpError, error_response
 
 CODE_TTL_SECS = 60
@@ -162,14 +163,15 @@ _FILES: dict[str, bytes] = {}  # read once, off the event loop
 async def _static(name: str) -> web.Response:
     suffix = Path(name).suffix
     if "/" in name or name.startswith(".") or suffix not in STATIC_TYPES:
-        raise HttpError(404, "not_found", f"no static file {name!r}")
+        raise HttpError(404, "not_found", f"no static file {strip_private(name)[:80]!r}")
     body = _FILES.get(name)
     if body is None:
         try:
             body = await asyncio.to_thread(
                 resources.files("syncd.web").joinpath("static", name).read_bytes)
         except (FileNotFoundError, IsADirectoryError):
-            raise HttpError(404, "not_found", f"no static file {name!r}") from None
+            raise HttpError(404, "not_found",
+                            f"no static file {strip_private(name)[:80]!r}") from None
         _FILES[name] = body
     return web.Response(body=body, content_type=STATIC_TYPES[suffix], headers=PAGE_HEADERS)
 

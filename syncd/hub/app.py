@@ -48,6 +48,7 @@ from syncd.http.app import (
     read_json,
     read_typed,
     reply,
+    shown_path,
     stream_rows,
 )
 from syncd.http.errors import HttpError, error_response
@@ -138,6 +139,7 @@ class RefusalLog:
         self._last: dict[tuple[str | None, str], float] = {}
 
     def note(self, method: str, path: str, remote: str | None, exc: AuthError) -> None:
+        """``path`` as ``shown_path`` gives it: redacted (a refused caller chose it)."""
         key, now = (remote, exc.code), self._clock()
         if key in self._last and now - self._last[key] < self.every:
             return
@@ -169,7 +171,7 @@ def _auth(backend: HubStore) -> web.middleware:  # type: ignore[valid-type]
                 else:
                     await backend.tokens.authenticate(request.headers.get("Authorization"), need)
             except AuthError as exc:
-                refusals.note(request.method, request.path, request.remote, exc)
+                refusals.note(request.method, shown_path(request), request.remote, exc)
                 headers = {"WWW-Authenticate": 'Bearer realm="syncd-hub"'} \
                     if exc.status == 401 else None
                 return error_response(exc.status, exc.code, exc.message, headers=headers)

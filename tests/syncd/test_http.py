@@ -94,7 +94,7 @@ async def test_every_tool_is_a_route(daemon: Daemon) -> None:
         if status != 200:
             assert isinstance(body, dict) and set(body["error"]) <= {"code", "message", "field"}
     status, body, _ = await daemon.call("POST", "/v1/agent/memory/tools/nope", json={})
-    assert status == 422 and isinstance(body, dict) and body["error"]["field"] == "name"
+    assert status == 404 and isinstance(body, dict) and body["error"]["code"] == "not_found"
 
 
 async def test_metrics(daemon: Daemon) -> None:
@@ -205,7 +205,7 @@ async def test_oversized_body_is_413(daemon: Daemon) -> None:
 
 BAD_INPUT: list[tuple[str, str, Any, int, str | None]] = [
     ("POST", "/v1/agent/memory/query", "{not json", 400, None),
-    ("POST", "/v1/agent/memory/query", {"limit": 3}, 422, None),
+    ("POST", "/v1/agent/memory/query", {"limit": 3}, 422, "query"),
     ("POST", "/v1/agent/memory/query", {"query": "x", "limit": "ten"}, 422, "limit"),
     ("POST", "/v1/agent/memory/query", {"query": "x", "as_of": "yesterday"}, 422, "as_of"),
     ("POST", "/v1/agent/memory/query", [], 422, None),

@@ -158,7 +158,9 @@
 
   function unixWhen(secs) {
     if (typeof secs !== "number" || !secs) return h("span", {class: "muted"}, "—");
-    return when(new Date(secs * 1000).toISOString());
+    const date = new Date(secs * 1000);  // beyond ±8.64e12 s a Date is invalid: show the number
+    if (Number.isNaN(date.getTime())) return h("span", {class: "mono"}, String(secs));
+    return when(date.toISOString());
   }
 
   /** A definition list from [label, value] pairs; values may be nodes or text. */

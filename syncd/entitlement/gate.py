@@ -153,6 +153,8 @@ class Gate:
             return Decision(False, "no_token")
         except TokenError as exc:
             return Decision(False, exc.reason, source=source)
+        except OSError:  # unreadable (a permission, a symlink loop…): that source only
+            return Decision(False, "unreadable", source=source)
         reason = self.check_claims(claims, state, now, source)
         if reason is not None:
             return Decision(False, reason, source=source, exp=claims.exp, plan=claims.plan)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import time
 from collections.abc import AsyncIterator, Callable
@@ -69,6 +70,10 @@ HELD_BACK = "held_back"  # error_kind of a pass that reached its end but left ro
 RESET_STATE: dict[str, str | None] = {"cursor": None, "plane_store_id": None, RESYNC: "1"}
 KEEP_ALL_NS = 2**62  # as ``keep_within_ns``: staging re-stamps nothing
 _encoder = msgspec.json.Encoder()
+
+
+class _Closed(Exception):
+    """The entitlement gate closed during a pass (the message is its reason)."""
 
 
 @dataclass(slots=True)
@@ -207,6 +212,9 @@ class SyncEngine:
             report.error = _held_back(report)
             report.ok = report.error is None
             report.error_kind = None if report.ok else HELD_BACK
+        except _Closed as exc:  # the gate closed mid-pass: paused, as at the start
+            report.error, report.error_kind = f"sync is paused: {exc}", "gated"
+            self.status.gated = str(exc)
         except PlaneError as exc:
             report.error, report.error_kind = str(exc), exc.kind
             self._failed(exc)
@@ -217,6 +225,13 @@ class SyncEngine:
             report.took_ms = round((time.perf_counter() - started) * 1000, 3)
             self._record(report)
         return report
+
+    def _admit(self) -> None:
+        """Before each request of a pass: the gate is asked again, so a licence that ends
+        mid-pass (``exp`` is exact, E3) stops the pass before its next request, not after."""
+        gated = self.gate() if self.gate is not None else None
+        if gated is not None:
+            raise _Closed(gated)
 
     def _failed(self, exc: PlaneError) -> None:
         status = self.status
@@ -231,8 +246,9 @@ class SyncEngine:
             return
         delay = min(BACKOFF_CAP_SECS, BACKOFF_BASE_SECS * 2 ** (status.consecutive_failures - 1))
         delay = random.uniform(delay / 2, delay)
-        if exc.retry_after is not None:
-            delay = max(delay, exc.retry_after)
+        if exc.retry_after is not None and math.isfinite(exc.retry_after):
+            # honoured up to the cap: a plane's "come back in 30 years" must not end sync
+            delay = max(delay, min(exc.retry_after, BACKOFF_CAP_SECS))
         self._not_before = time.monotonic() + delay
         status.next_attempt_in_secs = round(delay, 3)
         self._warn("sync pass failed (%s), retrying in %.1f s: %s", exc.kind, delay, exc)
@@ -311,6 +327,7 @@ class SyncEngine:
     async def _fetch_page(self, since: str | None, limit: int = PAGE_ROWS) -> ChangesResponse:
         """An ingest-feed hub leaves out this replica's own versions (a plane ignores the
         parameter, and already-held rows are skipped cheaply when they come back)."""
+        self._admit()
         return await self.client.changes(since, self.options.realm, limit,
                                          self.store.replica_id)
 
@@ -446,6 +463,7 @@ class SyncEngine:
         body = b'{"memory_nodes":[' + b",".join(nodes) + b'],"memory_edges":[' + \
             b",".join(edges) + b"]}"
         try:
+            self._admit()
             result = await self.client.import_rows(body)
         except TooLarge:
             if len(batch) == 1:  # too large even alone: it stays queued, the rest still go
@@ -484,6 +502,7 @@ class SyncEngine:
     async def _learn_plane_model(self) -> dict[str, str]:
         """A hub names its embedding model in its settings; the plane does not (then the
         configured ``control_plane.embedding_model`` is assumed)."""
+        self._admit()
         settings = await self.client.settings()
         model = settings.embedding_model or self.options.plane_model
         await self.store.set_sync_state({"plane_model": model})
@@ -497,6 +516,7 @@ class SyncEngine:
         remote_edges: dict[str, str] = {}
         cursor: str | None = None
         while True:
+            self._admit()
             page = await self.client.export(self.options.realm, PAGE_ROWS, cursor)
             applied = await self.store.apply(page.memory_nodes, page.memory_edges, model=model)
             report.pulled_nodes += applied.applied_nodes

@@ -491,6 +491,19 @@ def test_a_garbled_token_file_does_not_hide_a_valid_licence(tmp_path: Path) -> N
     assert decision.entitled and decision.source == "license"
 
 
+def test_an_unreadable_token_file_does_not_hide_a_valid_licence(tmp_path: Path) -> None:
+    """E6: an online token that cannot be opened (here a symlink loop, ELOOP; for a user
+    without the right, EACCES) counts as that source's refusal, not as a failed evaluation."""
+    gate = make_gate(tmp_path, pinned(HUB_KEY), Clock(T))
+    write(license_path(tmp_path), sign(HUB_KEY, claims(T, exp=T + 30 * DAY)))
+    os.symlink(token_path(tmp_path).name, token_path(tmp_path))  # points at itself
+    decision = gate.evaluate()
+    assert decision.entitled and decision.source == "license"
+    license_path(tmp_path).unlink()
+    decision = gate.evaluate()
+    assert not decision.entitled and decision.reason == "unreadable"
+
+
 # ---------------------------------------------------------------------- E7
 
 

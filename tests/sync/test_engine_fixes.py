@@ -9,17 +9,22 @@ import asyncio
 import json
 import shutil
 import sqlite3
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from aiohttp import web
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from local_store import HashingEmbedder, Store
+from syncd.entitlement.gate import TOKEN_FILENAME, Gate
+from syncd.entitlement.token import sign
 from syncd.hub.app import create_hub_app
 from syncd.hub.tokens import TokenBook, create_token
-from syncd.sync.engine import BAD_ROW_PASSES, SyncEngine, SyncOptions
+from syncd.sync.engine import BACKOFF_CAP_SECS, BAD_ROW_PASSES, SyncEngine, SyncOptions
 from syncd.sync.plane import PlaneClient
+from tests.entitlement.support import claims, pinned
 from tests.sync.harness import (
     MODEL,
     Hub,
@@ -260,3 +265,55 @@ async def test_a_short_pull_holds_old_edits_so_a_stale_edit_cannot_beat_a_delete
         await a.close()
         await b.close()
         await hub.close()
+
+
+# ---------------------------------------------------------------------- E: the gate, backoff
+
+async def test_a_licence_that_ends_mid_pass_stops_the_pass_before_its_push(
+        tmp_path: Path) -> None:
+    """E3 (the grace ends exactly at ``exp``), E7 (no push while gated): a pass that started
+    entitled, whose pull outlived ``exp``, used to push anyway."""
+    hub = await start_hub(tmp_path / "hub")
+    store = await Store.open(tmp_path / "laptop", embedder=HashingEmbedder())
+    key = Ed25519PrivateKey.generate()
+    now = time.time()
+    token = sign(key, claims(now, device=store.replica_id, exp=now + 2))
+    await asyncio.to_thread((tmp_path / "laptop" / TOKEN_FILENAME).write_text, token + "\n")
+    gate = Gate(tmp_path / "laptop", pinned(key), store.replica_id)
+    assert (await asyncio.to_thread(gate.evaluate)).entitled
+    async with FaultProxy(hub.url) as proxy:
+        engine = SyncEngine(store, PlaneClient(proxy.url, hub.token, timeout=10),
+                            SyncOptions(plane_model=MODEL), gate=lambda: gate.allows("sync"))
+        await engine.start()
+        try:
+            await save(store, "written while entitled, due to be pushed after exp")
+            proxy.inject(Fault("timeout", delay=3.0, path="/changes"))  # the pull outlives exp
+            async with asyncio.timeout(30):
+                report = await engine.run_pass("schedule")
+            assert gate.allows("sync") == "expired"
+            assert proxy.count("POST", "/import") == 0
+            assert (report.ok, report.error_kind, report.pushed_nodes) == (False, "gated", 0)
+            assert engine.status.gated == "expired"
+            assert engine.status.consecutive_failures == 0  # paused, not failed
+            assert await store.outbox_depth() == 1  # still queued for when it is entitled
+        finally:
+            await engine.close()
+            await store.close()
+            await hub.close()
+
+
+async def test_a_huge_retry_after_is_honoured_only_up_to_the_backoff_cap(
+        tmp_path: Path) -> None:
+    """R20: a 429 with ``Retry-After: 1000000000`` set the next attempt 31 years away, so
+    scheduled sync stopped until a restart."""
+    hub = await start_hub(tmp_path / "hub")
+    async with FaultProxy(hub.url) as proxy:
+        laptop = await start_laptop("a", tmp_path / "a", proxy.url, hub.token)
+        try:
+            proxy.inject(Fault("retry_after", retry_after=1_000_000_000, path="/changes"))
+            report = await laptop.sync()
+            assert not report.ok and report.error_kind == "transient"
+            assert 0 < laptop.engine.status.next_attempt_in_secs <= BACKOFF_CAP_SECS
+        finally:
+            await laptop.close()
+            await hub.close()

@@ -68,11 +68,16 @@ def backup(data_dir: Path, dest: Path) -> int:
 
 def restore(data_dir: Path, source: Path, *, wall: float | None = None) -> Restored:
     """Make ``source`` (a backup) the store of ``data_dir``. Raises ``StoreLockedError`` while
-    a process has the store open, ``BackupError`` for a backup that is not a usable store; in
-    both cases nothing in ``data_dir`` has changed."""
-    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    a process has the store open, ``BackupError`` for a backup that is not a usable store or a
+    data directory that cannot be created or used; in each case nothing in ``data_dir`` has
+    changed."""
     lock = db.DataDirLock(data_dir)
-    lock.acquire()
+    try:  # a parent that is a file, a file in its place, no permission: nothing to restore into
+        data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        lock.acquire()
+    except OSError as exc:
+        raise BackupError(f"cannot use the data directory {data_dir}: "
+                          f"{exc.strerror or exc}") from None
     try:
         try:
             memories = check(source)

@@ -175,6 +175,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return _service(args, settings)
     try:
         client = Client.for_data_dir(settings["data_dir"], settings["url"])
+        if args.command == "import":  # its batches stay under the daemon's body limit
+            return _import(client, args, settings["config"].daemon.max_body_bytes)
         return COMMANDS[args.command](client, args)
     except DaemonDown as exc:
         print(f"syncd: {exc}", file=sys.stderr)
@@ -186,7 +188,7 @@ def _main(argv: Sequence[str] | None) -> int:
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     """Config file + SYNCD_* env + flags → what the commands need."""
-    from syncd.config import ConfigError, load_config, parse_config, parse_listen
+    from syncd.config import ConfigError, load_config, local_url, parse_config, parse_listen
     env = dict(os.environ)
     if getattr(args, "allow_non_loopback", False):  # the flag is the setting, for the file too
         env["SYNCD_DAEMON_ALLOW_NON_LOOPBACK"] = "true"
@@ -201,9 +203,9 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     except (ConfigError, ValueError) as exc:
         raise ValueError(str(exc)) from None
     data_dir = args.data_dir.expanduser() if args.data_dir else Path(config.daemon.data_dir)
-    shown = f"[{host}]" if ":" in host else host
+    # "url" is where a client reaches the daemon before its state file says (0.0.0.0 → loopback)
     return {"config": config, "data_dir": data_dir, "host": host, "port": port,
-            "url": f"http://{shown}:{port}"}
+            "url": local_url(host, port)}
 
 
 def _creates_config(args: argparse.Namespace) -> bool:
@@ -351,9 +353,9 @@ def _export(client: Client, args: argparse.Namespace) -> int:
     return export_file(client, args)
 
 
-def _import(client: Client, args: argparse.Namespace) -> int:
+def _import(client: Client, args: argparse.Namespace, max_body: int) -> int:
     from syncd.transfer import import_file
-    return import_file(client, args)
+    return import_file(client, args, max_body)
 
 
 def _sync(client: Client, args: argparse.Namespace) -> int:
@@ -390,10 +392,14 @@ def _service(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     config = (args.config or default_config_path()).expanduser().absolute()
     paths = service.Paths(config=config, data_dir=Path(settings["data_dir"]).absolute(),
                           log_dir=Path.home() / "Library" / "Logs" / "syncd")
-    if args.print_only:
-        sys.stdout.write(service.render(platform, paths))
-        return EXIT_OK
-    return service.install(platform, paths)
+    try:  # a path a unit cannot hold is refused before anything is written
+        if args.print_only:
+            sys.stdout.write(service.render(platform, paths))
+            return EXIT_OK
+        return service.install(platform, paths)
+    except ValueError as exc:
+        print(f"syncd: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
 
 
 HOOK_TIMEOUT_SECS = 1.0
@@ -530,7 +536,7 @@ def _restore(data_dir: Path, source: Path) -> int:
 
 
 COMMANDS = {"status": _status, "recall": _recall, "save": _save,
-            "export": _export, "import": _import, "sync": _sync, "open": _open}
+            "export": _export, "sync": _sync, "open": _open}  # and import, with its limit
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """A small synchronous client of the local API for the CLI (stdlib only, no event loop).
 
-Errors are ``ClientError`` with a message a person can act on; "the daemon is not running" is
-its own subclass so callers can choose to be silent (hooks) or loud (CLI).
+Errors are ``ClientError`` with a message a person can act on, on one line; "the daemon is not
+running" is its own subclass so callers can choose to be silent (hooks) or loud (CLI). Another
+program on the daemon's port (something that is not HTTP, or HTTP that does not answer in
+syncd's JSON) counts as the daemon not running there.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from syncd.token import read_token, token_path
 
 
 class ClientError(Exception):
-    pass
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status  # the HTTP status of a daemon's error answer, else None
 
 
 class DaemonDown(ClientError):
@@ -44,19 +48,25 @@ class Client:
         return cls(url.rstrip("/"), token, timeout)
 
     def call(self, method: str, path: str, body: object = None) -> Any:
-        data = None if body is None else json.dumps(body).encode()
+        try:  # JSON has no Infinity or NaN: never send Python's spelling of them
+            data = None if body is None else json.dumps(body, allow_nan=False).encode()
+        except ValueError as exc:
+            raise ClientError(f"cannot send {method} {path}: {exc}") from None
         request = urllib.request.Request(self.url + path, data=data, method=method, headers={
             "Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
-            raise ClientError(_error_text(exc.code, exc.read())) from None
+            raise self._error(exc.code, exc.read()) from None
         except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
-            raise DaemonDown(f"syncd daemon is not running at {self.url} "
-                             f"({getattr(exc, 'reason', exc)}); start it with `syncd run`") from None
-        return json.loads(raw) if raw else None
-
+            raise self._down(exc) from None
+        except http.client.HTTPException as exc:  # not HTTP at all (an SSH server, …)
+            raise self._not_syncd(type(exc).__name__) from None
+        try:
+            return json.loads(raw) if raw else None
+        except ValueError:  # HTTP, but not syncd's (a web page, …)
+            raise self._not_syncd("its answer is not JSON") from None
 
     def download(self, path: str, sink: IO[bytes]) -> dict[str, str]:
         """GET ``path``, copying the body into ``sink`` as it arrives (1 MiB at a time);
@@ -67,11 +77,14 @@ class Client:
         try:
             resp = urllib.request.urlopen(request, timeout=self.timeout)
         except urllib.error.HTTPError as exc:
-            raise ClientError(_error_text(exc.code, exc.read())) from None
+            raise self._error(exc.code, exc.read()) from None
         except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
-            raise DaemonDown(f"syncd daemon is not running at {self.url} "
-                             f"({getattr(exc, 'reason', exc)}); start it with `syncd run`") from None
+            raise self._down(exc) from None
+        except http.client.HTTPException as exc:
+            raise self._not_syncd(type(exc).__name__) from None
         with resp:
+            if resp.headers.get_content_type() != "application/json":
+                raise self._not_syncd(f"its answer is {resp.headers.get_content_type()}, not JSON")
             while True:
                 try:
                     chunk = resp.read(DOWNLOAD_CHUNK)
@@ -82,14 +95,23 @@ class Client:
                     return dict(resp.headers)
                 sink.write(chunk)  # its errors (a closed pipe, a full disk) are the caller's
 
+    def _error(self, status: int, raw: bytes) -> ClientError:
+        """The daemon's error answer (its one JSON shape), or, for any other body, another
+        program answering on the daemon's port."""
+        try:
+            error = json.loads(raw)["error"]
+            field = f" (field {error['field']})" if error.get("field") else ""
+            return ClientError(f"{status} {error['code']}: {error['message']}{field}", status)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return self._not_syncd(f"HTTP {status}, not a syncd error answer")
+
+    def _down(self, exc: Exception) -> DaemonDown:
+        return DaemonDown(f"syncd daemon is not running at {self.url} "
+                          f"({getattr(exc, 'reason', exc)}); start it with `syncd run`")
+
+    def _not_syncd(self, what: str) -> DaemonDown:
+        return DaemonDown(f"{self.url} does not answer like a syncd daemon ({what}): another "
+                          "program may be using that port; check daemon.listen and `syncd run`")
+
 
 DOWNLOAD_CHUNK = 1 << 20
-
-
-def _error_text(status: int, raw: bytes) -> str:
-    try:
-        error = json.loads(raw)["error"]
-        field = f" (field {error['field']})" if error.get("field") else ""
-        return f"{status} {error['code']}: {error['message']}{field}"
-    except (ValueError, KeyError, TypeError):
-        return f"HTTP {status}: {raw[:200].decode(errors='replace')}"

@@ -214,6 +214,25 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
+def local_url(host: str, port: int) -> str:
+    """The base URL a client on this machine reaches a listener on ``host:port`` at (``host``
+    without brackets). A wildcard address (``0.0.0.0``, ``::``) is reached over loopback: it is
+    no address to connect to, and the daemon's Host guard (RELIABILITY L2) refuses it."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    if address is not None and address.is_unspecified:
+        host = "127.0.0.1" if address.version == 4 else "::1"
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}"
+
+
+def has_control_characters(text: str) -> bool:
+    """NUL, newline, tab, DEL or another ASCII control character: no path needs one."""
+    return any(ord(c) < 0x20 or c == "\x7f" for c in text)
+
+
 def _check_url(text: str) -> str:
     """Validate an ``http(s)://host[:port][/path]`` base URL; returns it without trailing ``/``."""
     if any(c.isspace() for c in text):
@@ -270,6 +289,10 @@ class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=
         value = getattr(self, name)
         if value is not None:
             self._check(name, value.is_absolute(), "must be an absolute path (or start with ~)")
+            # A NUL made the daemon fail at start with exit 75 (try again, forever); a newline
+            # would break the service unit the path is written into.
+            self._check(name, not has_control_characters(str(value)),
+                        "must not contain control characters (NUL, newline, tab, ...)")
 
     def _check_text(self, name: str) -> None:
         value = getattr(self, name)

@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from local_store import HashingEmbedder, Store, StoreLockedError, StoreUnusableError
 from local_store.embed import Embedder
-from syncd.config import is_loopback_host
+from syncd.config import is_loopback_host, local_url
 from syncd.entitlement.keeper import Keeper, attach_gate
 from syncd.exits import EXIT_CONFIG, EXIT_OK, EXIT_TEMPFAIL
 from syncd.http import create_app
@@ -136,7 +136,7 @@ class Daemon:
                                    access_log=None, handle_signals=False)
             await runner.setup()
             await self._bind(runner)
-            await self._write_state()
+            await self._write_state(runner.addresses[0][1])
             self._start_background(store)
             await keeper.start()
             decision = keeper.gate.decision
@@ -182,8 +182,10 @@ class Daemon:
                 raise StartupError(f"cannot listen on {self.unix_socket}: {exc.strerror or exc}",
                                    EXIT_TEMPFAIL) from None
 
-    async def _write_state(self) -> None:
-        state = {"pid": os.getpid(), "url": self.url}
+    async def _write_state(self, port: int) -> None:
+        # The URL clients on this machine use: a wildcard bind (0.0.0.0, ::) over loopback,
+        # whose Host the guard accepts (``self.url``, what is bound, would be refused: 421).
+        state = {"pid": os.getpid(), "url": local_url(self.host.strip("[]"), port)}
 
         def write() -> None:
             path = state_path(self.data_dir)

@@ -7,8 +7,9 @@ Rules:
     ``memory_nodes`` and ``memory_edges`` arrays, in file order; any other key's value is read
     and dropped. A missing array is empty, ``null`` too.
   * Anything else — not JSON, not an object, an array key holding another type, data after the
-    object — is ``ValueError`` naming what and where (a character offset), raised when reached:
-    read a file through once (``count_rows``) before acting on its rows.
+    object, a value nested deeper than ``json`` reads (about a thousand levels: its recursion
+    limit) — is ``ValueError`` naming what and where (a character offset), raised when
+    reached: read a file through once (``count_rows``) before acting on its rows.
   * Each value is parsed by ``json``'s own decoder, so it means exactly what ``json.loads``
     makes of it. A value is accepted only once a character that cannot continue a number
     follows it in the buffer (or the file has ended): a number cut by the buffer's end is never
@@ -141,6 +142,9 @@ class _Reader:
                 if not self.buf[exc.pos:].strip():
                     raise ValueError(f"the file ends early, at character {where}") from None
                 raise ValueError(f"not JSON at character {where}: {exc.msg}") from None
+            except RecursionError:  # json's decoder recurses once per level of nesting
+                raise ValueError(f"the value at character {self.offset} is nested too deeply "
+                                 "to read (no export row is)") from None
             # "0." at a piece's end parses as 0: a value is taken once something that cannot
             # continue a number follows it (or the file has ended)
             if not _NUMBER_GOES_ON.match(self.buf, end) or not self.more():

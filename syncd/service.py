@@ -5,10 +5,20 @@ The unit templates are ``deploy/systemd/syncd.service`` and ``deploy/launchd/dev
 shipped as package data in ``syncd/deploy_templates/`` (a test keeps the copies identical).
 Rendering fills ``{{SYNCD}}`` (this installation's ``syncd`` script, else ``python -m syncd``),
 ``{{CONFIG}}``, ``{{DATA_DIR}}`` and ``{{LOG_DIR}}`` with absolute paths.
+
+Rules:
+  * Each path is escaped for the directive it lands in: ``%`` → ``%%`` everywhere (specifiers),
+    ``$`` → ``$$`` in an ``ExecStart=`` argument only (variable expansion; ``ReadWritePaths=``
+    takes ``$`` as it is).
+  * A path holding a newline or another control character is refused (``ValueError``) before
+    anything is rendered or written: a newline would end the directive and start another.
+  * ``uninstall`` keeps the unit file when the service manager could not stop the service, and
+    says so (exit 75): it may still be running, and uninstalling again retries.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -18,6 +28,7 @@ from importlib import resources
 from pathlib import Path
 from xml.sax.saxutils import escape
 
+from syncd.config import has_control_characters
 from syncd.exits import EXIT_FAILED, EXIT_OK, EXIT_TEMPFAIL
 
 SYSTEMD_UNIT = "syncd.service"
@@ -58,13 +69,32 @@ def _systemd_word(text: str, *, command: bool = False) -> str:
     return text
 
 
+def check_paths(paths: Paths, command: list[str] | None = None) -> None:
+    """ValueError naming the first path (or ``command`` word) a unit cannot hold: one with a
+    newline or another control character."""
+    named = [("the config file", str(paths.config)), ("the data directory", str(paths.data_dir)),
+             ("the log directory", str(paths.log_dir))]
+    named += [("the syncd command", word) for word in command or ()]
+    for what, text in named:
+        if has_control_characters(text):
+            raise ValueError(f"{what} {json.dumps(text, ensure_ascii=False)} contains a newline "
+                             "or another control character, which a service unit cannot hold; "
+                             "choose another path")
+
+
 def render_systemd(paths: Paths, command: list[str] | None = None) -> str:
     command = launcher() if command is None else command
-    unit = (template(SYSTEMD_UNIT)
-            .replace("{{SYNCD}}", " ".join(_systemd_word(a, command=i > 0)  # no $ in argv[0]
-                                           for i, a in enumerate(command)))
-            .replace("{{CONFIG}}", _systemd_word(str(paths.config), command=True))
-            .replace("{{DATA_DIR}}", _systemd_word(str(paths.data_dir))))
+    check_paths(paths, command)
+    lines = []
+    for line in template(SYSTEMD_UNIT).splitlines(keepends=True):
+        argument = line.startswith("ExecStart")  # $ expands in a command's arguments only
+        lines.append(line
+                     .replace("{{SYNCD}}", " ".join(_systemd_word(a, command=i > 0)  # not argv[0]
+                                                    for i, a in enumerate(command)))
+                     .replace("{{CONFIG}}", _systemd_word(str(paths.config), command=argument))
+                     .replace("{{DATA_DIR}}", _systemd_word(str(paths.data_dir),
+                                                            command=argument)))
+    unit = "".join(lines)
     if any(_in_tmp(path) for path in (paths.data_dir, paths.config)):
         unit = unit.replace("\nPrivateTmp=yes\n", "\n" + PRIVATE_TMP_OFF)
     return unit
@@ -82,6 +112,7 @@ def _in_tmp(path: Path) -> bool:
 
 def render_launchd(paths: Paths, command: list[str] | None = None) -> str:
     command = launcher() if command is None else command
+    check_paths(paths, command)  # XML 1.0 cannot hold most control characters at all
     text = template(LAUNCHD_PLIST)
     for line in text.splitlines(keepends=True):
         if "<string>{{SYNCD}}</string>" in line:
@@ -126,11 +157,21 @@ def _run(*command: str) -> int:
         return EXIT_TEMPFAIL
 
 
+def _quiet(*command: str) -> int:
+    """``command``'s exit code, its output discarded."""
+    try:
+        return subprocess.run(command, check=False, capture_output=True).returncode
+    except OSError:
+        return EXIT_TEMPFAIL
+
+
 def _gui_domain() -> str:
     return f"gui/{os.getuid()}"
 
 
 def install(platform: str, paths: Paths) -> int:
+    """Raises ValueError (``check_paths``) before anything is written."""
+    check_paths(paths, launcher())
     tool = _tool(platform)
     if tool is None:
         return EXIT_TEMPFAIL
@@ -165,10 +206,19 @@ def uninstall(platform: str) -> int:
     if tool is None:
         return EXIT_TEMPFAIL
     target = unit_path(platform)
+    installed = target.exists()
     if platform == "launchd":
-        _run(tool, "bootout", f"{_gui_domain()}/{LAUNCHD_LABEL}")
+        service = f"{_gui_domain()}/{LAUNCHD_LABEL}"
+        code = _run(tool, "bootout", service)
+        if code and _quiet(tool, "print", service) != 0:
+            code = 0  # not loaded (booted out already): nothing to stop
     else:
-        _run(tool, "--user", "disable", "--now", SYSTEMD_UNIT)
+        code = _run(tool, "--user", "disable", "--now", SYSTEMD_UNIT)
+    if code and installed:
+        print(f"syncd: the service manager could not stop the service (exit {code}); it may "
+              f"still be running. {target} is kept: `syncd service uninstall` again retries",
+              file=sys.stderr)
+        return EXIT_TEMPFAIL
     try:
         target.unlink()
         print(f"removed {target}", file=sys.stderr)

@@ -169,6 +169,19 @@ async def test_an_unusable_backup_is_refused_and_changes_nothing(
     assert await asyncio.to_thread(files, data) == before
 
 
+@pytest.mark.parametrize("where", ["under a file", "a file"])
+def test_a_restore_into_a_data_dir_that_cannot_be_made_is_refused(tmp_path: Path,
+                                                                  where: str) -> None:
+    """An OSError from making the directory escaped as a traceback from ``syncd restore``."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory\n")
+    data = blocker / "data" if where == "under a file" else blocker
+    with pytest.raises(BackupError, match=f"^cannot use the data directory {data}: "):
+        restore(data, tmp_path / "never-read.db")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+    assert blocker.read_text() == "not a directory\n"
+
+
 def test_a_backup_of_nothing_or_onto_something_is_refused(tmp_path: Path) -> None:
     with pytest.raises(BackupError, match="no store at"):
         backup(tmp_path / "empty", tmp_path / "x.db")

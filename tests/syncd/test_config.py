@@ -366,6 +366,12 @@ def test_unreadable_toml_is_an_error_naming_the_source(data: bytes, expected: st
     (b'[hub]\nstore_file = "dsn.txt"\n', "hub.store_file", "absolute path"),
     (b'[daemon]\nunix_socket = "/tmp/' + b"s" * 120 + b'.sock"\n', "daemon.unix_socket",
      "at most 107 bytes"),
+    # a NUL failed at start with exit 75 (restarted forever); a newline broke the service unit
+    (b'[daemon]\ndata_dir = "/srv/a\\u0000b"\n', "daemon.data_dir", "control characters"),
+    (b'[daemon]\ndata_dir = "/srv/a\\nExecStartPre=/bin/true"\n', "daemon.data_dir",
+     "control characters"),
+    (b'[embedding]\ncache_dir = "/srv/\\u007f"\n', "embedding.cache_dir", "control characters"),
+    (b'[hub]\nstore_file = "~/dsn\\t"\n', "hub.store_file", "control characters"),
 ])
 def test_values_that_would_fail_later_are_refused_at_load(data: bytes, field: str,
                                                           reason: str) -> None:

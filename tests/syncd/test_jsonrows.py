@@ -60,6 +60,11 @@ def test_a_number_cut_by_a_pieces_end_is_read_whole(chunk: int) -> None:
     ('{"memory_nodes": [{"id": "a}]}', "not JSON at character 25: Unterminated string"),
     ('{"memory_nodes": []} {}', "extra data after the object at character 21"),
     ('{"memory_nodes": [], 7: 1}', "expected a key (a string) at character 21"),
+    # json's decoder recurses once a level: a RecursionError escaped as a traceback
+    ('{"memory_nodes": [' + "[" * 100_000 + "]" * 100_000 + "]}",
+     "the value at character 18 is nested too deeply to read"),
+    ('{"hint": ' + '{"a": ' * 5_000 + "1" + "}" * 5_000 + "}",
+     "the value at character 9 is nested too deeply to read"),
 ])
 def test_what_is_not_an_export_is_refused_where_it_goes_wrong(text: str, message: str) -> None:
     for chunk in (1, 4, 1 << 20):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import plistlib
+import re
 import shutil
 import signal
 import socket
@@ -165,6 +166,133 @@ def test_install_may_name_a_config_file_it_will_create(tmp_path: Path) -> None:
     assert f" --config {config} " in exec_start
     out = syncd_cli(home, "--config", str(config), "status")
     assert out.returncode == 2 and "file not found" in out.stderr
+
+
+# --- paths systemd would read otherwise, and uninstall when the manager fails -------------------
+
+def _unquote_words(text: str) -> list[str]:
+    """systemd's extract_first_word(EXTRACT_UNQUOTE|EXTRACT_CUNESCAPE) for the subset the
+    renderer emits: "double-quoted" words with \\\\ and \\" escapes, or bare words."""
+    words = re.findall(r'"((?:[^"\\]|\\.)*)"|(\S+)', text)
+    return [re.sub(r"\\(.)", r"\1", quoted) if quoted or not bare else bare
+            for quoted, bare in words]
+
+
+def _exec_argv(unit: str) -> list[str]:
+    """ExecStart's argv as systemd runs it: %% → %, and in arguments (not the path) $$ → $;
+    an unescaped $ is an environment variable expansion, reported as <EXPANDED>."""
+    line = next(x for x in unit.splitlines() if x.startswith("ExecStart="))
+    argv = []
+    for i, word in enumerate(_unquote_words(line[len("ExecStart="):])):
+        word = word.replace("%%", "\0")
+        if i > 0:
+            word = word.replace("$$", "\1")
+            word = re.sub(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?", "<EXPANDED>", word)
+        argv.append(word.replace("\0", "%").replace("\1", "$"))
+    return argv
+
+
+def test_a_dollar_in_a_path_reaches_the_daemon_as_written(tmp_path: Path) -> None:
+    """``$`` is expanded by systemd in ExecStart's arguments (it needs ``$$`` there) but not in
+    ReadWritePaths= (where ``$$`` would name another directory)."""
+    data, config = tmp_path / "cost${HOME}data 100%", tmp_path / "c$USER.toml"
+    out = syncd_cli(tmp_path / "home", "--config", str(config), "--data-dir", str(data),
+                    "service", "install", "--systemd", "--print")
+    assert out.returncode == 0, out.stderr
+    argv = _exec_argv(out.stdout)
+    assert argv[argv.index("--data-dir") + 1] == str(data), argv
+    assert argv[argv.index("--config") + 1] == str(config), argv
+    rw = next(x for x in out.stdout.splitlines() if x.startswith("ReadWritePaths="))
+    assert _unquote_words(rw[len("ReadWritePaths="):].replace("%%", "%")) == [str(data)]
+    path = tmp_path / "syncd.service"
+    path.write_text(out.stdout)
+    analyze_verify(path)
+
+
+@pytest.mark.parametrize("flag", ["--systemd", "--launchd"])
+@pytest.mark.parametrize("option", ["--data-dir", "--config"])
+@pytest.mark.parametrize("print_only", [True, False])
+def test_a_path_with_a_newline_or_control_character_is_refused(
+        tmp_path: Path, flag: str, option: str, print_only: bool) -> None:
+    """A newline in a path ended the directive and began another (``ExecStartPre=/bin/rm …``);
+    install refuses such a path, naming it, before anything is written."""
+    home, fake = tmp_path / "home", tmp_path / "bin"
+    fake.mkdir()
+    log = tmp_path / "calls.log"
+    for tool in ("systemctl", "launchctl"):
+        (fake / tool).write_text(f'#!/bin/sh\necho "$*" >> "{log}"\nexit 0\n')
+        (fake / tool).chmod(0o755)
+    bad = tmp_path / "srv\nExecStartPre=/bin/rm -rf \x01home"
+    paths = {"--data-dir": str(tmp_path / "data"), "--config": str(tmp_path / "c.toml"),
+             option: str(bad)}
+    out = syncd_cli(home, "--config", paths["--config"], "--data-dir", paths["--data-dir"],
+                    "service", "install", flag, *(["--print"] if print_only else []),
+                    PATH=f"{fake}:/usr/bin:/bin")
+    assert (out.returncode, out.stdout) == (2, ""), out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.splitlines()) == 1, out.stderr
+    what = "the data directory" if option == "--data-dir" else "the config file"
+    shown = json.dumps(str(bad), ensure_ascii=False)
+    assert out.stderr == (f"syncd: {what} {shown} contains a newline or another control "
+                          "character, which a service unit cannot hold; choose another path\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin"]  # nothing written or run
+
+
+def _fake_manager(tmp_path: Path, tool: str, fails: str) -> tuple[str, Path]:
+    """A fake ``tool`` on PATH (the real one is never run) that logs its arguments and fails
+    (exit 1) on a command line matching the shell pattern ``fails``; PATH and the log."""
+    fake, log = tmp_path / "bin", tmp_path / "calls.log"
+    fake.mkdir(exist_ok=True)
+    (fake / tool).write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> "{log}"\n'
+        f'case "$*" in {fails}) echo "Failed to connect to bus" >&2; exit 1;; esac\n'
+        "exit 0\n")
+    (fake / tool).chmod(0o755)
+    return f"{fake}:/usr/bin:/bin", log
+
+
+def test_uninstall_fails_and_keeps_the_unit_when_systemd_cannot_stop_it(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    path, log = _fake_manager(tmp_path, "systemctl", "*disable*")
+    out = syncd_cli(home, "--data-dir", str(tmp_path / "data"), "service", "install",
+                    "--systemd", PATH=path)
+    assert out.returncode == 0, out.stderr
+    unit = home / ".config/systemd/user/syncd.service"
+    assert unit.exists()
+    out = syncd_cli(home, "service", "uninstall", "--systemd", PATH=path)
+    assert "--user disable --now syncd.service" in log.read_text()
+    assert out.returncode == 75, out.stderr  # the service may still be running
+    assert out.stderr.splitlines()[-1] == (
+        "syncd: the service manager could not stop the service (exit 1); it may still be "
+        f"running. {unit} is kept: `syncd service uninstall` again retries")
+    assert unit.exists()
+    working, _ = _fake_manager(tmp_path, "systemctl", "-")  # the manager is back: none fails
+    out = syncd_cli(home, "service", "uninstall", "--systemd", PATH=working)
+    assert out.returncode == 0 and not unit.exists(), out.stderr
+    path, _ = _fake_manager(tmp_path, "systemctl", "*disable*")  # not installed: its unit is
+    out = syncd_cli(home, "service", "uninstall", "--systemd", PATH=path)  # unknown, so
+    assert out.returncode == 0 and "was not installed" in out.stderr  # disable fails: fine
+
+
+@pytest.mark.parametrize("loaded", [True, False])
+def test_uninstall_with_launchd_fails_only_while_the_agent_stays_loaded(
+        tmp_path: Path, loaded: bool) -> None:
+    """``launchctl bootout`` fails: while ``launchctl print`` still finds the agent, uninstall
+    exits 75 and keeps the plist; an agent already booted out is no reason to keep it."""
+    home = tmp_path / "home"
+    path, log = _fake_manager(tmp_path, "launchctl",
+                              "*bootout*" if loaded else "*bootout*|*print*")
+    out = syncd_cli(home, "--data-dir", str(tmp_path / "data"), "service", "install",
+                    "--launchd", PATH=path)  # its bootout of an earlier install may fail
+    plist = home / "Library/LaunchAgents/dev.syncd.agent.plist"
+    assert plist.exists(), out.stderr
+    out = syncd_cli(home, "service", "uninstall", "--launchd", PATH=path)
+    assert "bootout gui/" in log.read_text()
+    if loaded:
+        assert out.returncode == 75 and plist.exists(), out.stderr
+        assert "could not stop the service" in out.stderr
+    else:
+        assert out.returncode == 0 and not plist.exists(), out.stderr
 
 
 def test_recall_needs_a_query_unless_hook(tmp_path: Path) -> None:

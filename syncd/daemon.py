@@ -154,19 +154,30 @@ class Daemon:
             log.info("stopping: draining requests (up to %.0f s)", self.shutdown_timeout)
             return EXIT_OK
         finally:
-            if keeper is not None:
-                await keeper.stop()
-            if sync is not None:
-                await sync.stop()
+            await self._drain(runner, sync, keeper)
             for task in self._background:
                 task.cancel()
             await asyncio.gather(*self._background, return_exceptions=True)
-            if runner is not None:
-                await runner.cleanup()
             with contextlib.suppress(OSError):
                 await asyncio.get_running_loop().run_in_executor(
                     None, state_path(self.data_dir).unlink)
             await store.close()
+
+    async def _drain(self, runner: web.AppRunner | None, sync: SyncRunner | None,
+                     keeper: Keeper | None) -> None:
+        """The listener closes first (the runner stops its sites before it drains), then
+        in-flight requests and a sync pass in flight share one ``shutdown_timeout``: they are
+        waited for side by side, so a pass stalled on the plane cannot stretch the stop."""
+        closing = []
+        if runner is not None:
+            closing.append(runner.cleanup())
+        if sync is not None:
+            closing.append(sync.stop(grace=self.shutdown_timeout))
+        if keeper is not None:
+            closing.append(keeper.stop())
+        for failure in await asyncio.gather(*closing, return_exceptions=True):
+            if isinstance(failure, Exception):
+                log.error("stopping: %s", failure, exc_info=failure)
 
     def _gate(self, store: Store, sync: SyncRunner | None) -> Keeper:
         setup = self.entitlement

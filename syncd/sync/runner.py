@@ -55,6 +55,7 @@ class SyncRunner:
         self._refresh: asyncio.Task[object] | None = None
         self.interval, self.jitter, self.token_file = interval, jitter, token_file
         self._scheduler: AsyncIOScheduler | None = None
+        self._stopping = False
         self._reembed: asyncio.Task[int] | None = None
 
     @classmethod
@@ -75,7 +76,13 @@ class SyncRunner:
         self._scheduler = scheduler
 
     async def _tick(self) -> None:
-        self._after(await self.engine.scheduled())
+        try:
+            report = await self.engine.scheduled()
+        except asyncio.CancelledError:
+            if self._stopping:  # ``stop`` cut the pass short after its grace: a clean stop,
+                return  # not a job failure for the scheduler to log with a traceback
+            raise
+        self._after(report)
 
     def _after(self, report: PassReport | None) -> None:
         """Pulled rows carry the plane's model's vectors: embed them with the local model in the
@@ -95,6 +102,7 @@ class SyncRunner:
         """No new tick; a pass in flight gets ``grace`` seconds to finish before the scheduler
         cancels it (safe either way: every store write is one transaction)."""
         scheduler, self._scheduler = self._scheduler, None
+        self._stopping = True
         if scheduler is not None:
             scheduler.pause()
             with contextlib.suppress(TimeoutError):

@@ -10,6 +10,10 @@ Rules:
     another daemon on this host must not overwrite it): ``HttpOnly`` (page scripts cannot read
     it), ``SameSite=Strict`` (other sites' pages cannot send it), ``Path=/``. Sessions live in
     the daemon's memory (a restart logs the browser out) and end after ``SESSION_TTL_SECS``.
+    Only the SHA-256 of a session's id is kept.
+  * Each token keeps at most ``MAX_SESSIONS_PER_TOKEN`` sessions: one more ends that token's
+    oldest, never another token's (the daemon has one token; a hub has many, and its page keeps
+    its sessions in the hub's store, shared by every hub process: ``syncd/hub/app.py``).
   * A session authenticates a request like the bearer token. A write made with it (any method
     but GET/HEAD) must carry ``X-CSRF-Token`` equal to the session's token (which only the
     page can read, from ``GET /ui/session``), and an ``Origin``, when sent, must be exactly
@@ -37,7 +41,7 @@ from syncd.http.errors import HttpError, error_response
 
 CODE_TTL_SECS = 60
 SESSION_TTL_SECS = 12 * 3600
-MAX_SESSIONS = 32
+MAX_SESSIONS_PER_TOKEN = 32
 MAX_CODES = 16
 CSRF_HEADER = "X-CSRF-Token"
 SAFE_METHODS = frozenset({"GET", "HEAD"})
@@ -56,9 +60,9 @@ PAGE_HEADERS = {
 @dataclass(slots=True)
 class Session:
     csrf: str
-    expires: float
+    expires: float  # time.monotonic() of this process
     role: str = "admin"  # a hub session has its token's role; a daemon's has full access
-    token: str | None = None  # a hub session's token, checked again on every request
+    owner: str = ""  # whose: a hub token's SHA-256 (checked again on every request); daemon ""
     name: str | None = None  # a hub session's token name (shown by the page)
 
 
@@ -75,39 +79,42 @@ class Sessions:
         while len(self._codes) >= MAX_CODES:
             self._codes.pop(next(iter(self._codes)))
         code = secrets.token_urlsafe(32)
-        self._codes[_digest(code)] = now + CODE_TTL_SECS
+        self._codes[digest(code)] = now + CODE_TTL_SECS
         return code
 
     def redeem(self, code: str) -> tuple[str, Session] | None:
         """A new session for a valid code (which is then spent), else None."""
-        expiry = self._codes.pop(_digest(code), None)
+        expiry = self._codes.pop(digest(code), None)
         if expiry is None or expiry <= time.monotonic():
             return None
         return self.start()
 
-    def start(self, role: str = "admin", token: str | None = None,
-              name: str | None = None) -> tuple[str, Session]:
+    def start(self, owner: str = "") -> tuple[str, Session]:
+        """A new session of ``owner``, which then keeps its newest ``MAX_SESSIONS_PER_TOKEN``
+        (rules): the expired and ``owner``'s oldest end, other owners' sessions stay."""
         now = time.monotonic()
-        self._sessions = {k: s for k, s in self._sessions.items() if s.expires > now}
-        while len(self._sessions) >= MAX_SESSIONS:
-            self._sessions.pop(next(iter(self._sessions)))
+        live = {k: s for k, s in self._sessions.items() if s.expires > now}
+        mine = [k for k, s in live.items() if s.owner == owner]  # oldest first
+        for key in mine[:max(0, len(mine) + 1 - MAX_SESSIONS_PER_TOKEN)]:
+            del live[key]
         sid = secrets.token_urlsafe(32)
         session = Session(csrf=secrets.token_urlsafe(32), expires=now + SESSION_TTL_SECS,
-                          role=role, token=token, name=name)
-        self._sessions[_digest(sid)] = session
+                          owner=owner)
+        live[digest(sid)] = session
+        self._sessions = live
         return sid, session
 
     def find(self, sid: str | None) -> Session | None:
         if not sid:
             return None
-        session = self._sessions.get(_digest(sid))
+        session = self._sessions.get(digest(sid))
         if session is None or session.expires <= time.monotonic():
             return None
         return session
 
     def end(self, sid: str | None) -> None:
         if sid:
-            self._sessions.pop(_digest(sid), None)
+            self._sessions.pop(digest(sid), None)
 
 
 SESSIONS = web.AppKey("sessions", Sessions)
@@ -214,7 +221,11 @@ def _scheme(request: web.Request) -> str:
 async def session_info(request: web.Request) -> web.Response:
     """Public (the page asks before it has a session): the CSRF token of this browser's
     session, or a 401 that says which login this server offers."""
-    session = session_of(request)[1]
+    return session_answer(request, session_of(request)[1])
+
+
+def session_answer(request: web.Request, session: Session | None) -> web.Response:
+    """``GET /ui/session``'s answer for the browser's session, however it was found."""
     if session is not None and (refused := check_session_request(request, session)):
         return refused
     kind = request.app.get(PAGE_KIND, "daemon")
@@ -233,12 +244,18 @@ async def session_info(request: web.Request) -> web.Response:
 async def logout(request: web.Request) -> web.StreamResponse:
     sid, _ = session_of(request)
     request.app[SESSIONS].end(sid)
+    return logged_out(request)
+
+
+def logged_out(request: web.Request) -> web.Response:
+    """``POST /ui/logout``'s answer, once the session has ended: the cookie is deleted."""
     response = web.json_response({"ok": True})
     response.del_cookie(cookie_name(request), path="/")
     return response
 
 
-def _digest(value: str) -> str:
+def digest(value: str) -> str:
+    """SHA-256 hex: how a session id (or a login code) is kept, never the value itself."""
     return hashlib.sha256(value.encode()).hexdigest()
 
 

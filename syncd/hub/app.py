@@ -17,6 +17,10 @@ Rules:
   * Everything the hub persists goes through a ``HubStore`` (``store.py``): SQLite in one
     process, or PostgreSQL behind several processes. A database that cannot be reached is a
     ``503`` with ``Retry-After``, never a ``500``.
+  * The web page signs in with a hub token (``POST /ui/login``). Its sessions are kept by the
+    ``HubStore`` too (``PageSessions``), so any hub process serves a signed-in browser; the
+    token is looked up again (by its hash) on every request, so revoking it ends its sessions,
+    and each token keeps at most ``MAX_SESSIONS_PER_TOKEN`` (``web.py``), its own oldest ending.
   * The hub is a network service: no Host allow-list (it sits behind a reverse proxy that
     terminates TLS), but bodies must be JSON and are size-limited.
 """
@@ -24,6 +28,7 @@ Rules:
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 
@@ -54,17 +59,25 @@ from syncd.http.app import (
 from syncd.http.errors import HttpError, error_response
 from syncd.http.security import not_json
 from syncd.http.web import (
+    MAX_SESSIONS_PER_TOKEN,
     PAGE_KIND,
     SESSION_KEY,
-    SESSIONS,
-    Sessions,
+    SESSION_TTL_SECS,
+    Session,
     check_session_request,
+    cookie_name,
+    digest,
     own_origin,
-    session_of,
     set_session_cookie,
 )
-from syncd.hub.store import FileTokens, HubStore, SqliteHubStore, StoreUnavailableError
-from syncd.hub.tokens import PLANS, AuthError, TokenBook, TokenFileError
+from syncd.hub.store import (
+    FileTokens,
+    HubStore,
+    PageSession,
+    SqliteHubStore,
+    StoreUnavailableError,
+)
+from syncd.hub.tokens import PLANS, AuthError, TokenBook, TokenFileError, check_role, token_hash
 from syncd.mcp import McpServer
 from syncd.tools import Surfacer
 
@@ -90,11 +103,12 @@ def create_hub_app(backend: HubStore | Store, book: TokenBook | None = None, *,
     if isinstance(backend, Store):
         tokens = FileTokens(backend.data_dir, book) if book is not None else None
         backend = SqliteHubStore(backend, tokens)
+    sessions = PageSessions(backend)
     app = web.Application(client_max_size=max_body,
-                          middlewares=[errors_middleware, _unavailable, _auth(backend),
+                          middlewares=[errors_middleware, _unavailable, _auth(backend, sessions),
                                        _no_nul_params])
     app[HUB], app[CURSOR_MODE] = backend, cursor
-    app[SESSIONS], app[PAGE_KIND] = Sessions(), "hub"
+    app[PAGE_SESSIONS], app[PAGE_KIND] = sessions, "hub"
     app[ISSUER] = (signing_key, token_lifetime_days)
     if isinstance(backend, SqliteHubStore):
         app[MCP] = McpServer(backend.store, Surfacer())
@@ -105,6 +119,54 @@ def create_hub_app(backend: HubStore | Store, book: TokenBook | None = None, *,
 
 def hub_of(request: web.Request) -> HubStore:
     return request.app[HUB]  # type: ignore[return-value]
+
+
+class PageSessions:
+    """The page's sessions in the hub's store (``HubStore.add_page_session``): kept by the
+    SHA-256 of the cookie's id, each belonging to its token by the token's SHA-256, so neither
+    the session id nor the token is ever stored."""
+
+    def __init__(self, hub: HubStore, clock: Callable[[], int] = time.time_ns) -> None:
+        self._hub, self._clock = hub, clock  # a wall clock: every hub process reads the expiry
+
+    async def start(self, raw_token: str, name: str, role: str) -> tuple[str, Session]:
+        """A new session of an authenticated token: its cookie value and the session."""
+        sid, now = secrets.token_urlsafe(32), self._clock()
+        stored = PageSession(token_sha256=token_hash(raw_token), csrf=secrets.token_urlsafe(32),
+                             expires_ns=now + SESSION_TTL_SECS * 1_000_000_000)
+        await self._hub.add_page_session(digest(sid), stored, now_ns=now,
+                                         keep=MAX_SESSIONS_PER_TOKEN)
+        return sid, _view(stored, now, name, role)
+
+    async def find(self, request: web.Request) -> tuple[str | None, Session | None]:
+        """The cookie's session id and its session, with its token's name and role as they are
+        now; a session whose token was revoked ends here."""
+        sid = request.cookies.get(cookie_name(request))
+        if not sid:
+            return None, None
+        now = self._clock()
+        stored = await self._hub.page_session(digest(sid), now_ns=now)
+        if stored is None:
+            return sid, None
+        token = await self._hub.tokens.lookup_hash(stored.token_sha256)
+        if token is None:
+            await self._hub.end_page_session(digest(sid))
+            return sid, None
+        return sid, _view(stored, now, token[0], token[1])
+
+    async def end(self, sid: str | None) -> None:
+        if sid:
+            await self._hub.end_page_session(digest(sid))
+
+
+def _view(stored: PageSession, now_ns: int, name: str, role: str) -> Session:
+    """A stored session as ``web.py`` checks it: the expiry on this process's monotonic clock."""
+    left = (stored.expires_ns - now_ns) / 1e9
+    return Session(csrf=stored.csrf, expires=time.monotonic() + left, role=role,
+                   owner=stored.token_sha256, name=name)
+
+
+PAGE_SESSIONS = web.AppKey("page_sessions", PageSessions)
 
 
 NUL_MESSAGE = "must not contain the NUL character (U+0000)"
@@ -150,7 +212,8 @@ class RefusalLog:
                     exc.message)
 
 
-def _auth(backend: HubStore) -> web.middleware:  # type: ignore[valid-type]
+def _auth(backend: HubStore,
+          sessions: PageSessions) -> web.middleware:  # type: ignore[valid-type]
     needs = {(method, path): role for method, path, _, role in ROUTES}
     refusals = RefusalLog()
 
@@ -161,12 +224,12 @@ def _auth(backend: HubStore) -> web.middleware:  # type: ignore[valid-type]
         if need != "none":
             try:
                 if request.headers.get("Authorization") is None and (
-                        session := session_of(request)[1]) is not None:
+                        session := (await sessions.find(request))[1]) is not None:
                     refused = check_session_request(request, session)  # the page (web.py)
                     if refused is not None:
                         return refused
-                    # the token again: revoking it ends the sessions it opened
-                    await backend.tokens.authenticate(f"Bearer {session.token}", need)
+                    # found with its token's role now: a revoked token's session was not found
+                    check_role((session.name or "", session.role), need)
                     request[SESSION_KEY] = session
                 else:
                     await backend.tokens.authenticate(request.headers.get("Authorization"), need)
@@ -250,13 +313,13 @@ async def entitlement(request: web.Request) -> web.Response:
     if not 1 <= len(device) <= 128 or not device.isprintable() or device.strip() != device:
         raise ValidationError("device_id", "must be 1-128 printable characters")
     session = request.get(SESSION_KEY)  # the web page signs in with a token too
-    raw = session.token if session is not None else (
+    sha256 = session.owner if session is not None else token_hash(
         request.headers.get("Authorization", "")[len("Bearer "):].strip())
     hub = hub_of(request)
-    found = await hub.tokens.identify(raw)
+    found = await hub.tokens.lookup_hash(sha256)
     if found is None:
         raise HttpError(401, "unauthorized", "unknown token")
-    name, plan = found
+    name, _, plan = found
     now = int(time.time())
     claims = Claims(sub=name, device_id=device, plan=plan, features=list(PLANS[plan]),
                     iat=now, nbf=now - NBF_SLACK_SECS, exp=now + int(lifetime_days * 86400),
@@ -307,22 +370,21 @@ async def page_login(request: web.Request) -> web.Response:
         name, role = await hub_of(request).tokens.authenticate(f"Bearer {raw.strip()}", "read")
     except AuthError as exc:
         return error_response(exc.status, exc.code, exc.message)
-    sid, session = request.app[SESSIONS].start(role, raw.strip(), name)
+    sid, session = await request.app[PAGE_SESSIONS].start(raw.strip(), name, role)
     response = reply({"name": name, "role": role, "csrf": session.csrf})
     set_session_cookie(request, response, sid)
     return response
 
 
 async def page_session(request: web.Request) -> web.Response:
-    """``GET /ui/session`` (``web.py``), after checking a session's token again: a revoked
-    token's session ends here, so a reloaded page offers the sign-in form at once."""
-    sid, session = session_of(request)
-    if session is not None and session.token is not None:
-        try:
-            await hub_of(request).tokens.authenticate(f"Bearer {session.token}", "read")
-        except AuthError:
-            request.app[SESSIONS].end(sid)
-    return await web_pages.session_info(request)
+    """``GET /ui/session`` (``web.py``) for the hub's stored sessions: a revoked token's
+    session ends here, so a reloaded page offers the sign-in form at once."""
+    return web_pages.session_answer(request, (await request.app[PAGE_SESSIONS].find(request))[1])
+
+
+async def page_logout(request: web.Request) -> web.Response:
+    await request.app[PAGE_SESSIONS].end(request.cookies.get(cookie_name(request)))
+    return web_pages.logged_out(request)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -344,5 +406,5 @@ ROUTES: list[tuple[str, str, Handler, str]] = [
     ("GET", "/static/{name}", web_pages.static_file, "none"),
     ("POST", "/ui/login", page_login, "none"),
     ("GET", "/ui/session", page_session, "none"),
-    ("POST", "/ui/logout", web_pages.logout, "read"),
+    ("POST", "/ui/logout", page_logout, "read"),
 ]

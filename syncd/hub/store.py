@@ -1,12 +1,21 @@
 """The hub-store interface: everything the hub persists goes through a ``HubStore`` — rows and
 edges (``apply``), the change feed (``feed``, ``export_page``), recall, settings, counters,
-API tokens (``tokens``) and the entitlement signing key.
+API tokens (``tokens``), the entitlement signing key and the web page's sign-ins
+(``add_page_session``).
 
 Two implementations run the same conformance suite (``tests/hub/test_conformance.py``):
   * ``SqliteHubStore``: one process, the local store opened with its feed (``Store.open(feed=
-    True)``), tokens in ``hub-tokens.json`` and the key in ``entitlement-key.pem``;
+    True)``), tokens in ``hub-tokens.json``, the key in ``entitlement-key.pem``, and page
+    sessions in the process's memory (the data directory's lock makes it the only hub process
+    of that store; a restart signs browsers out);
   * ``PgHubStore`` (``syncd/hub/pg/``): several stateless hub processes on one PostgreSQL
-    database, everything in the database.
+    database, everything in the database — page sessions too, so a balancing proxy may send a
+    browser's requests to any process.
+
+Page sessions: a store is handed the SHA-256 of a session's id, never the id (the cookie's
+value), and knows the session's token by the token's SHA-256, never the raw token. Adding one
+sweeps every expired session and keeps at most ``keep`` of *its token's* sessions (that token's
+oldest end): signing in again and again with one token never ends another token's sessions.
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -43,6 +53,15 @@ class StoreUnavailableError(RuntimeError):
     """The hub's database cannot be reached right now (the hub answers 503, retry later)."""
 
 
+@dataclass(frozen=True, slots=True)
+class PageSession:
+    """A browser's sign-in on the hub's page, as a store keeps it (rules above)."""
+
+    token_sha256: str  # whose session: the SHA-256 hex of the token it signed in with
+    csrf: str  # what the page's writes must carry (``syncd/http/web.py``)
+    expires_ns: int  # wall clock (``time.time_ns``): the session ends then
+
+
 class TokenStore(Protocol):
     async def authenticate(self, header: str | None, need: str) -> tuple[str, str]:
         """``(name, role)`` of a bearer token with at least ``need``; raises ``AuthError``."""
@@ -50,6 +69,11 @@ class TokenStore(Protocol):
 
     async def identify(self, raw: str) -> tuple[str, str] | None:
         """``(name, plan)`` of an active raw token, or None."""
+        ...
+
+    async def lookup_hash(self, sha256: str) -> tuple[str, str, str] | None:
+        """``(name, role, plan)`` of the active token whose SHA-256 hex is ``sha256``, or None
+        (a page session knows its token by the hash only)."""
         ...
 
     async def create(self, *, role: str, name: str, plan: str = "pro") -> str: ...
@@ -122,6 +146,20 @@ class HubStore(Protocol):
 
     async def signing_key(self) -> Ed25519PrivateKey: ...
 
+    async def add_page_session(self, sid_sha256: str, session: PageSession, *, now_ns: int,
+                               keep: int) -> None:
+        """Keep ``session`` under the SHA-256 hex of its id; delete every session expired at
+        ``now_ns``; then keep only the newest ``keep`` (≥ 1) sessions of its token."""
+        ...
+
+    async def page_session(self, sid_sha256: str, *, now_ns: int) -> PageSession | None:
+        """The session kept under ``sid_sha256`` if it has not expired at ``now_ns``."""
+        ...
+
+    async def end_page_session(self, sid_sha256: str) -> None:
+        """Delete the session kept under ``sid_sha256`` (none: nothing happens)."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -148,6 +186,9 @@ class FileTokens:
             return None if found is None or plan is None else (found[0], plan)
         return await asyncio.to_thread(run)
 
+    async def lookup_hash(self, sha256: str) -> tuple[str, str, str] | None:
+        return await asyncio.to_thread(lambda: self._loaded().by_hash(sha256))
+
     async def create(self, *, role: str, name: str, plan: str = "pro") -> str:
         return await asyncio.to_thread(create_token, self.data_dir, role=role, name=name,
                                        plan=plan)
@@ -169,6 +210,7 @@ class SqliteHubStore:
         self.tokens: TokenStore = tokens if tokens is not None else FileTokens(store.data_dir)
         self.store_id = store.store_id
         self.embedder = store.embedder
+        self._page_sessions: dict[str, PageSession] = {}  # in sign-in order, oldest first
 
     def now_ns(self) -> int:
         return self.store.clock.physical_ns()
@@ -226,6 +268,23 @@ class SqliteHubStore:
 
     async def signing_key(self) -> Ed25519PrivateKey:
         return await asyncio.to_thread(load_or_create_key, self.store.data_dir)
+
+    async def add_page_session(self, sid_sha256: str, session: PageSession, *, now_ns: int,
+                               keep: int) -> None:
+        live = {k: s for k, s in self._page_sessions.items() if s.expires_ns > now_ns}
+        live.pop(sid_sha256, None)
+        mine = [k for k, s in live.items() if s.token_sha256 == session.token_sha256]
+        for key in mine[:max(0, len(mine) + 1 - keep)]:
+            del live[key]
+        live[sid_sha256] = session
+        self._page_sessions = live
+
+    async def page_session(self, sid_sha256: str, *, now_ns: int) -> PageSession | None:
+        found = self._page_sessions.get(sid_sha256)
+        return found if found is not None and found.expires_ns > now_ns else None
+
+    async def end_page_session(self, sid_sha256: str) -> None:
+        self._page_sessions.pop(sid_sha256, None)
 
     async def close(self) -> None:
         await self.store.close()

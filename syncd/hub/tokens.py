@@ -127,6 +127,11 @@ class TokenBook:
         entry = self._refresh().get(token_hash(raw))
         return None if entry is None else (entry.name, entry.role)
 
+    def by_hash(self, sha256: str) -> tuple[str, str, str] | None:
+        """``(name, role, plan)`` of the active token whose SHA-256 hex is ``sha256``."""
+        entry = self._refresh().get(sha256)
+        return None if entry is None else (entry.name, entry.role, entry.plan)
+
     def plan_of(self, raw: str) -> str | None:
         entry = self._refresh().get(token_hash(raw))
         return None if entry is None else entry.plan

@@ -1,6 +1,7 @@
 """The hub-store conformance suite: one set of behaviours, run on SQLite and on PostgreSQL
 (``conftest.py``). Everything a hub persists — rows, edges, the change feed, export pages,
-settings, counters, tokens, the signing key — and recall, through the ``HubStore`` interface."""
+settings, counters, tokens, the signing key, the web page's sessions — and recall, through the
+``HubStore`` interface."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from protocol.query import QueryRequest
 from protocol.rows import EdgeRow, NodeRow, edge_id
 from protocol.timestamp import format_ns, parse_ns
 from syncd.hub.keys import KEY_FILENAME, load_or_create_key
-from syncd.hub.store import HubStore
-from syncd.hub.tokens import AuthError
+from syncd.hub.store import HubStore, PageSession
+from syncd.hub.tokens import AuthError, token_hash
 from tests.hub.conftest import Opener
 
 MODEL = HashingEmbedder().model_id
@@ -431,6 +432,17 @@ async def test_tokens_authenticate_by_role_and_revoke(hub_store: HubStore) -> No
     assert await tokens.authenticate(f"Bearer {again}", "read") == ("laptop", "read")
 
 
+async def test_an_active_token_is_found_by_its_hash(hub_store: HubStore) -> None:
+    """A page session knows its token by the hash only (``PageSession.token_sha256``)."""
+    tokens = hub_store.tokens
+    raw = await tokens.create(role="write", name="laptop", plan="sync")
+    assert await tokens.lookup_hash(token_hash(raw)) == ("laptop", "write", "sync")
+    assert await tokens.lookup_hash(token_hash("syncd_unknown")) is None
+    assert await tokens.lookup_hash(raw) is None  # the raw token is no key
+    await tokens.revoke("laptop")
+    assert await tokens.lookup_hash(token_hash(raw)) is None
+
+
 async def test_the_signing_key_is_created_once_and_kept(open_hub: Opener) -> None:
     def public(key: object) -> bytes:
         return key.public_key().public_bytes(  # type: ignore[attr-defined,no-any-return]
@@ -455,6 +467,71 @@ def test_processes_creating_the_key_at_once_all_get_the_one_key(tmp_path: Path) 
                     for k in keys}) == 1
         assert sorted(p.name for p in data_dir.iterdir()) == [KEY_FILENAME]
         assert (data_dir / KEY_FILENAME).stat().st_mode & 0o777 == 0o600
+
+
+# ---------------------------------------------------------------------- page sessions
+
+NOW = 1_000 * 10**9  # page-session times are the callers' wall clock, in nanoseconds
+
+
+def sid(n: int) -> str:
+    return token_hash(f"session {n}")  # a session is kept by its id's SHA-256 hex
+
+
+async def page_token(hub: HubStore, name: str) -> str:
+    return token_hash(await hub.tokens.create(role="read", name=name))
+
+
+async def test_a_page_session_is_found_until_it_expires_or_ends(hub_store: HubStore) -> None:
+    owner = await page_token(hub_store, "viewer")
+    kept = PageSession(token_sha256=owner, csrf="csrf-1", expires_ns=NOW + 100)
+    await hub_store.add_page_session(sid(1), kept, now_ns=NOW, keep=4)
+    assert await hub_store.page_session(sid(1), now_ns=NOW) == kept
+    assert await hub_store.page_session(sid(1), now_ns=NOW + 99) == kept
+    assert await hub_store.page_session(sid(1), now_ns=NOW + 100) is None  # expired
+    assert await hub_store.page_session(sid(2), now_ns=NOW) is None
+    await hub_store.end_page_session(sid(1))
+    assert await hub_store.page_session(sid(1), now_ns=NOW) is None
+    await hub_store.end_page_session(sid(1))  # ending it again is harmless
+
+
+async def test_adding_a_page_session_sweeps_the_expired_ones(hub_store: HubStore) -> None:
+    viewer, editor = await page_token(hub_store, "viewer"), await page_token(hub_store, "editor")
+    await hub_store.add_page_session(sid(1), PageSession(viewer, "a", NOW + 10), now_ns=NOW,
+                                     keep=4)
+    await hub_store.add_page_session(sid(2), PageSession(viewer, "b", NOW + 50), now_ns=NOW,
+                                     keep=4)
+    await hub_store.add_page_session(sid(3), PageSession(editor, "c", NOW + 90), now_ns=NOW + 20,
+                                     keep=4)
+    # asked as of an earlier time, a swept session would still count: it is gone
+    assert await hub_store.page_session(sid(1), now_ns=NOW) is None
+    assert await hub_store.page_session(sid(2), now_ns=NOW) is not None  # not yet expired
+
+
+async def test_a_token_keeps_its_newest_page_sessions_and_never_ends_anothers(
+        hub_store: HubStore) -> None:
+    """Bug: one pool for every token, so a read token signing in again and again ended an
+    admin's session. Now only the signing-in token's own oldest end."""
+    admin, reader = await page_token(hub_store, "admin"), await page_token(hub_store, "reader")
+    await hub_store.add_page_session(sid(0), PageSession(admin, "admin", NOW + 100), now_ns=NOW,
+                                     keep=3)
+    for n in range(1, 9):
+        await hub_store.add_page_session(sid(n), PageSession(reader, f"r{n}", NOW + 100),
+                                         now_ns=NOW, keep=3)
+    found = [await hub_store.page_session(sid(n), now_ns=NOW) for n in range(9)]
+    assert found[0] == PageSession(admin, "admin", NOW + 100)
+    assert [s.csrf if s else None for s in found[1:]] == [None] * 5 + ["r6", "r7", "r8"]
+
+
+async def test_an_expired_page_session_leaves_its_token_room(hub_store: HubStore) -> None:
+    """The cap counts a token's live sessions: an expired one ends first, not a live one."""
+    owner = await page_token(hub_store, "viewer")
+    await hub_store.add_page_session(sid(1), PageSession(owner, "1", NOW + 10), now_ns=NOW, keep=2)
+    await hub_store.add_page_session(sid(2), PageSession(owner, "2", NOW + 99), now_ns=NOW, keep=2)
+    await hub_store.add_page_session(sid(3), PageSession(owner, "3", NOW + 99), now_ns=NOW + 10,
+                                     keep=2)  # sid(1) expired: sid(2) stays
+    assert [await hub_store.page_session(sid(n), now_ns=NOW + 10) is not None
+            for n in (1, 2, 3)] == [False, True, True]
 
 
 # ---------------------------------------------------------------------- recall

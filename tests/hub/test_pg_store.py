@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import aiohttp
@@ -22,7 +23,8 @@ from syncd.hub.app import create_hub_app
 from syncd.hub.dsn import read_store_file, resolve_dsn
 from syncd.hub.pg import PgHubStore
 from syncd.hub.pg.migrate import SchemaError, migrations
-from syncd.hub.store import StoreUnavailableError
+from syncd.hub.store import PageSession, StoreUnavailableError
+from syncd.hub.tokens import token_hash
 from tests.pgserver import PgServer
 from tests.sync.harness import live_contents, start_laptop
 
@@ -64,6 +66,74 @@ async def test_a_schema_from_a_newer_syncd_is_refused(pg_dsn: str) -> None:
         await conn.close()
     with pytest.raises(SchemaError, match="newer than this syncd knows"):
         await open_store(pg_dsn)
+
+
+async def test_a_database_from_before_page_sessions_gains_them_and_keeps_its_tokens(
+        pg_dsn: str) -> None:
+    """A hub database migrated by an older syncd (schema 1) is brought to the page-session
+    table (0002) on start; its tokens sign in as before."""
+    (v1, name, sql), *_ = await asyncio.to_thread(migrations)
+    assert v1 == 1
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        await conn.execute("CREATE TABLE hub_schema (version integer PRIMARY KEY, name text "
+                           "NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())")
+        await conn.execute(sql)
+        await conn.execute("INSERT INTO hub_schema (version, name) VALUES (1, $1)", name)
+        await conn.execute("INSERT INTO tokens (sha256, name, role, plan, created_at) VALUES "
+                           "($1, 'old', 'read', 'pro', '2026-01-01T00:00:00Z')",
+                           token_hash("syncd_old"))
+    finally:
+        await conn.close()
+    store = await open_store(pg_dsn)
+    runner = web.AppRunner(create_hub_app(store))
+    try:
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+            async with http.post(url + "/ui/login", json={"token": "syncd_old"}) as resp:
+                assert resp.status == 200, await resp.text()
+            async with http.get(url + "/ui/session") as resp:  # the jar sends the cookie
+                assert resp.status == 200 and (await resp.json())["name"] == "old"
+    finally:
+        await runner.cleanup()
+        await store.close()
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        applied = [r[0] for r in await conn.fetch("SELECT version FROM hub_schema ORDER BY 1")]
+        assert await conn.fetchval("SELECT count(*) FROM page_sessions") == 1
+    finally:
+        await conn.close()
+    assert applied == [v for v, _, _ in await asyncio.to_thread(migrations)]
+    assert applied[-1] >= 2
+
+
+async def test_sign_ins_with_one_token_through_several_processes_keep_its_cap(
+        pg_dsn: str) -> None:
+    """Concurrent sign-ins with one token, through two processes, take turns on the token: it
+    ends with its newest ``keep`` sessions, never more; another token's session stays."""
+    one, two = await open_store(pg_dsn), await open_store(pg_dsn)
+    try:
+        now = time.time_ns()
+        admin = token_hash(await one.tokens.create(role="admin", name="admin"))
+        reader = token_hash(await one.tokens.create(role="read", name="reader"))
+        await one.add_page_session(token_hash("admin session"),
+                                   PageSession(admin, "a", now + 10**12), now_ns=now, keep=3)
+        await asyncio.gather(*(
+            (one if n % 2 else two).add_page_session(
+                token_hash(f"session {n}"), PageSession(reader, str(n), now + 10**12),
+                now_ns=now, keep=3) for n in range(24)))
+        conn = await asyncpg.connect(pg_dsn)
+        try:
+            kept = await conn.fetch("SELECT token_sha256, count(*) FROM page_sessions "
+                                    "GROUP BY 1")
+        finally:
+            await conn.close()
+        assert dict(kept) == {admin: 1, reader: 3}
+    finally:
+        await one.close()
+        await two.close()
 
 
 async def test_two_processes_importing_one_id_keep_the_same_winner(pg_dsn: str) -> None:

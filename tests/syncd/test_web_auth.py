@@ -152,3 +152,15 @@ async def test_the_host_allow_list_still_guards_the_page_and_the_login(daemon: D
             assert resp.status == 421, path
     async with daemon.session.get(code["url"], allow_redirects=False) as resp:
         assert resp.status == 303  # the refused request did not spend the code
+
+
+def test_one_owner_signing_in_again_and_again_ends_only_its_own_oldest_sessions() -> None:
+    """Before, one pool of 32 sessions for every owner: signing in 40 times as one ended
+    everyone else's. (The daemon has one owner; the cap is per token, as on the hub.)"""
+    sessions = web_pages.Sessions()
+    admin, _ = sessions.start(owner="admin")
+    readers = [sessions.start(owner="reader")[0]
+               for _ in range(web_pages.MAX_SESSIONS_PER_TOKEN + 8)]
+    assert sessions.find(admin) is not None
+    assert [sessions.find(sid) for sid in readers[:8]] == [None] * 8
+    assert None not in [sessions.find(sid) for sid in readers[8:]]

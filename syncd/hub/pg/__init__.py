@@ -22,8 +22,8 @@ Rules:
   * A row's words are split by the laptops' tokeniser in Python and stored as a ``tsvector``
     (GIN index); vectors live in ``vectors`` and every hub process keeps its own float32 index
     of them, following the feed (``recall.py``).
-  * Nothing lives in a hub process between requests: tokens, the signing key, settings and
-    counters are rows, read when needed.
+  * Nothing lives in a hub process between requests: tokens, the signing key, settings,
+    counters and the web page's sessions are rows, read when needed.
 """
 
 from syncd.hub.pg.store import PgHubStore

@@ -44,7 +44,7 @@ from syncd.hub.pg.marks import batch_end
 from syncd.hub.pg.migrate import Conn, migrate
 from syncd.hub.pg.recall import VectorTail, keyword_text, run_recall
 from syncd.hub.pg.tokens import PgTokens
-from syncd.hub.store import Page, StoreUnavailableError, parse_cursor
+from syncd.hub.store import Page, PageSession, StoreUnavailableError, parse_cursor
 
 log = logging.getLogger("syncd.hub.pg")
 
@@ -314,6 +314,41 @@ class PgHubStore:
                                "ON CONFLICT (name) DO NOTHING", new_key_pem().decode())
             stored = await conn.fetchval("SELECT pem FROM signing_keys WHERE name = 'entitlement'")
         return key_from_pem(stored.encode(), "signing_keys.entitlement")
+
+    # ------------------------------------------------------------------ page sessions
+
+    async def add_page_session(self, sid_sha256: str, session: PageSession, *, now_ns: int,
+                               keep: int) -> None:
+        """The sweep first, on its own: it skips rows another process holds (that process is
+        deleting them), so it never waits and never deadlocks. Then one transaction holding the
+        token's row: sign-ins with one token through several processes take turns, so none
+        leaves the token over ``keep``."""
+        token = session.token_sha256
+        async with self._connection() as conn:
+            await conn.execute("DELETE FROM page_sessions WHERE sid_sha256 IN (SELECT sid_sha256 "
+                               "FROM page_sessions WHERE expires_ns <= $1 FOR UPDATE SKIP LOCKED)",
+                               now_ns)
+            async with conn.transaction():
+                await conn.execute("SELECT 1 FROM tokens WHERE sha256 = $1 FOR UPDATE", token)
+                await conn.execute("INSERT INTO page_sessions (sid_sha256, token_sha256, csrf, "
+                                   "expires_ns) VALUES ($1, $2, $3, $4)", sid_sha256, token,
+                                   session.csrf, session.expires_ns)
+                await conn.execute("DELETE FROM page_sessions WHERE token_sha256 = $1 AND seq < "
+                                   "(SELECT min(seq) FROM (SELECT seq FROM page_sessions WHERE "
+                                   "token_sha256 = $1 ORDER BY seq DESC LIMIT $2) AS newest)",
+                                   token, keep)
+
+    async def page_session(self, sid_sha256: str, *, now_ns: int) -> PageSession | None:
+        async with self._connection() as conn:
+            row = await conn.fetchrow("SELECT token_sha256, csrf, expires_ns FROM page_sessions "
+                                      "WHERE sid_sha256 = $1 AND expires_ns > $2",
+                                      sid_sha256, now_ns)
+        return None if row is None else PageSession(token_sha256=row[0], csrf=row[1],
+                                                    expires_ns=int(row[2]))
+
+    async def end_page_session(self, sid_sha256: str) -> None:
+        async with self._connection() as conn:
+            await conn.execute("DELETE FROM page_sessions WHERE sid_sha256 = $1", sid_sha256)
 
     # ------------------------------------------------------------------ reads
 

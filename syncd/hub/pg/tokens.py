@@ -27,9 +27,12 @@ class PgTokens:
         self._connect = connect
 
     async def _active(self, raw: str) -> asyncpg.Record | None:
+        return await self._active_hash(token_hash(raw))
+
+    async def _active_hash(self, sha256: str) -> asyncpg.Record | None:
         async with self._connect() as conn:
             return await conn.fetchrow("SELECT name, role, plan FROM tokens WHERE sha256 = $1 "
-                                       "AND revoked_at IS NULL", token_hash(raw))
+                                       "AND revoked_at IS NULL", sha256)
 
     async def authenticate(self, header: str | None, need: str) -> tuple[str, str]:
         row = await self._active(bearer(header))
@@ -38,6 +41,10 @@ class PgTokens:
     async def identify(self, raw: str) -> tuple[str, str] | None:
         row = await self._active(raw)
         return None if row is None else (row[0], row[2])
+
+    async def lookup_hash(self, sha256: str) -> tuple[str, str, str] | None:
+        row = await self._active_hash(sha256)
+        return None if row is None else (row[0], row[1], row[2])
 
     async def create(self, *, role: str, name: str, plan: str = "pro") -> str:
         check_new_token(role=role, name=name, plan=plan)

@@ -127,14 +127,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
 
 
+def _command_at(argv: list[str]) -> int:
+    """Where the subcommand is: after the global options (``--config X``, ``--data-dir X``).
+    Only ``hub token``/``hub key`` there are the hub's admin commands: ``syncd recall --realm
+    hub key`` is a recall."""
+    at = 0
+    while at < len(argv) and argv[at] in ("--config", "--data-dir"):
+        at += 2
+    while at < len(argv) and argv[at].startswith(("--config=", "--data-dir=")):
+        at += 1
+    return at
+
+
 def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "hub" in argv and argv[argv.index("hub") + 1:argv.index("hub") + 2] == ["token"]:
+    at = _command_at(argv)
+    if argv[at:at + 2] == ["hub", "token"]:
         from syncd.hub.admin import token_main
-        return token_main(argv[argv.index("hub") + 2:])
-    if "hub" in argv and argv[argv.index("hub") + 1:argv.index("hub") + 2] == ["key"]:
+        return token_main(argv[at + 2:])
+    if argv[at:at + 2] == ["hub", "key"]:
         from syncd.hub.admin import key_main
-        return key_main(argv[argv.index("hub") + 2:])
+        return key_main(argv[at + 2:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "recall" and args.hook:

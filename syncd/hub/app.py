@@ -11,7 +11,8 @@ Rules:
     ``updated_at``, edges on ``created_at``, and ``until`` read after the queries.
   * ``export`` takes the extensions ``limit`` and ``cursor`` (``has_more``/``next_cursor`` in
     the body) and includes tombstones, so a client's anti-entropy sees deletes.
-  * Every response names the hub's ``store_id``; a wiped hub gets a new one.
+  * Every ``changes`` and ``export`` body (and ``status``) names the hub's ``store_id``; a
+    wiped hub gets a new one.
   * ``GET /v1/agent/entitlement?device_id=`` signs an entitlement for that device with the
     hub's key: ``features`` from the bearer token's plan, ``seq`` from a durable counter.
   * Everything the hub persists goes through a ``HubStore`` (``store.py``): SQLite in one

@@ -26,7 +26,7 @@ Rules:
     cleared only in the transaction that re-queues what the plane lacks, so a failed pass
     cannot forget the reset, and a cursor-less pull does not count as a bootstrap meanwhile.
   * Errors: 401/403 stop and block scheduled passes until a manual run; other failures back
-    off exponentially (capped, jittered, at least ``Retry-After``). A cursor is never reset
+    off exponentially (capped, jittered, at least ``Retry-After`` up to the cap). A cursor is never reset
     because of a transient error.
 """
 

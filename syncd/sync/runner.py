@@ -33,7 +33,8 @@ def read_plane_token(path: Path | None) -> str | None:
     if path is None:
         return None
     try:
-        token = path.expanduser().read_text().strip()
+        lines = path.expanduser().read_text().strip().splitlines()
+        token = lines[0].strip() if lines else ""
     except OSError as exc:
         raise SyncSetupError(f"control_plane.token_file = {str(path)!r}: {exc.strerror}") \
             from None

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from local_store import HashingEmbedder, Store
 from syncd.sync.engine import SyncOptions
-from syncd.sync.runner import SyncRunner
+from syncd.sync.runner import SyncRunner, read_plane_token
 from tests.sync.harness import MODEL, start_hub
 
 
@@ -37,3 +37,11 @@ async def test_a_fixed_token_file_is_read_again_by_the_manual_pass(tmp_path: Pat
         await runner.stop()
         await store.close()
         await hub.close()
+
+
+def test_the_plane_token_is_the_files_first_line(tmp_path: Path) -> None:
+    """As documented: "first line, trimmed" — a note on a second line was sent as part of the
+    bearer token."""
+    token_file = tmp_path / "control-plane-token"
+    token_file.write_text("  syncd_abc123  \n# laptop token, made 2026-11-30\n")
+    assert read_plane_token(token_file) == "syncd_abc123"

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from syncd.cli import main as cli_main
+from syncd.exits import EXIT_TEMPFAIL
 from tests.syncd.faultproxy import Fault, FaultProxy
 from tests.syncd.processes import env_for, finish, wait_ready
 from tests.syncd.test_daemon import cli, start
@@ -394,3 +396,17 @@ def test_a_control_character_in_a_configured_path_is_a_config_error(
     assert "must not contain control characters" in out.stderr
     assert not (tmp_path / "a").exists() and list(tmp_path.iterdir()) == [config]
 
+
+
+def test_hub_admin_commands_are_found_only_as_the_subcommand(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``hub key``/``hub token`` anywhere in the arguments were taken for the hub's admin
+    commands, so recalling "key" in the realm "hub" got their usage error (exit 2) instead of
+    reaching the daemon (here: not running, exit 75)."""
+    code = cli_main(["--data-dir", str(tmp_path), "recall", "--realm", "hub", "key"])
+    err = capsys.readouterr().err
+    assert "hub key" not in err and code == EXIT_TEMPFAIL, err
+    for argv in (["hub", "key", "--help"], ["--data-dir", str(tmp_path), "hub", "token", "--help"],
+                 [f"--config={tmp_path / 'none.toml'}", "hub", "key", "--help"]):
+        assert cli_main(argv) == 0, argv  # the hub command's own help
+        assert "syncd hub" in capsys.readouterr().out, argv

@@ -45,7 +45,7 @@ from collections.abc import Mapping
 from local_store.errors import ValidationError
 
 __all__ = ["MAX_JSON_DEPTH", "REDACTED", "contains_private_marker", "has_private_tag",
-           "strip_json_object", "strip_json_strings", "strip_private"]
+           "is_text", "strip_json_object", "strip_json_strings", "strip_private"]
 
 REDACTED = "[redacted]"
 MAX_JSON_DEPTH = 64  # nesting of arguments and JSON-text fields; deeper is refused
@@ -138,36 +138,38 @@ def strip_json_object(value: Mapping[str, object]) -> dict[str, object]:
     return clean
 
 
-def _strip_json(value: object, depth: int, field: str, *, top: bool = False) -> object:
+def _strip_json(value: object, depth: int, field: str, *, top: bool = False,
+                strict: bool = True) -> object:
+    """``strict``: arguments (refused when too deep, or holding a lone surrogate); else JSON
+    text already decoded (``strip_private_json_text``): only redacted, as it was accepted
+    before it was read."""
     if isinstance(value, str):
-        _refuse_surrogates(value, field)
+        if strict:
+            _refuse_surrogates(value, field)
         return strip_private(value)
     if not isinstance(value, dict | list | tuple):
         return value
-    if depth >= MAX_JSON_DEPTH:
+    if strict and depth >= MAX_JSON_DEPTH:
         raise ValidationError(field, f"is nested more than {MAX_JSON_DEPTH} levels deep")
     if isinstance(value, dict):
         out = {}
         for key, item in value.items():
-            if isinstance(key, str):
+            if strict and isinstance(key, str):
                 _refuse_surrogates(key, field)
             clean = strip_private(key) if isinstance(key, str) else key
             name = field if not top else str(clean) if field == "body" else f"{field}.{clean}"
-            out[clean] = _strip_json(item, depth + 1, name)
+            out[clean] = _strip_json(item, depth + 1, name, strict=strict)
         return out
-    items = [_strip_json(item, depth + 1, field) for item in value]
+    items = [_strip_json(item, depth + 1, field, strict=strict) for item in value]
     return items if isinstance(value, list) else tuple(items)
 
 
 def _refuse_surrogates(text: str, field: str) -> None:
     """JSON can spell a lone surrogate (``"\\ud800"``), which no UTF-8 text (nor SQLite)
     can hold: refused here, naming the field, rather than failing the write later."""
-    if not text.isascii():
-        try:
-            text.encode()
-        except UnicodeEncodeError:
-            raise ValidationError(field, "must be Unicode text: it holds a lone surrogate "
-                                  "(an unpaired \\ud800-\\udfff escape)") from None
+    if not text.isascii() and not is_text(text):
+        raise ValidationError(field, "must be Unicode text: it holds a lone surrogate "
+                              "(an unpaired \\ud800-\\udfff escape)")
 
 
 def strip_private_json_text(text: str, field: str = "body") -> str:
@@ -178,9 +180,9 @@ def strip_private_json_text(text: str, field: str = "body") -> str:
     tag), it is decoded, every string inside is scanned, and it is re-encoded when something
     changed — or when an object repeats a key: decoding keeps only the last, so an earlier
     one could hide a tag the comparison never sees; the re-encoded text drops it, as any
-    JSON reader would. Text that is not JSON keeps its literal escapes, which are not tags;
-    JSON nested more than ``MAX_JSON_DEPTH`` levels deep raises ``ValidationError`` naming
-    ``field``.
+    JSON reader would. Text that is not JSON keeps its literal escapes, which are not tags.
+    Nothing else about the text is judged here (any depth, escaped lone surrogates): it is
+    refused, naming ``field``, only when too deep for Python to decode at all.
     """
     out = strip_private(text) if "<" in text else text
     if "\\" not in out:
@@ -195,11 +197,23 @@ def strip_private_json_text(text: str, field: str = "body") -> str:
 
     try:
         parsed = json.loads(out, object_pairs_hook=pairs)
-    except RecursionError:
-        raise ValidationError(field, f"is nested more than {MAX_JSON_DEPTH} levels deep") from None
+        cleaned = _strip_json(parsed, 0, field, strict=False)
+    except RecursionError:  # deeper than Python's stack: cannot be checked, so not kept
+        raise ValidationError(field, "is JSON nested too deeply to check") from None
     except ValueError:
         return out
-    cleaned = strip_json_strings(parsed, field)
     if cleaned == parsed and not repeated:
         return out
-    return json.dumps(cleaned, ensure_ascii=False, separators=(",", ":"))
+    text = json.dumps(cleaned, ensure_ascii=False, separators=(",", ":"))
+    # a lone surrogate spelled as an escape stays one: no UTF-8 text can hold it raw
+    return text if text.isascii() or is_text(text) else json.dumps(
+        cleaned, separators=(",", ":"))
+
+
+def is_text(text: str) -> bool:
+    """Whether UTF-8 (and so SQLite) can hold ``text``: no lone surrogate in it."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -128,15 +128,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _command_at(argv: list[str]) -> int:
-    """Where the subcommand is: after the global options (``--config X``, ``--data-dir X``).
-    Only ``hub token``/``hub key`` there are the hub's admin commands: ``syncd recall --realm
-    hub key`` is a recall."""
+    """Where the subcommand is: after the global options ``--config`` and ``--data-dir``, in
+    any order, spelled ``--opt X`` or ``--opt=X`` or abbreviated as argparse allows. Only
+    ``hub token``/``hub key`` there are the hub's admin commands: ``syncd recall --realm hub
+    key`` is a recall."""
     at = 0
-    while at < len(argv) and argv[at] in ("--config", "--data-dir"):
-        at += 2
-    while at < len(argv) and argv[at].startswith(("--config=", "--data-dir=")):
-        at += 1
+    while at < len(argv):
+        name, eq, _ = argv[at].partition("=")
+        if len(name) < 3 or not name.startswith("--") or sum(
+                option.startswith(name) for option in _GLOBAL_VALUED) != 1:
+            return at
+        at += 1 if eq else 2
     return at
+
+
+_GLOBAL_VALUED = ("--config", "--data-dir")
 
 
 def _main(argv: Sequence[str] | None) -> int:

@@ -18,7 +18,7 @@ from local_store import Store, StoreError, ValidationError
 from local_store.apply import ApplyResult
 from local_store.arguments import msgspec_field
 from local_store.exporting import ExportPages
-from local_store.redact import strip_private
+from local_store.redact import is_text, strip_private
 from protocol.query import QueryRequest
 from protocol.rows import (
     EXPORT_COUNT_HEADERS,
@@ -118,8 +118,8 @@ async def read_json(request: web.Request) -> Any:
     raw = await request.read()
     if not raw:
         raise HttpError(400, "bad_json", "request body is empty; send a JSON object")
-    try:
-        value = json.loads(raw, parse_constant=_not_json)
+    try:  # UTF-8 only (RFC 8259), strictly: no surrogate can arrive as raw bytes
+        value = json.loads(raw.decode("utf-8"), parse_constant=_not_json)
     except RecursionError:
         raise HttpError(400, "bad_json", "malformed JSON: nested too deeply") from None
     except ValueError as exc:
@@ -139,7 +139,7 @@ def _holds_surrogate(value: object) -> bool:
     while stack:
         item = stack.pop()
         if isinstance(item, str):
-            if not item.isascii() and not _encodable(item):
+            if not item.isascii() and not is_text(item):
                 return True
         elif isinstance(item, dict):
             stack.extend(item.keys())
@@ -147,14 +147,6 @@ def _holds_surrogate(value: object) -> bool:
         elif isinstance(item, list):
             stack.extend(item)
     return False
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _not_json(name: str) -> Any:
@@ -365,18 +357,30 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(text=text, content_type="text/plain")
 
 
+def _initializing(body: bytes) -> bool:
+    """Whether a JSON-RPC body is an ``initialize`` request (alone or in a batch)."""
+    try:
+        message = msgspec.json.decode(body)
+    except (msgspec.DecodeError, RecursionError):
+        return False
+    messages = message if isinstance(message, list) else [message]
+    return any(isinstance(m, dict) and m.get("method") == "initialize" for m in messages)
+
+
 async def mcp(request: web.Request) -> web.Response:
     """JSON-RPC over HTTP: a body that is not JSON is JSON-RPC's own Parse error (-32700,
     ``id`` null), as on stdio, not the REST error shape. An ``MCP-Protocol-Version`` header
     naming a version this server does not speak is a 400 (Streamable HTTP), its body a
     JSON-RPC error too; no header is fine (clients before 2025-06-18 send none)."""
     version = request.headers.get(MCP_VERSION_HEADER)
-    if version is not None and version not in SUPPORTED_PROTOCOL_VERSIONS:
+    body = await request.read()
+    if version is not None and version not in SUPPORTED_PROTOCOL_VERSIONS and not (
+            _initializing(body)):  # ``initialize`` negotiates the version itself
         return reply(rpc_error(None, INVALID_REQUEST, f"Bad Request: unsupported "
                                f"{MCP_VERSION_HEADER}; this server speaks "
                                f"{', '.join(SUPPORTED_PROTOCOL_VERSIONS)}"), status=400)
     server = request.app[MCP]
-    answer = await server.handle_bytes(await request.read())  # type: ignore[attr-defined]
+    answer = await server.handle_bytes(body)  # type: ignore[attr-defined]
     if answer is None:
         return web.Response(status=202)
     return web.Response(body=answer, content_type="application/json")

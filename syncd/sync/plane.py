@@ -88,17 +88,26 @@ class Timing:
     date_ns: int | None  # the server's Date header (1 s resolution), if any
 
 
+FETCH_LIMIT_SECS = 3600.0  # a whole GET: a first pull of a large plane over a slow link
+SEND_LIMIT_FACTOR = 10  # a whole POST, in client timeouts
+
+
 class PlaneClient:
     def __init__(self, url: str, token: str | None, *, timeout: float = 30.0,
-                 wall: Any = time.time_ns) -> None:
+                 wall: Any = time.time_ns, fetch_limit: float = FETCH_LIMIT_SECS) -> None:
         self.url = url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         # ``timeout`` bounds a silence (connecting, or waiting for the next bytes), not a whole
         # transfer: the plane's ``changes`` is one unpaged body, which for a first pull of a
-        # large plane over a slow link takes longer than any fixed total would allow.
-        self._timeout = aiohttp.ClientTimeout(total=None, connect=timeout,
-                                              sock_connect=min(timeout, 10.0),
-                                              sock_read=timeout)
+        # large plane over a slow link takes longer than ``timeout``. A whole request is still
+        # bounded, so a plane that stops reading a push or trickles an answer cannot hold the
+        # pass (and every later one, queued behind it) forever: a GET by ``fetch_limit``, a
+        # POST (its body at most ``push_batch_bytes``) by ``SEND_LIMIT_FACTOR`` × ``timeout``.
+        def limit(total: float) -> aiohttp.ClientTimeout:
+            return aiohttp.ClientTimeout(total=total, connect=timeout,
+                                         sock_connect=min(timeout, 10.0), sock_read=timeout)
+        self._timeout = limit(max(fetch_limit, timeout))
+        self._send_timeout = limit(SEND_LIMIT_FACTOR * timeout)
         self._session: aiohttp.ClientSession | None = None
         self._wall = wall
         self.requests = 0
@@ -185,7 +194,8 @@ class PlaneClient:
         self.requests += 1
         try:
             async with session.request(method, self.url + path, params=params, data=body,
-                                       headers=headers) as resp:
+                                       headers=headers, timeout=self._timeout if body is None
+                                       else self._send_timeout) as resp:
                 data = await resp.read()
                 self.last_timing = Timing(sent, self._wall(), _date_ns(resp.headers.get("Date")))
                 status, retry_after = resp.status, _retry_after(resp.headers.get("Retry-After"))

@@ -83,6 +83,24 @@ async def test_repeated_keys_in_saved_and_pulled_json_text_keep_no_secret(store:
         "u": "ok"}
 
 
+@pytest.mark.parametrize("text", [
+    '{"source":"js-client","note":"\\ud800","n":1}',  # an escaped lone surrogate: ASCII text
+    '{"a":' * 70 + '"line\\nbreak"' + "}" * 70,  # deep, with a backslash (so decoded)
+    '{"a":' * 70 + '"plain"' + "}" * 70,  # deep, without one
+])
+async def test_pulled_json_text_is_judged_only_for_private_spans(store: Store, text: str) -> None:
+    """Decoding JSON text to look for escaped tags must not refuse what was never refused:
+    these applied before that check, and SQLite holds them (ASCII) as they came."""
+    result = await store.apply(
+        [NodeRow(id="memory:json-text", content="remote body", updated_at=STAMP,
+                 provenance=text)],
+        [EdgeRow(src="memory:json-text", dst="memory:b", type="RELATES_TO", props=text,
+                 created_at=STAMP)], model="m")
+    assert (result.problems, result.applied_nodes, result.applied_edges) == ([], 1, 1)
+    nodes, edges = await store.export()
+    assert [n.provenance for n in nodes] == [text] and [e.props for e in edges] == [text]
+
+
 # ---------------------------------------------------------------------- ı / İ closers
 
 @pytest.mark.parametrize("closer", CLOSERS)

@@ -406,7 +406,11 @@ def test_hub_admin_commands_are_found_only_as_the_subcommand(
     code = cli_main(["--data-dir", str(tmp_path), "recall", "--realm", "hub", "key"])
     err = capsys.readouterr().err
     assert "hub key" not in err and code == EXIT_TEMPFAIL, err
-    for argv in (["hub", "key", "--help"], ["--data-dir", str(tmp_path), "hub", "token", "--help"],
-                 [f"--config={tmp_path / 'none.toml'}", "hub", "key", "--help"]):
+    config, data = str(tmp_path / "none.toml"), str(tmp_path)
+    for argv in (["hub", "key", "--help"], ["--data-dir", data, "hub", "token", "--help"],
+                 [f"--config={config}", "hub", "key", "--help"],
+                 [f"--config={config}", "--data-dir", data, "hub", "token", "--help"],
+                 [f"--data-dir={data}", "--config", config, "hub", "token", "--help"],
+                 ["--data", data, "hub", "key", "--help"]):
         assert cli_main(argv) == 0, argv  # the hub command's own help
         assert "syncd hub" in capsys.readouterr().out, argv

@@ -201,6 +201,14 @@ async def test_a_lone_surrogate_in_a_rest_body_is_400_bad_json(daemon: Daemon) -
         status, answer = await post(daemon, path, body)
         assert status == 400 and answer["error"]["code"] == "bad_json", (path, body, answer)
         assert "surrogate" in answer["error"]["message"]
+    # not as an escape: its raw (CESU) bytes, or a UTF-16 body; JSON over HTTP is UTF-8
+    stamp = "2026-01-01T00:00:00+00:00"
+    for body in (b'{"memory_nodes":[{"id":"memory:u1","content":"be\xed\xa0\x80ta",'
+                 b'"updated_at":"' + stamp.encode() + b'"}]}',
+                 ('{"memory_nodes":[{"id":"memory:u2","content":"be\\ud800ta","updated_at":"'
+                  + stamp + '"}]}').encode("utf-16-le")):
+        status, answer = await post(daemon, "/v1/agent/memory/import", body)
+        assert status == 400 and answer["error"]["code"] == "bad_json", (body[:40], answer)
     assert await daemon.store.dump() == before
     status, answer = await post(daemon, "/v1/agent/memory/tools/save_memory",
                                 b'{"content":"ship it \\ud83d\\ude80"}')
@@ -227,6 +235,12 @@ async def test_http_mcp_refuses_an_unsupported_protocol_version_header(daemon: D
         assert (status, answer["result"]) == (200, {}), version
     status, answer = await post(daemon, "/mcp/v1", rpc(4, "ping"))  # no header: before 2025-06
     assert (status, answer["result"]) == (200, {})
+    # ``initialize`` negotiates: a client newer than this server is answered with its version
+    status, answer = await post(daemon, "/mcp/v1", rpc(5, "initialize", {
+        "protocolVersion": "2999-01-01", "capabilities": {},
+        "clientInfo": {"name": "future", "version": "1"}}),
+        **{"MCP-Protocol-Version": "2999-01-01"})
+    assert status == 200 and answer["result"]["protocolVersion"] in SUPPORTED_PROTOCOL_VERSIONS
 
 
 async def test_http_unknown_tool_route_is_404(daemon: Daemon) -> None:

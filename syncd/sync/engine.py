@@ -319,10 +319,10 @@ class SyncEngine:
                         # a bootstrap from the beginning is a full export: no diff due for now
                         await self.store.set_sync_state({"anti_entropy_ns": str(self._wall())})
                     return reset
-        finally:
+        finally:  # a prefetched page not used: cancelled, and its failure (if any) read
             if not fetch.done():
                 fetch.cancel()
-                await asyncio.gather(fetch, return_exceptions=True)
+            await asyncio.gather(fetch, return_exceptions=True)
 
     async def _fetch_page(self, since: str | None, limit: int = PAGE_ROWS) -> ChangesResponse:
         """An ingest-feed hub leaves out this replica's own versions (a plane ignores the

@@ -6,6 +6,7 @@ hub, real laptops, the real fault proxy; no mocks."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import shutil
 import sqlite3
@@ -317,3 +318,43 @@ async def test_a_huge_retry_after_is_honoured_only_up_to_the_backoff_cap(
         finally:
             await laptop.close()
             await hub.close()
+
+
+async def test_a_prefetched_page_that_failed_while_the_pull_stopped_is_not_left_unread(
+        tmp_path: Path) -> None:
+    """The next page is fetched while one is applied. When that page held the cursor back (a
+    bad row, R5) and the prefetch had failed meanwhile (here the gate closed), nobody read the
+    prefetch's exception: asyncio logged "Task exception was never retrieved"."""
+    hub = await start_hub(tmp_path / "hub")
+    a = await start_laptop("a", tmp_path / "a", hub.url, hub.token)
+    b = await start_laptop("b", tmp_path / "b", hub.url, hub.token)
+    unread: list[str] = []
+    loop = asyncio.get_running_loop()
+    handler = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: unread.append(str(context.get("message"))))
+    try:
+        for batch in range(3):  # three imports: the hub's pages end on import boundaries
+            saved = await a.store.save_many([{"content": f"release note {batch}.{i}"}
+                                             for i in range(150)])
+            assert (await a.sync()).ok
+            if batch == 0:
+                first = f"memory:{saved['ids'][0]}"  # in the first page b pulls
+        await asyncio.to_thread(corrupt, hub.store.db_path, first)
+        asked = 0
+
+        def gate() -> str | None:  # open for the pass, the plane's settings and the first
+            nonlocal asked  # page; closed by the time the next page is fetched
+            asked += 1
+            return None if asked <= 3 else "expired"
+
+        b.engine.gate = gate
+        report = await b.sync()
+        assert (report.error_kind, report.pull_problems, report.pull_stopped) == (
+            "gated", 1, True), report
+        gc.collect()
+        assert unread == []
+    finally:
+        loop.set_exception_handler(handler)
+        await a.close()
+        await b.close()
+        await hub.close()

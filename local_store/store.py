@@ -264,9 +264,12 @@ class Store:
             return [None] * len(texts)
 
     def _run_embedder(self, texts: list[str]) -> Any:
-        """``embedder.embed``, keeping ``embedder_error`` (logged when it changes)."""
+        """``embedder.embed``, keeping ``embedder_error`` (logged when it changes). An answer
+        that is not ``len(texts)`` finite vectors of the model's width is a failure like any
+        other: stored, it would stand for the memory's meaning forever (re-embedding looks only
+        for memories without a vector)."""
         try:
-            matrix = self.embedder.embed(texts)
+            matrix = _checked(self.embedder.embed(texts), len(texts), self.embedder.dim)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             if error != self.embedder_error:
@@ -750,20 +753,47 @@ class Store:
         """Give every live memory a vector of the current embedder's model (those pulled with
         another model's vector stay keyword-searchable until then). Returns how many.
         ``progress(done, total)`` is called after each batch (``total`` is counted at the
-        start: memories saved meanwhile embed themselves)."""
-        model, done = self.embedder.model_id, 0
+        start: memories saved meanwhile embed themselves).
+
+        A batch the embedder fails on is embedded a text at a time: a text it cannot take is
+        left without a vector (keyword recall still finds it) and the pass goes on past it,
+        rather than failing on it first in every pass. When every text of a batch fails, the
+        embedder is what fails: the error is raised."""
+        model, done, after = self.embedder.model_id, 0, -1
         total = int((await self._fetch("SELECT count(*) " + _MISSING_VECTOR, (model,)))[0][0])
         while True:
-            rows = await self._fetch("SELECT id, content " + _MISSING_VECTOR
-                                     + " ORDER BY local_seq LIMIT ?", (model, batch))
+            rows = await self._fetch("SELECT id, content, local_seq " + _MISSING_VECTOR
+                                     + " AND local_seq > ? ORDER BY local_seq LIMIT ?",
+                                     (model, after, batch))
             if not rows:
                 return done
-            vectors = await self._embed([r[1] for r in rows])
-            items = [(r[0], r[1], v) for r, v in zip(rows, vectors, strict=True)]
+            after = rows[-1][2]
+            try:
+                embedded = list(zip(rows, await self._embed([r[1] for r in rows]), strict=True))
+            except Exception:
+                embedded = await self._embed_one_by_one(rows)
+            items = [(r[0], r[1], v) for r, v in embedded]
             await self._write(functools.partial(_put_embedded, items))
-            done += len(rows)
+            done += len(items)
             if progress is not None:
                 progress(done, max(total, done))
+
+    async def _embed_one_by_one(self, rows: list[sqlite3.Row]) -> list[tuple[Any, Vector]]:
+        embedded, failure = [], None
+        for row in rows:
+            try:
+                (vector,) = await self._embed([row[1]])
+            except Exception as exc:
+                failure = exc
+                continue
+            embedded.append((row, vector))
+        if not embedded and failure is not None:
+            raise failure
+        if failure is not None:
+            log.warning("re-embedding skipped %d memories the embedder %s fails on (%s); "
+                        "keyword recall still finds them", len(rows) - len(embedded),
+                        self.embedder.model_id, failure)
+        return embedded
 
     # ------------------------------------------------------------------ reads
 
@@ -851,6 +881,16 @@ class Store:
 
 _MISSING_VECTOR = ("FROM memories WHERE deleted = 0 AND content <> '' AND id NOT IN "
                    "(SELECT memory_id FROM vectors WHERE model = ?)")
+
+
+def _checked(matrix: Any, rows: int, dim: int) -> Any:
+    """``matrix`` if it holds ``rows`` finite vectors of ``dim`` values; else ValueError."""
+    shape = np.shape(matrix)
+    if shape != (rows, dim):
+        raise ValueError(f"the embedder answered {shape} for {rows} texts of width {dim}")
+    if not np.isfinite(np.asarray(matrix, dtype=np.float64)).all():
+        raise ValueError("the embedder answered a value that is not a finite number")
+    return matrix
 
 
 def _put_embedded(items: list[tuple[str, str, Vector]], w: Writer) -> None:

@@ -68,11 +68,14 @@ def make_embedder(model: str, cache_dir: Path | None = None,
         from local_store.embed_minilm import MiniLMEmbedder
         return MiniLMEmbedder(intra_op_threads=threads)
     if model == "bge-small-en-v1.5":
-        from local_store.embed_minilm import FastEmbedBGE
+        from local_store.embed_minilm import EmbedderUnavailable, FastEmbedBGE
         if cache_dir is None:
             raise StartupError("embedding.cache_dir must name the directory holding the "
                                "bge-small-en-v1.5 files", EXIT_CONFIG)
-        return FastEmbedBGE(cache_dir, threads=threads)
+        try:
+            return FastEmbedBGE(cache_dir, threads=threads)
+        except EmbedderUnavailable as exc:  # files or package missing: a restart cannot help
+            raise StartupError(f"embedding.model = {model!r}: {exc}", EXIT_CONFIG) from None
     raise StartupError(f"embedding.model = {model!r}: unknown model", EXIT_CONFIG)
 
 

@@ -118,12 +118,17 @@ class Hub:
     async def _reembed(self, store: HubStore) -> None:
         """Rows pushed by laptops on another model arrive with zero vectors: embed them with
         the hub's model, so the hub's semantic recall covers them."""
+        failing: str | None = None  # the last failure, logged once until it changes
         while True:
             try:
                 count = await store.reembed_missing()
                 if count:
                     log.info("embedded %d memories with %s", count, store.embedder.model_id)
-            except Exception:  # background work must never take the hub down
-                log.exception("re-embedding failed")
+                failing = None
+            except Exception as exc:  # background work must never take the hub down
+                error = f"{type(exc).__name__}: {exc}"
+                if error != failing:
+                    log.exception("re-embedding failed (logged again when the error changes)")
+                failing = error
             await asyncio.sleep(self.reembed_secs)
 

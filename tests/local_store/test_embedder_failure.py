@@ -83,3 +83,59 @@ async def test_reembedding_reports_its_progress(flaky: tuple[Store, FlakyEmbedde
     seen: list[tuple[int, int]] = []
     assert await store.reembed_missing(batch=2, progress=lambda d, t: seen.append((d, t))) == 5
     assert seen == [(2, 5), (4, 5), (5, 5)]
+
+
+class OddEmbedder(HashingEmbedder):
+    """Answers what a broken model might: ``bad`` is "short" (one value missing per row),
+    "nan", or None (the hashing embedder's own answer); texts holding ``poison`` fail."""
+
+    bad: str | None = None
+    poison: str | None = None
+
+    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        if self.poison is not None and any(self.poison in text for text in texts):
+            raise RuntimeError("tokenizer: cannot encode this text")
+        out = super().embed(texts)
+        if self.bad == "short":
+            return out[:, :-1]
+        if self.bad == "nan":
+            out[:] = np.nan
+        return out
+
+
+@pytest.mark.parametrize("bad", ["short", "nan"])
+async def test_an_answer_that_is_not_a_vector_is_a_failure(tmp_path: Path, bad: str) -> None:
+    """A row of the wrong width, or NaN, was stored as the memory's vector: re-embedding looks
+    only for memories without one, so it stood for the memory forever."""
+    embedder = OddEmbedder()
+    embedder.bad = bad
+    async with await Store.open(tmp_path, embedder=embedder) as store:
+        saved = await store.save({"content": "deploy with make release"})
+        assert saved["node_id"] not in store.index and await vector_count(store) == 0
+        assert store.embedder_error is not None and "embedder answered" in store.embedder_error
+        embedder.bad = None
+        assert await store.reembed_missing() == 1
+        assert saved["node_id"] in store.index
+
+
+async def test_one_text_the_embedder_cannot_take_does_not_stop_the_others(
+        tmp_path: Path) -> None:
+    """After a model switch, one such text failed its whole batch, and every pass failed on it
+    first: none of the others ever got a vector of the new model."""
+    async with await Store.open(tmp_path, embedder=HashingEmbedder(model_id="old")) as store:
+        ids = [(await store.save({"content": "POISON first"}))["node_id"]]
+        ids += [(await store.save({"content": f"ordinary note {i}"}))["node_id"]
+                for i in range(10)]
+    embedder = OddEmbedder(model_id="new")
+    embedder.poison = "POISON"
+    async with await Store.open(tmp_path, embedder=embedder) as store:
+        assert await store.reembed_missing(batch=4) == 10
+        assert [mid in store.index for mid in ids] == [False] + [True] * 10
+        embedder.poison = None  # a fixed model: the one left behind is taken next time
+        assert await store.reembed_missing(batch=4) == 1 and ids[0] in store.index
+    embedder = OddEmbedder(model_id="newer")
+    embedder.poison = " "  # every text fails: the embedder is what fails, and it says so
+    async with await Store.open(tmp_path, embedder=embedder) as store:
+        await store.save({"content": "a note for the newer model"})
+        with pytest.raises(RuntimeError, match="cannot encode"):
+            await store.reembed_missing(batch=50)

@@ -151,8 +151,8 @@ class Writer:
                 row["invalid_at"] = row["updated_at"]  # Kyma's soft delete (see ``delete``)
         row["content_hash"] = node_hash(row)
         row["local_seq"] = self.next_seq()
-        if local and vector is not None:
-            self.drop_stale_vectors(row, vector.model)
+        if local and not row["deleted"]:  # with no new vector, every model's is stale
+            self.drop_stale_vectors(row, "" if vector is None else vector.model)
         self.fts_remove([row["id"]])
         self.conn.execute(NODE_UPSERT, node_params(row))
         self.fts_add([row["id"]])
@@ -167,7 +167,9 @@ class Writer:
 
     def drop_stale_vectors(self, row: Row, model: str) -> None:
         """A local content change makes every other model's vector of this memory stale (the
-        plane-model vector is pushed only while the content it was made from is unchanged)."""
+        plane-model vector is pushed only while the content it was made from is unchanged);
+        ``model`` ``""``: every model's (the change came without a vector: the embedder
+        failed, and re-embedding takes the memory up once it has none)."""
         stale = self.conn.execute(
             "DELETE FROM vectors WHERE memory_id = ? AND model <> ? AND NOT EXISTS "
             "(SELECT 1 FROM memories WHERE id = ? AND content = ?)",
@@ -310,6 +312,7 @@ class Writer:
         if purged and self.any_live(purged):
             self.purge_index = True  # a hard delete's tombstone replaces indexed text
         self.fts_remove(old_ids)
+        self.drop_changed_vectors([row for row, _ in old if not row["deleted"]], model)
         for sql, params in node_batches((row for row, _ in winners if row["id"] in new_ids),
                                         upsert=False):
             self.conn.executemany(sql, params)
@@ -336,6 +339,20 @@ class Writer:
                 events.append((row["id"], model, None))
             else:
                 events.append((row["id"], vector.model, vector.values))
+
+    def drop_changed_vectors(self, rows: list[Row], model: str) -> None:
+        """Before remote versions replace these rows: where the text changed, the vectors of
+        models other than ``model`` (the sender's, handled by the caller) describe the old
+        text — the local model's among them. They go; re-embedding makes the local one anew."""
+        content = {row["id"]: row["content"] for row in rows}
+        changed = [mid for chunk in chunks(list(content)) for mid, stored in self.conn.execute(
+            f"SELECT id, content FROM memories WHERE id IN ({marks(chunk)})", chunk)
+            if stored != content[mid]]
+        if not changed:
+            return
+        self.conn.executemany("DELETE FROM vectors WHERE memory_id = ? AND model <> ?",
+                              [(mid, model) for mid in changed])
+        self.vector_events.extend((mid, None, None) for mid in changed)
 
     def apply_edge(self, row: Row) -> bool:
         row["content_hash"] = content_hash(row, EDGE_HASHED)

@@ -12,6 +12,7 @@ import numpy.typing as npt
 import pytest
 
 from local_store import HashingEmbedder, Store
+from protocol.rows import NodeRow
 
 
 class FlakyEmbedder(HashingEmbedder):
@@ -139,3 +140,55 @@ async def test_one_text_the_embedder_cannot_take_does_not_stop_the_others(
         await store.save({"content": "a note for the newer model"})
         with pytest.raises(RuntimeError, match="cannot encode"):
             await store.reembed_missing(batch=50)
+
+
+async def local_vector(store: Store, memory_id: str) -> npt.NDArray[np.float32] | None:
+    rows = await store._fetch("SELECT vec FROM vectors WHERE memory_id = ? AND model = ?",
+                              (memory_id, store.embedder.model_id))
+    return None if not rows else np.frombuffer(rows[0][0], dtype="<f4")
+
+
+async def test_a_text_changed_without_a_new_vector_loses_the_old_ones(
+        flaky: tuple[Store, FlakyEmbedder]) -> None:
+    """The text changed while the embedder failed (a topic-key upsert): the old text's vector
+    stayed, so semantic recall matched the old text and re-embedding (which looks for
+    memories without a vector) never replaced it."""
+    store, embedder = flaky
+    embedder.broken = False
+    mid = (await store.save({"content": "deploy with make release", "topic_key": "deploy"}))[
+        "node_id"]
+    embedder.broken = True
+    again = await store.save({"content": "kubernetes helm chart rollout canary",
+                              "topic_key": "deploy"})
+    assert again["node_id"] == mid and await local_vector(store, mid) is None
+    assert mid not in store.index
+    await store.update_status(mid, "background")  # no text change: nothing to drop
+    embedder.broken = False
+    assert await store.reembed_missing() == 1
+    vector = await local_vector(store, mid)
+    assert vector is not None and np.allclose(
+        vector, embedder.embed(["kubernetes helm chart rollout canary"])[0])
+    await store.update_status(mid, "active")  # a write that keeps the text keeps its vector
+    assert await local_vector(store, mid) is not None and mid in store.index
+
+
+async def test_a_pulled_text_change_drops_the_local_models_vector(tmp_path: Path) -> None:
+    """A pulled version with new text replaced only the sender's model's vector: the local
+    model's, of the old text, stayed in the table and the index."""
+    embedder = HashingEmbedder()
+    async with await Store.open(tmp_path, embedder=embedder) as store:
+        mid = (await store.save({"content": "deploy with make release"}))["node_id"]
+        same = (await store.save({"content": "an untouched note"}))["node_id"]
+        kept = await local_vector(store, same)
+        newer = [NodeRow(id=mid, content="kubernetes helm chart rollout canary",
+                         updated_at="2999-01-01T00:00:00+00:00", embedding=[0.6, 0.8]),
+                 NodeRow(id=same, content="an untouched note", importance=0.9,
+                         updated_at="2999-01-01T00:00:00+00:00", embedding=[0.8, 0.6])]
+        result = await store.apply(newer, [], model="bge-small-en-v1.5")
+        assert result.applied_nodes == 2
+        assert await local_vector(store, mid) is None and mid not in store.index
+        assert kept is not None and np.array_equal(await local_vector(store, same), kept)
+        assert same in store.index  # its text did not change: its vector still fits
+        assert await store.reembed_missing() == 1
+        assert np.allclose(await local_vector(store, mid),
+                           embedder.embed(["kubernetes helm chart rollout canary"])[0])

@@ -23,6 +23,7 @@ from local_store.errors import ValidationError
 from local_store.redact import (
     REDACTED,
     has_private_tag,
+    strip_json_object,
     strip_json_strings,
     strip_private_json_text,
 )
@@ -316,8 +317,7 @@ def build_save(raw: Mapping[str, object], writer: Mapping[str, object], *,
     if not isinstance(raw, Mapping):
         raise ValidationError(label or "body", "must be a JSON object")
     refuse_private_identity(raw, label)
-    args = strip_json_strings(dict(raw))
-    assert isinstance(args, dict)
+    args = strip_json_object(raw)
     p = f"{label}." if label else ""
     coerced: dict[str, str] = {}
     content = args.get("content")

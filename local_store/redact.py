@@ -45,7 +45,7 @@ from collections.abc import Mapping
 from local_store.errors import ValidationError
 
 __all__ = ["MAX_JSON_DEPTH", "REDACTED", "contains_private_marker", "has_private_tag",
-           "is_text", "strip_json_object", "strip_json_strings", "strip_private"]
+           "holds_lone_surrogate", "is_text", "strip_json_object", "strip_json_strings", "strip_private"]
 
 REDACTED = "[redacted]"
 MAX_JSON_DEPTH = 64  # nesting of arguments and JSON-text fields; deeper is refused
@@ -208,6 +208,22 @@ def strip_private_json_text(text: str, field: str = "body") -> str:
     # a lone surrogate spelled as an escape stays one: no UTF-8 text can hold it raw
     return text if text.isascii() or is_text(text) else json.dumps(
         cleaned, separators=(",", ":"))
+
+
+def holds_lone_surrogate(value: object) -> bool:
+    """Whether a decoded JSON value has a string (or key) no UTF-8 text can hold."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii() and not is_text(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
 
 
 def is_text(text: str) -> bool:

@@ -387,8 +387,7 @@ class Store:
     async def link(self, args: Mapping[str, object]) -> dict[str, Any]:
         """``link_memory_to_entity``: an edge from a memory to any node id (verbatim)."""
         refuse_private_identity(args)
-        clean = strip_json_strings(dict(args))
-        assert isinstance(clean, dict)
+        clean = strip_json_object(args)
         src = normalise_memory_id(clean.get("memory_id"))
         dst = required_str(clean, "target_node_id")
         kind = optional_str(clean, "relationship_type") or "REFERENCES"
@@ -411,8 +410,7 @@ class Store:
         for key in ("kind", "name"):
             if isinstance(value := args.get(key), str):
                 refuse_private_id(value, key)
-        clean = strip_json_strings(dict(args))
-        assert isinstance(clean, dict)
+        clean = strip_json_object(args)
         name = required_str(clean, "name", limit=1000)
         kind = optional_str(clean, "kind")
         if kind is not None and ("," in kind or len(kind) > MAX_TAG_CHARS - len("kind:")):
@@ -455,8 +453,7 @@ class Store:
 
     async def session_summary(self, args: Mapping[str, object]) -> dict[str, Any]:
         """``memory_session_summary``: one summary memory from the non-empty fields."""
-        clean = strip_json_strings(dict(args))
-        assert isinstance(clean, dict)
+        clean = strip_json_object(args)
         parts, sizes = [], dict[str, int]()
         for key, label in (("goal", "Goal"), ("instructions", "Instructions"),
                            ("discoveries", "Discoveries"), ("accomplished", "Accomplished"),
@@ -810,8 +807,7 @@ class Store:
 
     async def list_memories(self, args: Mapping[str, object] | None = None) -> dict[str, Any]:
         """``list_memories``: newest first; invalidated and deleted excluded; archived unless asked."""
-        clean = strip_json_strings(dict(args or {}))
-        assert isinstance(clean, dict)
+        clean = strip_json_object(args or {})
         limit = int_arg(clean, "limit", LIST_LIMIT_DEFAULT, 1, LIST_LIMIT_MAX)
         offset = int_arg(clean, "offset", 0, 0, 10**9)
         where, params = ["deleted = 0", "invalid_at IS NULL"], []

@@ -36,7 +36,7 @@ from local_store.records import (
     refuse_private_id,
     slug,
 )
-from local_store.redact import REDACTED, strip_json_strings, strip_private
+from local_store.redact import REDACTED, strip_json_object, strip_private
 
 Handler = Callable[[Store, dict[str, Any]], Awaitable[Any]]
 
@@ -289,9 +289,7 @@ def _text(args: Mapping[str, Any], name: str, *, limit: int = MAX_KEY_CHARS,
 
 def _redacted(args: Mapping[str, Any]) -> dict[str, Any]:
     """The arguments through the store's redactor, before any check or use (P1)."""
-    clean = strip_json_strings(dict(args))
-    assert isinstance(clean, dict)
-    return clean
+    return strip_json_object(args)
 
 
 async def _learning(store: Store, args: dict[str, Any]) -> Any:

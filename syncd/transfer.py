@@ -34,6 +34,7 @@ from urllib.parse import quote
 
 import msgspec
 
+from local_store.redact import holds_lone_surrogate
 from protocol.rows import EXPORT_COUNT_HEADERS, EdgeRow, NodeRow
 from syncd.client import Client, ClientError
 from syncd.config import DEFAULT_MAX_BODY_BYTES
@@ -166,7 +167,7 @@ class _Batches:
             refusal = refusal or ("holds a number JSON cannot carry (NaN, or one out of range "
                                   "such as 1e999): not sent")
             encoded = ""
-        if refusal is None and _SURROGATE_ESCAPE.search(encoded) and not _is_text(row):
+        if refusal is None and _SURROGATE_ESCAPE.search(encoded) and holds_lone_surrogate(row):
             refusal = ("holds a lone surrogate escape (\\ud800-\\udfff without its pair), "
                        "which is not text: not sent")
         size = len(encoded) + len(", ")  # its bytes in the body, with a separator
@@ -231,16 +232,6 @@ def _refused_here(row: object, kind: str) -> str | None:
 
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # in json.dumps's ASCII output
-
-
-def _is_text(row: object) -> bool:
-    """Whether every string in ``row`` is UTF-8 text (the daemon refuses a body that holds a
-    lone surrogate, which JSON can spell, whole)."""
-    try:
-        json.dumps(row, ensure_ascii=False).encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _label(row: object) -> str:

@@ -18,7 +18,7 @@ from local_store import Store, StoreError, ValidationError
 from local_store.apply import ApplyResult
 from local_store.arguments import msgspec_field
 from local_store.exporting import ExportPages
-from local_store.redact import is_text, strip_private
+from local_store.redact import holds_lone_surrogate, strip_private
 from protocol.query import QueryRequest
 from protocol.rows import (
     EXPORT_COUNT_HEADERS,
@@ -124,29 +124,13 @@ async def read_json(request: web.Request) -> Any:
         raise HttpError(400, "bad_json", "malformed JSON: nested too deeply") from None
     except ValueError as exc:
         raise HttpError(400, "bad_json", f"malformed JSON: {exc}") from None
-    if _SURROGATE_ESCAPE.search(raw) and _holds_surrogate(value):
+    if _SURROGATE_ESCAPE.search(raw) and holds_lone_surrogate(value):
         raise HttpError(400, "bad_json", "malformed JSON: a lone surrogate escape "
                         "(\\ud800-\\udfff without its pair) is not text")
     return value
 
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-
-
-def _holds_surrogate(value: object) -> bool:
-    """Whether a decoded JSON value has a string (or key) no UTF-8 text can hold."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if not item.isascii() and not is_text(item):
-                return True
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return False
 
 
 def _not_json(name: str) -> Any:

@@ -121,6 +121,11 @@ class Store:
         # The embedder's last failure ("Type: message"), None once it works: while it fails,
         # memories are saved without a vector and recall is keyword-only.
         self.embedder_error: str | None = None
+        # Some live memory may lack a vector of the embedder's model because the embedder
+        # failed (a save while it was down, a re-embedding pass it stopped): the daemon runs
+        # ``reembed_missing`` while this holds. True at open: the first pass finds out.
+        self.vectors_owed = True
+        self._reembedding = asyncio.Lock()  # one re-embedding pass at a time
         self._recall_reader = SyncReader(data_dir / db.DB_FILENAME)
         # Recall embeds the query and compares it with the index here, while its keyword leg
         # runs on the recall reader's thread.
@@ -261,6 +266,7 @@ class Store:
         try:
             return list(await self._embed(texts))
         except Exception:
+            self.vectors_owed = True
             return [None] * len(texts)
 
     def _run_embedder(self, texts: list[str]) -> Any:
@@ -483,9 +489,12 @@ class Store:
                     model: str) -> ApplyResult:
         """Apply remote rows (LWW, idempotent); ``model`` names the embedder of their vectors."""
         node_list, edge_list = list(nodes), list(edges)
-        return await self._write(lambda w: apply_batch(w, node_list, edge_list, model,
-                                                          self._hash_pool),
-                                 foreign_keys=False)
+        result = await self._write(lambda w: apply_batch(w, node_list, edge_list, model,
+                                                            self._hash_pool),
+                                   foreign_keys=False)
+        if result.applied_nodes:  # rows of another model, or without a vector, need one
+            self.vectors_owed = True
+        return result
 
     async def export(self, realm: str | None = None, *, model: str | None = None,
                      include_deleted: bool = False) -> tuple[list[NodeRow], list[EdgeRow]]:
@@ -755,7 +764,19 @@ class Store:
         A batch the embedder fails on is embedded a text at a time: a text it cannot take is
         left without a vector (keyword recall still finds it) and the pass goes on past it,
         rather than failing on it first in every pass. When every text of a batch fails, the
-        embedder is what fails: the error is raised."""
+        embedder is what fails: the error is raised, and ``vectors_owed`` stays set.
+        A pass that ends without that clears it (a save failing meanwhile sets it again).
+        Passes run one at a time (the daemon's and the one after a pull)."""
+        async with self._reembedding:
+            self.vectors_owed = False
+            try:
+                return await self._reembed_pass(batch, progress)
+            except BaseException:
+                self.vectors_owed = True
+                raise
+
+    async def _reembed_pass(self, batch: int,
+                            progress: Callable[[int, int], None] | None) -> int:
         model, done, after = self.embedder.model_id, 0, -1
         total = int((await self._fetch("SELECT count(*) " + _MISSING_VECTOR, (model,)))[0][0])
         while True:

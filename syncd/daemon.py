@@ -30,7 +30,13 @@ from typing import Any
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from local_store import HashingEmbedder, Store, StoreLockedError, StoreUnusableError
+from local_store import (
+    HashingEmbedder,
+    Store,
+    StoreClosedError,
+    StoreLockedError,
+    StoreUnusableError,
+)
 from local_store.embed import Embedder
 from syncd.config import is_loopback_host, local_url
 from syncd.entitlement.keeper import Keeper, attach_gate
@@ -44,6 +50,8 @@ from syncd.token import ensure_token, token_path
 CHECKPOINT_SECS = 300  # truncate the WAL every 5 minutes (a long reader may have grown it)
 HEARTBEAT_SECS = 1.0  # in-process heartbeat without a service-manager watchdog (launchd)
 BLOCKED_WARN_SECS = 5.0  # a heartbeat this late means the event loop was blocked
+REEMBED_TICK_SECS = 60.0  # how often the daemon looks whether memories are owed a vector
+REEMBED_BACKOFF_CAP_SECS = 1800.0  # while the embedder fails, retries slow down to this
 log = logging.getLogger("syncd.daemon")
 
 
@@ -94,8 +102,10 @@ class Daemon:
                  max_body: int = 4 * 1024 * 1024, plane_model: str = "bge-small-en-v1.5",
                  shutdown_timeout: float = 10.0, allow_non_loopback: bool = False,
                  sync: Callable[[Store], SyncRunner] | None = None,
-                 entitlement: EntitlementSetup | None = None) -> None:
+                 entitlement: EntitlementSetup | None = None,
+                 reembed_tick: float = REEMBED_TICK_SECS) -> None:
         self.data_dir, self.host, self.port = data_dir, host, port
+        self.reembed_tick = reembed_tick
         self.embedder, self.unix_socket = embedder, unix_socket
         self.extra_hosts, self.max_body, self.plane_model = extra_hosts, max_body, plane_model
         self.shutdown_timeout, self.allow_non_loopback = shutdown_timeout, allow_non_loopback
@@ -213,12 +223,9 @@ class Daemon:
         async def warm_and_reembed() -> None:
             try:
                 await store.recall({"query": "warm up", "limit": 1})
-                count = await store.reembed_missing(progress=ProgressLog(
-                    f"re-embedding with {store.embedder.model_id}"))
-                if count:
-                    log.info("re-embedded %d memories with %s", count, store.embedder.model_id)
             except Exception:  # background work must never take the daemon down
                 log.exception("background warm-up failed")
+            await reembed_while_owed(store, self.reembed_tick)
 
         async def checkpoint_periodically() -> None:
             while True:
@@ -248,6 +255,34 @@ class Daemon:
             task = asyncio.create_task(work, name=name)
             self._background.add(task)
             task.add_done_callback(self._background.discard)
+
+
+async def reembed_while_owed(store: Store, tick: float = REEMBED_TICK_SECS,
+                             cap: float = REEMBED_BACKOFF_CAP_SECS) -> None:
+    """Give memories a vector of the local model whenever the store owes some
+    (``Store.vectors_owed``: saved while the embedder failed, or applied with another model's
+    vector or none), without waiting for a pull or a restart. Looks every ``tick`` seconds;
+    while the embedder fails, retries back off from ``tick`` to ``cap`` — but a save that
+    finds the embedder working again (``embedder_error`` cleared) brings the next pass to the
+    next tick. The store logs the embedder's failure when it changes; this loop adds nothing
+    to the log for it."""
+    loop = asyncio.get_running_loop()
+    wait, next_try = tick, 0.0
+    while True:
+        if store.vectors_owed and (store.embedder_error is None or loop.time() >= next_try):
+            try:
+                count = await store.reembed_missing(progress=ProgressLog(
+                    f"re-embedding with {store.embedder.model_id}"))
+                if count:
+                    log.info("re-embedded %d memories with %s", count, store.embedder.model_id)
+                wait = tick
+            except StoreClosedError:
+                return
+            except Exception:  # background work must never take the daemon down
+                wait = min(wait * 2, cap)
+                log.debug("re-embedding failed; next try in %.0f s", wait, exc_info=True)
+            next_try = loop.time() + wait
+        await asyncio.sleep(tick)
 
 
 async def listen(runner: web.AppRunner, host: str, port: int, shutdown_timeout: float) -> str:

@@ -1,12 +1,14 @@
 """The embedder as the daemon and the hub set it up and run it: a model that cannot load is a
-configuration error (exit 2, not "try again"), and the hub's periodic re-embedding reports a
-failure that does not change once, not every period."""
+configuration error (exit 2, not "try again"), the hub's periodic re-embedding reports a
+failure that does not change once, not every period, and the daemon gives memories their
+vector once its embedder works again."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +16,8 @@ import numpy.typing as npt
 import pytest
 
 from local_store import HashingEmbedder, Store
-from syncd.daemon import StartupError, make_embedder
+from protocol.rows import NodeRow
+from syncd.daemon import StartupError, make_embedder, reembed_while_owed
 from syncd.exits import EXIT_CONFIG
 from syncd.hub.server import Hub
 from syncd.hub.store import SqliteHubStore
@@ -52,3 +55,102 @@ async def test_the_hub_logs_an_unchanging_reembedding_failure_once(
     failures = [r for r in caplog.records if r.name.startswith("syncd.hub")
                 and r.levelno >= logging.ERROR]
     assert len(failures) == 1, [r.getMessage() for r in failures]
+
+
+class FlakyEmbedder(HashingEmbedder):
+    """Fails while ``broken``; counts the calls it was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.broken, self.calls = True, 0
+
+    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        self.calls += 1
+        if self.broken:
+            raise RuntimeError("model.onnx: No such file or directory")
+        return super().embed(texts)
+
+
+@contextlib.asynccontextmanager
+async def running(work: Coroutine[object, object, None]) -> AsyncIterator[None]:
+    """``work`` as a task for the block's duration, cancelled after."""
+    task = asyncio.create_task(work)
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def wait_for(condition: Callable[[], bool], seconds: float = 10.0) -> None:
+    """Polls: the loop under test has no event to wait on (it changes plain attributes)."""
+    async with asyncio.timeout(seconds):
+        while not condition():  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+
+
+async def test_memories_saved_while_the_embedder_failed_get_a_vector_once_it_works(
+        tmp_path: Path) -> None:
+    """Without a pull or a restart: the daemon's loop retries (slower while the embedder
+    fails) and gives them their vector once it works."""
+    embedder = FlakyEmbedder()
+    async with await Store.open(tmp_path / "data", embedder=embedder) as store:
+        await store.save({"content": "deploy with make release"})
+        await store.save({"content": "the cache lives in redis"})
+        assert len(store.index) == 0  # saved, keyword-searchable, without a vector
+        async with running(reembed_while_owed(store, tick=0.01, cap=0.08)):
+            await asyncio.sleep(0.5)  # ~50 ticks while it fails
+            # Each pass tries the batch, then each text: 3 calls. Backing off (0.02, 0.04,
+            # 0.08, 0.08…) makes ~8 passes in 0.5 s; a pass every tick would make ~50.
+            assert 3 <= embedder.calls <= 3 * 12, embedder.calls
+            assert store.vectors_owed and len(store.index) == 0
+            embedder.broken = False
+            await wait_for(lambda: len(store.index) == 2)
+            assert not store.vectors_owed
+            calls = embedder.calls
+            await asyncio.sleep(0.2)
+            assert embedder.calls == calls  # nothing owed: no pass, no embedding
+
+
+async def test_a_save_that_finds_the_embedder_working_again_ends_the_backoff(
+        tmp_path: Path) -> None:
+    embedder = FlakyEmbedder()
+    async with await Store.open(tmp_path / "data", embedder=embedder) as store:
+        await store.save({"content": "deploy with make release"})
+        async with running(reembed_while_owed(store, tick=0.01, cap=3600)):
+            # The save's call, then seven failed passes of 2 calls (the batch, then its one
+            # text) 0.02, 0.04, … 0.64 s apart: the next would come 1.28 s after the seventh.
+            await wait_for(lambda: embedder.calls >= 1 + 7 * 2)
+            assert len(store.index) == 0
+            embedder.broken = False
+            await store.save({"content": "the cache lives in redis"})  # embeds: works again
+            await wait_for(lambda: len(store.index) == 2, seconds=0.6)  # the next tick
+
+
+async def test_rows_applied_without_a_vector_of_the_local_model_are_embedded(
+        tmp_path: Path) -> None:
+    """``syncd import`` and pulls of another model's rows: the loop embeds them too."""
+    embedder = FlakyEmbedder()
+    embedder.broken = False
+    async with (await Store.open(tmp_path / "data", embedder=embedder) as store,
+                running(reembed_while_owed(store, tick=0.01))):
+        await wait_for(lambda: not store.vectors_owed)  # the first pass: nothing owed
+        row = NodeRow(id="memory:1", content="rotate the signing key yearly",
+                      updated_at="2026-01-01T00:00:00.000000000+00:00")
+        result = await store.apply([row], [], model="another-model")
+        assert result.applied_nodes == 1
+        await wait_for(lambda: len(store.index) == 1)
+
+
+async def test_a_memory_saved_during_an_outage_after_a_clean_pass_is_owed_a_vector(
+        tmp_path: Path) -> None:
+    embedder = FlakyEmbedder()
+    embedder.broken = False
+    async with (await Store.open(tmp_path / "data", embedder=embedder) as store,
+                running(reembed_while_owed(store, tick=0.01, cap=0.04))):
+        await wait_for(lambda: not store.vectors_owed)  # a clean first pass
+        embedder.broken = True
+        await store.save({"content": "deploy with make release"})
+        assert store.vectors_owed and len(store.index) == 0
+        embedder.broken = False
+        await wait_for(lambda: len(store.index) == 1)

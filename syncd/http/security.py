@@ -72,7 +72,7 @@ def guards(token: str, extra_hosts: Iterable[str] = ()) -> web.middleware:  # ty
                     return refused
                 request[SESSION_KEY] = found
             elif given is None or not given.startswith("Bearer ") or not hmac.compare_digest(
-                    given[7:].strip().encode(), expected):
+                    given[7:].strip().encode("utf-8", "surrogateescape"), expected):
                 return _unauthorized("missing or wrong Authorization: Bearer <token>")
         return not_json(request) or await handler(request)
 

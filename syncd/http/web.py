@@ -148,7 +148,8 @@ def check_session_request(request: web.Request, session: Session) -> web.Respons
     if request.method in SAFE_METHODS:
         return None
     given = request.headers.get(CSRF_HEADER, "")
-    if not given or not hmac.compare_digest(given.encode(), session.csrf.encode()):
+    if not given or not hmac.compare_digest(given.encode("utf-8", "surrogateescape"),
+                                            session.csrf.encode()):
         return error_response(403, "csrf", f"a session write needs the {CSRF_HEADER} header "
                               "from GET /ui/session")
     return None
@@ -255,8 +256,9 @@ def logged_out(request: web.Request) -> web.Response:
 
 
 def digest(value: str) -> str:
-    """SHA-256 hex: how a session id (or a login code) is kept, never the value itself."""
-    return hashlib.sha256(value.encode()).hexdigest()
+    """SHA-256 hex: how a session id (or a login code) is kept, never the value itself. (A
+    cookie's bytes that are not UTF-8 arrive as surrogate escapes: hashed as those bytes.)"""
+    return hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 PUBLIC_PATHS = frozenset({"/", "/ui/login", "/ui/session"})

@@ -79,7 +79,9 @@ def _is_role(value: str) -> TypeGuard[Role]:
 
 
 def token_hash(raw: str) -> str:
-    return hashlib.sha256(raw.encode()).hexdigest()
+    """A header's bytes that are not UTF-8 reach us as surrogate escapes (aiohttp): hashed
+    back as those bytes, such a token is simply unknown (401), never an encoding error (500)."""
+    return hashlib.sha256(raw.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def _key(st: os.stat_result) -> _Key:

@@ -4,6 +4,7 @@ refused row, never a 500, and the web page's session can ask for an entitlement.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +13,7 @@ import aiohttp
 import msgspec
 import pytest
 from aiohttp import web
+from yarl import URL
 
 from syncd.hub.app import create_hub_app
 from syncd.hub.store import HubStore
@@ -113,3 +115,18 @@ async def test_the_web_pages_session_can_ask_for_an_entitlement(served: Served) 
             body = await r.json()
             assert r.status == 200, body
     assert body["claims"]["sub"] == "r" and body["claims"]["device_id"] == "d1"
+
+
+async def test_a_bearer_token_holding_a_byte_that_is_not_utf8_is_unknown_not_a_500(
+        served: Served) -> None:
+    """aiohttp hands such bytes on as surrogate escapes; hashing the token must not fail."""
+    url = URL(served.url)
+    reader, writer = await asyncio.open_connection(url.host, url.port)
+    try:
+        writer.write(b"GET /v1/agent/memory/settings HTTP/1.1\r\nHost: hub\r\n"
+                     b"Authorization: Bearer tok\xffen\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        answer = await reader.read()
+    finally:
+        writer.close()
+    assert answer.split(b" ", 2)[1] == b"401", answer[:200]

@@ -5,6 +5,7 @@ browser)."""
 
 from __future__ import annotations
 
+import asyncio
 from http.cookies import SimpleCookie
 
 import pytest
@@ -164,3 +165,34 @@ def test_one_owner_signing_in_again_and_again_ends_only_its_own_oldest_sessions(
     assert sessions.find(admin) is not None
     assert [sessions.find(sid) for sid in readers[:8]] == [None] * 8
     assert None not in [sessions.find(sid) for sid in readers[8:]]
+
+
+async def raw_request(url: str, head: bytes) -> int:
+    """Sends ``head`` (request line and headers, as bytes) and returns the status: aiohttp's
+    client would refuse to send the header bytes these tests need."""
+    host, port = URL(url).host, URL(url).port
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(head + b"Connection: close\r\n\r\n")
+        await writer.drain()
+        answer = await reader.read()
+    finally:
+        writer.close()
+    return int(answer.split(b" ", 2)[1])
+
+
+async def test_credentials_holding_bytes_that_are_not_utf8_are_refused_not_a_500(
+        daemon: Daemon) -> None:
+    """A bearer token, a session cookie or a CSRF token with a byte that is not UTF-8 is a
+    wrong credential (401/403), never an internal error."""
+    cookie, csrf = await login(daemon)
+    host = f"Host: 127.0.0.1:{daemon.port}\r\n".encode()
+    get = b"GET /v1/agent/memory/settings HTTP/1.1\r\n" + host
+    put = b"PUT /v1/agent/memory/settings HTTP/1.1\r\n" + host + (
+        b"Content-Type: application/json\r\nContent-Length: 2\r\n")
+    assert await raw_request(daemon.url, get + b"Authorization: Bearer tok\xffen\r\n") == 401
+    name = f"syncd_session_{daemon.port}".encode()
+    assert await raw_request(daemon.url, get + b"Cookie: " + name + b"=s\xffid\r\n") == 401
+    status = await raw_request(daemon.url, put + f"Cookie: {cookie}\r\n".encode()
+                               + b"X-CSRF-Token: " + csrf.encode()[:-1] + b"\xff\r\n")
+    assert status == 403

@@ -126,6 +126,7 @@ class Store:
         # ``reembed_missing`` while this holds. True at open: the first pass finds out.
         self.vectors_owed = True
         self._reembedding = asyncio.Lock()  # one re-embedding pass at a time
+        self._settings_lock = asyncio.Lock()
         self._recall_reader = SyncReader(data_dir / db.DB_FILENAME)
         # Recall embeds the query and compares it with the index here, while its keyword leg
         # runs on the recall reader's thread.
@@ -745,14 +746,15 @@ class Store:
     async def put_settings(self, patch: Mapping[str, object]) -> MemorySettings:
         """Patch the given keys (nested objects merge) and persist; returns the full settings.
         Strings are redacted like any other text (settings are served to every client)."""
-        try:
-            merged = merge_patch(self._settings, strip_json_object(patch))
-        except msgspec.ValidationError as exc:
-            raise ValidationError(msgspec_field(str(exc)), str(exc)) from None
-        encoded = msgspec.json.encode(merged).decode()
-        await self._write(lambda w: w.set_meta("settings", encoded))
-        self._settings = merged
-        return merged
+        async with self._settings_lock:  # two patches at once: the second merges the first
+            try:
+                merged = merge_patch(self._settings, strip_json_object(patch))
+            except msgspec.ValidationError as exc:
+                raise ValidationError(msgspec_field(str(exc)), str(exc)) from None
+            encoded = msgspec.json.encode(merged).decode()
+            await self._write(lambda w: w.set_meta("settings", encoded))
+            self._settings = merged
+            return merged
 
     async def reembed_missing(self, batch: int = 64,
                               progress: Callable[[int, int], None] | None = None) -> int:

@@ -11,8 +11,11 @@ Rules:
    not a patch (contract §4.6).
 4. ``confidence_threshold`` is an f32 in the plane and may arrive as ``0.6000000238418579``.
 5. ``merge_patch`` also refuses a number that is not finite (JSON has none, but Python's
-   ``json`` reads ``NaN``; stored, it would come back as ``null`` and no longer decode) and an
-   ``rrf_k`` that is not above 0 (``1/(rrf_k + rank)`` with rank 0). ``load_settings`` reads
+   ``json`` reads ``NaN``; stored, it would come back as ``null`` and no longer decode), an
+   ``rrf_k`` that is not above 0 (``1/(rrf_k + rank)`` with rank 0), a negative count (the
+   plane's are unsigned: its serde refuses them) and a mode outside the plane's enums (HITL
+   ``auto|post_hoc|gate``, dreaming ``full|housekeeping_only|sources``). Decoding stays
+   lenient about modes: a newer plane may add one. ``load_settings`` reads
    stored settings that an older syncd let such a value into: each field that does not decode
    falls back to its default, so a store still opens.
 """
@@ -103,14 +106,27 @@ def merge_patch(current: MemorySettings, patch: dict[str, object]) -> MemorySett
     return merged
 
 
+HITL_MODES = ("auto", "post_hoc", "gate")
+DREAMING_MODES = ("full", "housekeeping_only", "sources")
+
+
 def _check_numbers(value: msgspec.Struct, path: str) -> None:
+    """Rule 5, field by field: finite floats, counts not below 0, modes of the plane's enums."""
     for name in value.__struct_fields__:
-        field = getattr(value, name)
+        field, where = getattr(value, name), f"{path}.{name}"
         if isinstance(field, msgspec.Struct):
-            _check_numbers(field, f"{path}.{name}")
+            _check_numbers(field, where)
         elif isinstance(field, float) and not math.isfinite(field):
+            raise msgspec.ValidationError(f"must be a finite number, got {field!r} - at `{where}`")
+        elif isinstance(field, int) and not isinstance(field, bool) and field < 0:
+            raise msgspec.ValidationError(f"must be 0 or more, got {field} - at `{where}`")
+        elif isinstance(value, HitlOps) and field not in HITL_MODES:
             raise msgspec.ValidationError(
-                f"must be a finite number, got {field!r} - at `{path}.{name}`")
+                f"must be one of {', '.join(HITL_MODES)}, got {field!r} - at `{where}`")
+        elif isinstance(value, DreamingSettings) and name == "mode" and (
+                field not in DREAMING_MODES):
+            raise msgspec.ValidationError(
+                f"must be one of {', '.join(DREAMING_MODES)}, got {field!r} - at `{where}`")
 
 
 def load_settings(raw: str | bytes) -> tuple[MemorySettings, str | None]:

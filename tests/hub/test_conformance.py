@@ -5,6 +5,7 @@ settings, counters, tokens, the signing key, the web page's sessions — and rec
 
 from __future__ import annotations
 
+import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -377,7 +378,11 @@ async def test_a_bad_settings_patch_names_the_field_and_changes_nothing(
         await hub_store.put_settings({"default_limit": "lots"})
     assert "default_limit" in (err.value.field or "")
     assert await hub_store.settings() == before
-    for patch, field in (({"w_graph": float("nan")}, "w_graph"), ({"rrf_k": 0}, "rrf_k")):
+    for patch, field in (({"w_graph": float("nan")}, "w_graph"), ({"rrf_k": 0}, "rrf_k"),
+                         ({"default_limit": -1}, "default_limit"),
+                         ({"dreaming": {"interval_secs": -5}}, "dreaming.interval_secs"),
+                         ({"dreaming": {"mode": "nope"}}, "dreaming.mode"),
+                         ({"hitl": {"ops": {"add": "bogus"}}}, "hitl.ops.add")):
         with pytest.raises(ValidationError) as err:
             await hub_store.put_settings(patch)
         assert err.value.field == field
@@ -387,9 +392,18 @@ async def test_a_bad_settings_patch_names_the_field_and_changes_nothing(
 async def test_settings_strings_are_redacted(hub_store: HubStore) -> None:
     """P1/P7: a hub serves its settings to every client; a private span is never stored."""
     merged = await hub_store.put_settings({
-        "dreaming": {"mode": "nightly <private>hub-settings-secret</private>"}})
-    assert merged.dreaming.mode == "nightly [redacted]"
-    assert (await hub_store.settings()).dreaming.mode == "nightly [redacted]"
+        "embedding_model": "nightly <private>hub-settings-secret</private>"})
+    assert merged.embedding_model == "nightly [redacted]"
+    assert (await hub_store.settings()).embedding_model == "nightly [redacted]"
+
+
+async def test_two_settings_patches_at_once_both_land(hub_store: HubStore) -> None:
+    """Each merges onto what the other stored (the SQLite store once merged both onto the
+    value before either, and the second write reverted the first)."""
+    await asyncio.gather(hub_store.put_settings({"w_graph": 0.7}),
+                         hub_store.put_settings({"w_rrf": 2.0}))
+    after = await hub_store.settings()
+    assert (after.w_graph, after.w_rrf) == (0.7, 2.0)
 
 
 async def test_counters_grow_across_restarts(open_hub: Opener) -> None:

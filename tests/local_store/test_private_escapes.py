@@ -134,11 +134,14 @@ async def test_ids_and_timestamps_with_a_folded_closer_are_refused_unechoed(
 async def test_settings_strings_are_redacted(store: Store) -> None:
     secret = canary()
     merged = await store.put_settings({
-        "dreaming": {"mode": f"<private>{secret}</private>",
-                     "realm_scope": [f"work <private>{secret}</private>"]},
+        "dreaming": {"realm_scope": [f"work <private>{secret}</private>"]},
         "embedding_model": f"<private>{secret}</private>"})
     assert secret not in msgspec.json.encode(merged).decode()
     assert merged.dreaming.realm_scope == ["work [redacted]"]
+    # A mode is one of the plane's: a private one is refused, and the refusal never quotes it.
+    with pytest.raises(ValidationError) as refused:
+        await store.put_settings({"dreaming": {"mode": f"<private>{secret}</private>"}})
+    assert refused.value.field == "dreaming.mode" and secret not in str(refused.value)
     assert secret.encode() not in await stored_bytes(store)
 
 

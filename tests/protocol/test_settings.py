@@ -7,6 +7,7 @@ from protocol.settings import (
     DEFAULT_SETTINGS,
     MemorySettings,
     json_encoder,
+    load_settings,
     merge_patch,
     settings_decoder,
 )
@@ -90,11 +91,21 @@ def test_patch_accepts_int_for_float_and_ignores_unknown_keys() -> None:
         ({"dreaming": {"interval_secs": "daily"}}, r"\$\.dreaming\.interval_secs"),
         ({"hitl": None}, r"\$\.hitl"),
         ({"embedding_model": 3}, r"\$\.embedding_model"),
+        ({"min_events": -2}, r"0 or more, got -2 - at `\$\.min_events`"),
+        ({"dreaming": {"mutation_cap": -1}}, r"\$\.dreaming\.mutation_cap"),
+        ({"dreaming": {"mode": "nightly"}}, r"one of full, .* - at `\$\.dreaming\.mode`"),
+        ({"hitl": {"ops": {"merge": "AUTO"}}}, r"\$\.hitl\.ops\.merge"),
     ],
 )
 def test_patch_with_wrong_type_names_the_field(patch: dict[str, object], path: str) -> None:
     with pytest.raises(msgspec.ValidationError, match=path):
         merge_patch(DEFAULT_SETTINGS, patch)
+
+
+def test_a_stored_mode_a_newer_plane_added_still_decodes() -> None:
+    """Only a PUT is held to the modes this syncd knows; what a plane sends decodes."""
+    settings, problem = load_settings(b'{"dreaming":{"mode":"weekly"}}')
+    assert settings.dreaming.mode == "weekly" and problem is None
 
 
 def test_round_trip() -> None:

@@ -1,4 +1,7 @@
-"""A read-only connection on its own thread, for reads that run many statements per request."""
+"""A read-only connection on its own thread, for reads that run many statements per request.
+
+Recall's own SQL functions (pure and deterministic, in ``ranking.py``) are registered on it:
+plane mode's keyword leg calls ``plane_kw_score``."""
 
 from __future__ import annotations
 
@@ -10,6 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from local_store import db
+from local_store.ranking import plane_kw_score
+
+# name → (number of arguments, function)
+SQL_FUNCTIONS = {"plane_kw_score": (4, plane_kw_score)}
 
 
 class SyncReader:
@@ -24,7 +31,10 @@ class SyncReader:
     def fetch(self, sql: str, params: Sequence[object] = ()) -> list[Any]:
         """Run on ``pool`` only."""
         if self._conn is None:
-            self._conn = db.connect(self.path, readonly=True)
+            conn = db.connect(self.path, readonly=True)
+            for name, (arity, function) in SQL_FUNCTIONS.items():
+                conn.create_function(name, arity, function, deterministic=True)
+            self._conn = conn
         return self._conn.execute(sql, params).fetchall()
 
     async def close(self) -> None:

@@ -14,10 +14,14 @@ Where ``syncd`` mode departs from ``plane`` mode (each is listed in the README):
     invalidated and other-realm memories through the graph);
   * superseded memories are penalised; one memory per ``dedupe_key``;
   * when nothing matches, the most important recent memories come back marked ``fallback``.
+
+``plane`` mode departs from the plane in one way: its keyword leg counts a query's first
+``PLANE_MAX_TOKENS`` distinct tokens, not all of them (a pasted log would take seconds).
 """
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -28,7 +32,9 @@ import numpy as np
 import numpy.typing as npt
 
 from local_store.arguments import like_escape
+from local_store.errors import ValidationError
 from local_store.ranking import (
+    PLANE_WORD_SEP,
     Candidate,
     Weights,
     build_context,
@@ -42,7 +48,7 @@ from local_store.ranking import (
     score_syncd,
     tokenize,
 )
-from local_store.records import MEMORY_TYPES, parse_timestamp
+from local_store.records import MAX_TAGS, MEMORY_TYPES, parse_timestamp
 from local_store.vectors import nearest_rows
 from protocol.query import (
     Linked,
@@ -78,7 +84,9 @@ SEED_N = 10
 EXPAND_CAP = 200
 MAX_HOPS = 2
 FIRST_SAMPLE = 2  # semantic leg: look at 2×50 nearest first, then 8× more while filters drop
-OVERSAMPLE = 8
+OVERSAMPLE = 8   # (or, in plane mode, while a memory further out could still blend into the 50)
+RELEVANCE_WEIGHT = 0.7  # the plane's semantic leg ranks by 0.7·cos + 0.3·importance
+IMPORTANCE_WEIGHT = 0.3
 # syncd's match rule, in two levels (calibrated on bench/recall_eval.py with MiniLM, where the
 # best cosine of a nonsense query ranged 0.15–0.34 and of a real paraphrase 0.25–0.6, so no
 # single cosine floor separates them; PRIOR-ART: absolute floors are fragile):
@@ -87,6 +95,12 @@ OVERSAMPLE = 8
 #   * then a candidate stays when its relevance reaches CANDIDATE_FLOOR.
 QUERY_COSINE_GATE = 0.30
 CANDIDATE_FLOOR = 0.15
+# plane mode's keyword leg counts a query's first PLANE_MAX_TOKENS distinct tokens (the plane
+# counts them all): each is looked for in every row that passes the filters.
+PLANE_MAX_TOKENS = 256
+# A request's realms: far more than any scope names (the hook sends 3), far fewer than
+# SQLite's 32,766 parameters (the graph's edge query holds them with up to 2×200 node ids).
+MAX_REALMS = 256
 
 ROW_COLUMNS = ("id", "memory_type", "title", "content_preview", "tags", "importance",
         "realm", "created_at", "valid_at", "invalid_at", "superseded_by", "dedupe_key")
@@ -137,6 +151,16 @@ class Filters:
 
 
 def filters_from(request: QueryRequest) -> Filters:
+    """The request's filters. ``realms`` is taken literally, as the plane does: ``[]`` is every
+    realm, anything else is ``realm IN (…)`` — so ``[""]`` matches nothing (no memory has the
+    realm "": a blank realm is saved as ``default``). More tags or realms than a memory can
+    carry (``MAX_TAGS``, ``MAX_REALMS``) are refused: each tag is one SQL term, and SQLite
+    refuses a query of ~1,000 terms."""
+    if len(request.tags) > MAX_TAGS:
+        raise ValidationError("tags", f"must have at most {MAX_TAGS} tags, got {len(request.tags)}")
+    if len(request.realms) > MAX_REALMS:
+        raise ValidationError(
+            "realms", f"must have at most {MAX_REALMS} realms, got {len(request.realms)}")
     kind = None
     if request.memory_type is not None:
         kind = request.memory_type.strip().lower()
@@ -145,8 +169,7 @@ def filters_from(request: QueryRequest) -> Filters:
     if request.as_of is not None and not request.include_invalidated:
         as_of = parse_timestamp(request.as_of, "as_of")
     tags = tuple(t for t in request.tags if t.strip())
-    realms = tuple(dict.fromkeys(r for r in request.realms if r))
-    return Filters(realms=realms, memory_type=kind, tags=tuple(t for t in tags if t),
+    return Filters(realms=tuple(dict.fromkeys(request.realms)), memory_type=kind, tags=tags,
                    importance_min=request.importance_min, as_of=as_of,
                    include_invalidated=request.include_invalidated,
                    space_agent=request.space_agent)
@@ -205,7 +228,7 @@ class Recall:
         linked: list[Linked] = []
         if hops >= 1 and cands:
             linked = self._expand(cands, filters, hops, limit, mode)
-        ranked = self._score(cands.values(), tokens, mode)
+        ranked = self._score(cands.values(), tokens, mode, filters.as_of)
         fallback = False
         if not ranked and mode == "syncd":
             ranked = self._fallback(filters, limit)
@@ -214,7 +237,7 @@ class Recall:
         linked = dedupe_linked(linked)
         took = int((time.perf_counter() - started) * 1000)
         return QueryResponse(memories=memories, linked=linked,
-                             context=build_context(memories, linked), took_ms=took,
+                             context=build_context(memories, linked, fallback), took_ms=took,
                              fallback=True if fallback else None)
 
     # ------------------------------------------------------------------ legs
@@ -231,31 +254,75 @@ class Recall:
         best = float(sims.max())
         if mode == "syncd" and not strict_hit and best < QUERY_COSINE_GATE:
             return best  # the answer is the fallback: no candidate stays
-        keyword_hits = set(cands)  # the keyword leg ran first
         where, params = filters.sql()
+        if mode == "plane":
+            ranked, cos, rows = self._plane_blend(sims, every, where, params)
+        else:
+            ranked, cos, rows = self._nearest_allowed(sims, every, where, params, mode, cands)
+        for rank, mid in enumerate(ranked):
+            cand = cands.setdefault(mid, Candidate(mid))
+            cand.vec_rank, cand.cosine, cand.row = rank, cos[mid], rows[mid]
+        return best
+
+    def _nearest_allowed(self, sims: npt.NDArray[np.float32], every: Sequence[str], where: str,
+                         params: list[object], mode: Mode, cands: dict[str, Candidate],
+                         ) -> tuple[list[str], dict[str, float], dict[str, dict[str, Any]]]:
+        """Ranked by cosine alone, the first CAND_K that pass the filters (ids, cosines, rows)."""
+        keyword_hits = set(cands)  # the keyword leg ran first
         want = min(len(every), CAND_K * FIRST_SAMPLE)
         looked_up: dict[str, dict[str, Any] | None] = {}
         while True:
             top = nearest_rows(sims, want)
             cos = dict(zip([every[i] for i in top.tolist()], sims[top].tolist(), strict=True))
             nearest = sorted(cos, key=lambda mid: (-cos[mid], mid))
-            # Ranked by cosine alone, the first CAND_K that pass the filters are the candidates;
-            # the plane's key mixes in importance, so it needs every row that passes.
-            enough = len(nearest) if mode == "plane" else CAND_K
             matter = _can_matter(nearest, cos, keyword_hits) if mode == "syncd" else len(nearest)
-            allowed = self._first_allowed(nearest[:matter], enough, where, params, looked_up)
+            allowed = self._first_allowed(nearest[:matter], CAND_K, where, params, looked_up)
             if len(allowed) >= CAND_K or want >= len(every) or matter < len(nearest):
                 break
             want = min(len(every), want * OVERSAMPLE)
-        if mode == "plane":
-            key = {mid: 0.7 * cos[mid] + 0.3 * row["importance"] for mid, row in allowed.items()}
-        else:
-            key = {mid: cos[mid] for mid in allowed}
-        ranked = sorted(key, key=lambda mid: (-key[mid], mid))[:CAND_K]
-        for rank, mid in enumerate(ranked):
-            cand = cands.setdefault(mid, Candidate(mid))
-            cand.vec_rank, cand.cosine, cand.row = rank, cos[mid], allowed[mid]
-        return best
+        return list(allowed)[:CAND_K], cos, allowed
+
+    def _plane_blend(self, sims: npt.NDArray[np.float32], every: Sequence[str], where: str,
+                     params: list[object],
+                     ) -> tuple[list[str], dict[str, float], dict[str, dict[str, Any]]]:
+        """The plane's semantic leg (contract §6.4): the 50 best by ``0.7·cos + 0.3·importance``
+        among every row that passes the filters (ids, cosines, rows). Reads the importances of
+        the nearest rows, widening until no row further out can blend into the 50
+        (``_blend_settled``), or of every row in one scan once a round would read a quarter
+        of them; then the rows of the 50."""
+        want = min(len(every), CAND_K * FIRST_SAMPLE)
+        importance: dict[str, float | None] = {}
+        while True:
+            if want * 4 >= len(every):
+                want = len(every)
+            top = nearest_rows(sims, want)
+            cos = dict(zip([every[i] for i in top.tolist()], sims[top].tolist(), strict=True))
+            if want >= len(every):
+                found = dict(self._fetch(f"SELECT m.id, m.importance FROM memories m "
+                                         f"WHERE {where}", params))
+                importance = {mid: found.get(mid) for mid in cos}
+            else:
+                missing = [mid for mid in cos if mid not in importance]
+                found = self._importances(missing, where, params)
+                importance.update((mid, found.get(mid)) for mid in missing)
+            key = {mid: RELEVANCE_WEIGHT * cos[mid] + IMPORTANCE_WEIGHT * imp
+                   for mid in cos if (imp := importance[mid]) is not None}
+            if want >= len(every) or _blend_settled(key, float(sims[top].min())):
+                break
+            want = min(len(every), want * OVERSAMPLE)
+        ranked = heapq.nsmallest(CAND_K, key, key=lambda mid: (-key[mid], mid))
+        rows = self._rows_for(ranked, where, params)
+        return [mid for mid in ranked if mid in rows], cos, rows
+
+    def _importances(self, ids: list[str], where: str, params: list[object]) -> dict[str, float]:
+        """The importance of each of these ids whose row passes the filters."""
+        out: dict[str, float] = {}
+        for start in range(0, len(ids), 500):
+            chunk = ids[start:start + 500]
+            out.update(self._fetch(f"SELECT m.id, m.importance FROM memories m WHERE {where} "
+                                   f"AND m.id IN ({','.join('?' * len(chunk))})",
+                                   [*params, *chunk]))
+        return out
 
     def _first_allowed(self, nearest: list[str], enough: int, where: str, params: list[object],
                        looked_up: dict[str, dict[str, Any] | None]) -> dict[str, dict[str, Any]]:
@@ -302,16 +369,15 @@ class Recall:
 
     def _plane_keyword(self, tokens: list[str], where: str,
                        params: list[object]) -> list[tuple[str, float, dict[str, Any] | None]]:
-        terms = " + ".join(
-            "(CASE WHEN lower(m.content) LIKE ? OR lower(coalesce(m.title, '')) LIKE ? "
-            "OR lower(m.tags) LIKE ? THEN 1 ELSE 0 END)" for _ in tokens)
-        likes: list[object] = []
-        for t in tokens:
-            likes.extend([f"%{t}%"] * 3)
+        """The plane's substring count (contract §6.5), one SQL function call per row
+        (``ranking.plane_kw_score``: Unicode lower-casing, and no SQL term per token). Counts
+        the first ``PLANE_MAX_TOKENS`` tokens only; ``keyword`` still divides by all of them."""
+        words = PLANE_WORD_SEP.join(tokens[:PLANE_MAX_TOKENS])
         rows = self._fetch(
-            f"SELECT id, kw FROM (SELECT m.id AS id, m.importance AS imp, ({terms}) AS kw "
+            f"SELECT id, kw FROM (SELECT m.id AS id, m.importance AS imp, "
+            f"plane_kw_score(m.content, m.title, m.tags, ?) AS kw "
             f"FROM memories m WHERE {where}) AS hits WHERE kw > 0 ORDER BY kw DESC, imp DESC, id "
-            f"LIMIT {CAND_K}", [*likes, *params])
+            f"LIMIT {CAND_K}", [words, *params])
         return [(r[0], float(r[1]), None) for r in rows]
 
     def _fts_keyword(self, tokens: list[str], where: str, params: list[object],
@@ -455,7 +521,8 @@ class Recall:
                 cands[mid] = cand
         return linked
 
-    def _score(self, cands: Any, tokens: list[str], mode: Mode) -> list[Candidate]:
+    def _score(self, cands: Any, tokens: list[str], mode: Mode,
+               as_of: str | None = None) -> list[Candidate]:
         w = weights_from(self._settings)
         now = self._now_ns()
         out = []
@@ -464,8 +531,7 @@ class Recall:
             importance = float(row.get("importance") or 0.0)
             rec = recency(_ns(row.get("created_at")), now, w.half_life_days) if row else 0.5
             if mode == "syncd":
-                superseded = bool(row.get("superseded_by") or row.get("invalid_at"))
-                c.score = score_syncd(c, w, rec, importance, superseded)
+                c.score = score_syncd(c, w, rec, importance, _superseded(row, as_of))
             else:
                 c.score = score_plane(c, w, len(tokens), rec, importance)
             if mode == "vector":  # single-leg baselines rank by their own relevance only
@@ -474,31 +540,64 @@ class Recall:
                 c.score = c.kw_raw or 0.0
             out.append(c)
         ranked = order(out)
-        if mode != "syncd":
-            return ranked
-        kept, keys = [], set()
-        for c in ranked:  # one memory per dedupe_key: the best-scored
-            key = (c.row or {}).get("dedupe_key")
-            if key is not None and key in keys:
-                continue
-            keys.add(key)
-            kept.append(c)
-        return kept
+        return _one_per_key(ranked) if mode == "syncd" else ranked
 
     def _fallback(self, filters: Filters, limit: int) -> list[Candidate]:
+        """The most important recent memories, one per ``dedupe_key`` like every syncd answer:
+        read more rows while collapsing leaves fewer than ``limit``."""
         where, params = filters.sql()
-        rows = self._fetch(
-            f"SELECT {ROW_SQL} FROM memories m WHERE {where} "
-            f"ORDER BY m.importance DESC, m.created_at DESC, m.id LIMIT ?", [*params, limit])
-        out = []
-        for r in rows:
-            c = Candidate(r[0], row=dict(zip(ROW_COLUMNS, r, strict=True)))
-            assert c.row is not None
-            c.parts = {"rrf": 0.0, "semantic": 0.0, "keyword": 0.0, "graph": 0.0,
-                       "importance": float(c.row["importance"] or 0.0), "recency": 0.0,
-                       "penalty": 0.0}
-            out.append(c)
-        return out
+        want = limit
+        while True:
+            rows = self._fetch(
+                f"SELECT {ROW_SQL} FROM memories m WHERE {where} "
+                f"ORDER BY m.importance DESC, m.created_at DESC, m.id LIMIT ?", [*params, want])
+            out = []
+            for r in rows:
+                c = Candidate(r[0], row=dict(zip(ROW_COLUMNS, r, strict=True)))
+                assert c.row is not None
+                c.parts = {"rrf": 0.0, "semantic": 0.0, "keyword": 0.0, "graph": 0.0,
+                           "importance": float(c.row["importance"] or 0.0), "recency": 0.0,
+                           "penalty": 0.0}
+                out.append(c)
+            kept = _one_per_key(out)
+            if len(kept) >= limit or len(rows) < want:
+                return kept[:limit]
+            want *= OVERSAMPLE
+
+
+def _blend_settled(key: dict[str, float], cos_floor: float) -> bool:
+    """plane: whether the 50 best blended keys (``0.7·cos + 0.3·importance``) so far are the
+    store's. A memory not yet looked at has a cosine of at most ``cos_floor`` (the lowest among
+    those looked at) and an importance of at most 1, so it cannot beat the 50th key when even
+    that best case falls short of it."""
+    if len(key) < CAND_K:
+        return False
+    fiftieth = heapq.nlargest(CAND_K, key.values())[-1]
+    return RELEVANCE_WEIGHT * cos_floor + IMPORTANCE_WEIGHT * 1.0 < fiftieth
+
+
+def _one_per_key(ranked: list[Candidate]) -> list[Candidate]:
+    """One memory per ``dedupe_key`` (the first in ``ranked``, best first); memories without a
+    key are all kept."""
+    kept, keys = [], set()
+    for c in ranked:
+        key = (c.row or {}).get("dedupe_key")
+        if key is not None:
+            if key in keys:
+                continue
+            keys.add(key)
+        kept.append(c)
+    return kept
+
+
+def _superseded(row: dict[str, Any], as_of: str | None) -> bool:
+    """Whether a memory takes the superseded penalty: superseded or invalidated — at ``as_of``
+    when the request asks about that instant (a memory current then was not superseded yet;
+    timestamps are canonical, compared as the ``as_of`` filter compares them)."""
+    invalid_at = row.get("invalid_at")
+    if as_of is None:
+        return bool(row.get("superseded_by") or invalid_at)
+    return invalid_at is not None and invalid_at <= as_of
 
 
 def _can_matter(nearest: list[str], cos: dict[str, float], keyword_hits: set[str]) -> int:

@@ -246,8 +246,14 @@ async def test_fallback_when_nothing_matches(store: Store) -> None:
     assert res.fallback is True
     assert [m.id for m in res.memories] == [high["node_id"], low["node_id"]]
     assert all(m.fallback and m.score == 0.0 for m in res.memories)
+    # The context says so: an agent handed the text alone must not take them as relevant.
+    assert res.context.startswith("No memory matched the query. The most important recent "
+                                  "memories:\n- [fact] never force push to main")
+    assert "Relevant memories" not in res.context
     plane = await store.recall({"query": "qwzx plorf"}, mode="plane")
     assert plane.fallback is None
+    found = await store.recall({"query": "force push"})
+    assert found.fallback is None and found.context.startswith("Relevant memories:\n- [fact]")
 
 
 async def test_dedupe_key_collapses_in_syncd_mode(store: Store) -> None:

@@ -1,8 +1,9 @@
 """Recall's shortcuts answer exactly what the straightforward computation answers.
 
 ``Straightforward`` is recall without them: the semantic leg reads the rows of all 2×50 nearest
-memories picked by ``np.argpartition`` (and of every wider sample), and the keyword leg lets
-FTS5 rank its hits (``ORDER BY rank``). On a random store built to hit every shortcut's edge —
+memories picked by ``np.argpartition`` (and of every wider sample; in plane mode, of every
+memory, as the plane ranks them all), and the keyword leg lets FTS5 rank its hits (``ORDER BY
+rank``). On a random store built to hit every shortcut's edge —
 duplicate vectors (tied cosines), few distinct words (tied BM25 scores at the cut), filters that
 drop most rows, nonsense queries, edges — both must give the same response to every request.
 """
@@ -51,7 +52,8 @@ class Straightforward(Recall):
             return -1.0
         where, params = filters.sql()
         sims, every = semantic.sims, semantic.ids
-        want = min(len(every), CAND_K * FIRST_SAMPLE)
+        # The plane ranks every row that passes the filters by its blend (contract §6.4).
+        want = len(every) if mode == "plane" else min(len(every), CAND_K * FIRST_SAMPLE)
         while True:
             top = np.argpartition(-sims, want - 1)[:want] if want < len(every) else np.arange(
                 len(every))

@@ -208,7 +208,8 @@ async def test_cli_round_trip_against_a_running_daemon(tmp_path: Path) -> None:
         code, out, _ = await cli(data, "recall", "deploy", "--json", "--limit", "1")
         assert code == 0 and len(json.loads(out)["memories"]) == 1
         code, out, err = await cli(data, "recall", "zzqx wvbn", "--realm", "p")
-        assert code == 0 and out.startswith("Relevant memories:\n- [procedure] deploy")
+        assert code == 0 and out.startswith("No memory matched the query. The most important "
+                                            "recent memories:\n- [procedure] deploy")
         assert err == ("syncd: nothing matches 'zzqx wvbn'; the most important recent memories "
                        "instead (scores 0):\n")  # a fallback says so
         code, out, err = await cli(data, "recall", "deploy", "--realm", "elsewhere")

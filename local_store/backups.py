@@ -13,6 +13,10 @@ Rules:
   * The restored file is copied in through SQLite's backup API (so a backup made by copying a
     store's files brings the transactions its own WAL holds; a byte copy of the main file
     dropped them) under a temporary name, fsynced, then renamed into place.
+  * A restored store whose outbox holds entries is marked (``sync.restored_outbox``) before it
+    is renamed into place: those entries may be versions this install superseded, and pushed,
+    after the backup was made — and a hub leaves an install's own versions out of its
+    ``changes``. The sync engine applies the plane's full export before pushing any of them.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pathlib import Path
 
 from local_store import db
 from local_store.errors import StoreError
+from local_store.replica import RESTORED_OUTBOX, SYNC_PREFIX
 
 SIDE_FILES = ("-wal", "-shm")
 
@@ -41,6 +46,8 @@ class Restored:
     # The backup is of another install (another replica id than the store it replaced): a hub
     # leaves each of two running installs with one identity out of the other's passes.
     other_install: bool = False
+    # Its outbox held entries: sync applies the plane's copy before pushing them.
+    resync: bool = False
 
 
 def backup(data_dir: Path, dest: Path) -> int:
@@ -88,6 +95,7 @@ def restore(data_dir: Path, source: Path, *, wall: float | None = None) -> Resto
         ours, theirs = _replica_of(target), _replica_of(source)
         try:
             _copy(source, incoming)  # through SQLite: a WAL beside the backup comes along
+            resync = _mark_queued(incoming)
             db.fsync(incoming)
             replaced = _move_aside(target, wall if wall is not None else time.time())
             try:
@@ -103,7 +111,7 @@ def restore(data_dir: Path, source: Path, *, wall: float | None = None) -> Resto
             for suffix in ("", "-journal", *SIDE_FILES):
                 incoming.with_name(incoming.name + suffix).unlink(missing_ok=True)
         return Restored(memories, replaced, other_install=None not in (ours, theirs) and (
-            ours != theirs))
+            ours != theirs), resync=resync)
     finally:
         lock.release()
 
@@ -129,6 +137,21 @@ def check(path: Path, *, name: str | None = None) -> int:
             raise BackupError(f"{name} has schema version {newest}, newer than this syncd "
                               f"knows ({known}): restore it with that version")
         return int(conn.execute("SELECT count(*) FROM memories WHERE deleted = 0").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def _mark_queued(path: Path) -> bool:
+    """Mark the store at ``path`` (a restored copy, not yet in place) for a resync before its
+    outbox is pushed, when it has one to push; True if it was marked."""
+    conn = sqlite3.connect(path)
+    try:
+        with conn:
+            if conn.execute("SELECT 1 FROM outbox LIMIT 1").fetchone() is None:
+                return False
+            conn.execute("INSERT INTO meta (key, value) VALUES (?, '1') ON CONFLICT (key) "
+                         "DO UPDATE SET value = excluded.value", (SYNC_PREFIX + RESTORED_OUTBOX,))
+        return True
     finally:
         conn.close()
 

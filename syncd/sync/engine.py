@@ -7,11 +7,12 @@ Rules:
     in one transaction (``Store.pull``). A page with a row that cannot be applied does not
     advance the cursor; after ``BAD_ROW_PASSES`` passes with the same failure the cursor moves
     past it and the rows are reported as skipped, so one poisoned row cannot stall sync forever.
-  * Push stages the outbox (versions older than half the overlap window are re-stamped at
-    push time, after the pull — see ``local_store/replica.py``), packs batches under
-    ``push_batch_bytes``, halves a batch on 413, clears entries only on 2xx with no errors (per
-    row when the plane reports rows), and stops the pass on any other failure. A row the
-    plane refuses even alone (413) stays queued and is skipped for the rest of the pass.
+  * Push stages the outbox (local edits older than half the overlap window are re-stamped at
+    push time, after the pull; repairs keep their versions — see ``local_store/replica.py``),
+    packs batches under ``push_batch_bytes``, halves a batch on 413, clears entries only on 2xx
+    with no errors (per row when the plane reports rows), and stops the pass on any other
+    failure. A row the plane refuses even alone (413) stays queued and is skipped for the rest
+    of the pass.
   * Nothing is re-stamped in a pass whose pull stopped short: re-stamped, a stale local edit
     would beat a delete the pull has not reached yet (R12). Queued versions old enough to need
     it stay queued until a pull completes; recent ones are pushed as they are.
@@ -19,7 +20,13 @@ Rules:
     large) is not ok: it reports ``held_back`` and why, without backing off (the plane
     answered).
   * Clock: each response's ``Date`` (and a plane's ``until``) estimates this machine's offset to
-    the plane; an offset over ``OFFSET_MIN_NS`` is applied to every later stamp.
+    the plane; an offset over ``OFFSET_MIN_NS`` is applied to every later stamp. When that pulls
+    the clock back from running ahead, the range it stamped ahead is stored (``stamped_ahead``):
+    the next pull moves the queued edits stamped in it back, before comparing pulled rows.
+  * A store restored from a backup with a non-empty outbox (``restored_outbox``, set by
+    ``restore``) runs anti-entropy before its first push: the outbox may hold versions this
+    install superseded after the backup, and a hub leaves its own later versions out of
+    ``changes``; applying the export replaces them (and drops their entries) first.
   * A reset is suspected when the plane's ``store_id`` changes or ``until`` goes backwards: the
     cursor restarts from the beginning (the learnt ``plane_model`` and ``feed`` stay) and
     ``resync_pending`` is stored with it. Anti-entropy runs in every pass while it is set; it is
@@ -45,7 +52,14 @@ from typing import Any
 import msgspec
 
 from local_store import Store
-from local_store.replica import Entry, needs_restamp, remote_versions, restamp_bound
+from local_store.replica import (
+    RESTORED_OUTBOX,
+    STAMPED_AHEAD,
+    Entry,
+    needs_restamp,
+    remote_versions,
+    restamp_bound,
+)
 from protocol.rows import ChangesResponse, EdgeRow, NodeRow
 from protocol.timestamp import format_ns, parse_ns
 from syncd.sync.plane import (
@@ -204,10 +218,13 @@ class SyncEngine:
             if "plane_model" not in state:
                 state = await self._learn_plane_model()
             reset = await self._pull(report, state)
+            if RESTORED_OUTBOX in await self.store.sync_state():
+                await self._anti_entropy(report)  # before the restored outbox is pushed
             if await self._push(report):
                 await self._pull(report, await self.store.sync_state())
             state = await self.store.sync_state()
-            if reset or RESYNC in state or self._anti_entropy_due(state):
+            due = RESYNC in state or self._anti_entropy_due(state)
+            if due or (reset and not report.anti_entropy):  # not twice for one reset
                 await self._anti_entropy(report)
             report.error = _held_back(report)
             report.ok = report.error is None
@@ -419,7 +436,11 @@ class SyncEngine:
             return
         if abs(offset - self.store.clock.offset_ns) < OFFSET_MIN_NS // 2 and offset != 0:
             return
-        report.clock_rewound = await self.store.correct_clock(offset) or report.clock_rewound
+        issued, ahead = self.store.clock.last_ns, self.store.clock.offset_ns - offset
+        if await self.store.correct_clock(offset):
+            report.clock_rewound = True
+            if ahead > 0:  # the queued edits it stamped meanwhile move back (replica.py)
+                await self.store.set_sync_state({STAMPED_AHEAD: f"{issued} {ahead}"})
         self.status.clock_offset_ms = offset / 1e6
 
     # ------------------------------------------------------------------ push
@@ -521,15 +542,13 @@ class SyncEngine:
             applied = await self.store.apply(page.memory_nodes, page.memory_edges, model=model)
             report.pulled_nodes += applied.applied_nodes
             report.pulled_edges += applied.applied_edges
-            nodes, edges = remote_versions(page.memory_nodes, page.memory_edges)
-            remote_nodes.update(nodes)
-            remote_edges.update(edges)
+            remote_versions(page.memory_nodes, page.memory_edges, (remote_nodes, remote_edges))
             if not page.has_more or page.next_cursor is None:
                 break
             cursor = page.next_cursor
         requeued = await self.store.requeue_unseen(
             remote_nodes, remote_edges, realm=self.options.realm,
-            state={"anti_entropy_ns": str(self._wall()), RESYNC: None})
+            state={"anti_entropy_ns": str(self._wall()), RESYNC: None, RESTORED_OUTBOX: None})
         report.anti_entropy = True
         report.requeued += sum(requeued)
         if report.requeued:

@@ -114,3 +114,29 @@ async def test_deletes_reach_the_other_laptop_through_a_plane_that_drops_extensi
     finally:
         await a.close()
         await b.close()
+
+
+async def test_an_edge_the_plane_holds_several_rows_of_is_compared_by_its_latest(
+        kyma: tuple[KymaLike, str], tmp_path: Path) -> None:
+    """Kyma appends a row per version of an edge and exports them all, in no promised order.
+    Anti-entropy must compare the latest: taking whichever came last (here the oldest) made
+    every pass re-push the edge, and the plane grew a row each time."""
+    plane, url = kyma
+    a = await start_laptop("a", tmp_path / "a", url, "token", anti_entropy_secs=0)
+    try:
+        memory = (await a.store.save({"content": "the staging cluster is in eu-west-1"}))[
+            "node_id"]
+        await a.store.ingest_entity({"name": "staging", "kind": "service",
+                                     "links": [{"target_node_id": memory}]})
+        assert (await a.sync()).ok
+        await a.store.delete(memory)  # a new version of its edge: a tombstone
+        assert (await a.sync()).ok
+        assert len(plane.edges) == 2  # two rows of one edge
+        plane.edges.reverse()  # the export lists the newest first
+        rows = len(plane.edges)
+        for _ in range(3):
+            report = await a.sync()
+            assert report.ok and report.anti_entropy and report.requeued == 0, report
+        assert len(plane.edges) == rows
+    finally:
+        await a.close()

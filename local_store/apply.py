@@ -6,6 +6,10 @@ Rules:
   * Remote text is redacted like local text (the plane does not redact imports, RELIABILITY P5),
     and the preview is recomputed from the redacted content.
   * One bad row is reported (index, id, field, message) and skipped; the rest apply.
+  * A vector of the receiving store's own model must be of that model's width (``dim``), as the
+    plane requires of every row (contract §4.4): another width is a bad row naming
+    ``embedding``. Vectors of another model (a plane's, pulled) keep the width they came with.
+    Zeros of any width are "no vector", as a missing embedding is: nothing is stored for them.
   * Timestamps are stored canonical; a row without a parseable ``updated_at`` is rejected.
   * Rows from a writer that sent no ``origin`` (the control plane's own) get origin ``""``.
   * Edges are upserted by their deterministic id; the edge's wire ``created_at`` is its version
@@ -227,6 +231,17 @@ def vector_from_wire(wire: NodeRow) -> npt.NDArray[np.float32] | None:
 _PACKERS: dict[int, struct.Struct] = {}
 
 
+def check_width(wire: NodeRow, dim: int | None) -> None:
+    """Refuse a vector that is not ``dim`` wide (``dim`` None: any width), a tombstone's too:
+    a hub would serve it to clients that refuse the whole pull for it (a Kyma client). Zeros
+    are no vector whatever their width (nothing is stored, and what is served has the right
+    width): a laptop on another model pushes the zeros of the width it assumes the plane's."""
+    embedding = wire.embedding
+    if dim is not None and embedding is not None and len(embedding) != dim and any(embedding):
+        raise ValidationError("embedding", f"must be an array of {dim} numbers, "
+                              f"got {len(embedding)}")
+
+
 def edge_from_wire(wire: EdgeRow) -> Row:
     """Validate one remote edge. Its endpoints and type are identity: a private span there
     refuses the row (ids are never rewritten); the id must be ``{src}->{dst}:{type}``."""
@@ -273,8 +288,10 @@ def _props_say_deleted(props: str | None) -> bool:
 
 
 def apply_batch(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow],
-                model: str, hasher: Executor | None = None) -> ApplyResult:
+                model: str, hasher: Executor | None = None, *,
+                dim: int | None = None) -> ApplyResult:
     """Run inside the writer's transaction. Nodes first, then edges (endpoints may be absent).
+    ``dim``: the width ``model``'s vectors must have, when known (``check_width``).
 
     ``hasher``, a thread of its own, hashes the wire rows while this thread looks up their
     stored keys: that lookup is one SQLite statement, which runs without the GIL (a 10k-row
@@ -287,7 +304,7 @@ def apply_batch(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow],
     each pulled row's 384-float embedding list included (~65 ms per 10k rows). Paused for the
     batch, fresh applies ran at 14.3k against 12.9k rows/s (9 alternated pairs)."""
     with gc_paused(len(nodes) + len(edges) >= HELPER_FROM):
-        return _apply_batch(writer, nodes, edges, model, hasher)
+        return _apply_batch(writer, nodes, edges, model, hasher, dim)
 
 
 @contextmanager
@@ -305,7 +322,7 @@ def gc_paused(pause: bool) -> Iterator[None]:
 
 
 def _apply_batch(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow],
-                 model: str, hasher: Executor | None) -> ApplyResult:
+                 model: str, hasher: Executor | None, dim: int | None) -> ApplyResult:
     result = ApplyResult(bound=format_ns(writer.clock.physical_ns() + writer.clock.max_drift_ns))
     ids = [wire.id.strip() if isinstance(wire.id, str) else "" for wire in nodes]
     hashing = (hasher.submit(wire_keys, nodes)
@@ -333,6 +350,7 @@ def _apply_batch(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow],
             if not wins(key, known.get(row["id"])):
                 result.skipped_nodes += 1
                 continue
+            check_width(wire, dim)
             values = batch[fresh - 1] if batch is not None else vector_from_wire(wire)
             if values is not None and redacted_text(wire, row):
                 values = None  # embedded from the secret: re-embedded from the redacted text

@@ -10,7 +10,9 @@ taken first are the counts of the rows that follow.
 Rows come in ``local_seq`` order (the order ``Store.export`` always had); the node query joins
 each row's vector of the export's model. The plane's ``changes?since=`` is the same read with
 one more filter (``since``: versions after a stamp, tombstones included), so it streams too: a
-laptop asking a store of 100,000 memories for everything no longer builds it whole.
+laptop asking a store of 100,000 memories for everything no longer builds it whole. Given the
+model's width (``dim``), a row without a vector of the model carries zeros of that width, as the
+plane's rows always carry one (``views.wire_nodes``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 from local_store import db
 from local_store.columns import EDGE_ALL, NODE_COLUMNS
-from local_store.views import wire_edge, wire_embeddings, wire_node
+from local_store.views import wire_edge, wire_embeddings, wire_nodes
 from protocol.rows import EdgeRow, NodeRow
 
 T = TypeVar("T")
@@ -56,9 +58,9 @@ class ExportSnapshot:
 
     def __init__(self, conn: sqlite3.Connection, pool: ThreadPoolExecutor, realm: str | None,
                  model: str, include_deleted: bool, page_rows: int,
-                 changed: Changed | None = None) -> None:
+                 changed: Changed | None = None, dim: int | None = None) -> None:
         self._conn, self._pool = conn, pool
-        self._model, self._page_rows = model, page_rows
+        self._model, self._dim, self._page_rows = model, dim, page_rows
         node_filters, edge_filters = [], []
         self._node_params: list[object] = []
         self._edge_params: list[object] = []
@@ -111,7 +113,7 @@ class ExportSnapshot:
                                    if r[-1] is not None])
         del rows
         last = dicts[-1]["local_seq"] if dicts else after
-        return [wire_node(d, vectors.pop(d["id"], None)) for d in dicts], last
+        return wire_nodes(dicts, vectors, self._dim), last
 
     def _edge_page(self, after: int) -> tuple[list[EdgeRow], int]:
         rows = self._conn.execute(_EDGE_PAGE.format(filters=self._edge_filters),
@@ -144,9 +146,11 @@ async def collect(snapshot: ExportPages) -> tuple[list[NodeRow], list[EdgeRow]]:
 @asynccontextmanager
 async def export_snapshot(path: Path, realm: str | None, *, model: str,
                           include_deleted: bool = False, page_rows: int = PAGE_ROWS,
-                          changed: Changed | None = None) -> AsyncIterator[ExportSnapshot]:
+                          changed: Changed | None = None,
+                          dim: int | None = None) -> AsyncIterator[ExportSnapshot]:
     """An ``ExportSnapshot`` of the store file at ``path``, closed (its transaction ended, its
-    thread gone) on leaving; ``changed`` narrows it to the plane's ``changes``."""
+    thread gone) on leaving; ``changed`` narrows it to the plane's ``changes``; ``dim``, the
+    width of ``model``'s vectors, gives a row without one zeros (``views.wire_nodes``)."""
     if changed is not None and changed.edge_version not in EDGE_VERSIONS:
         raise ValueError(f"edge_version: {changed.edge_version!r}")
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="syncd-export")
@@ -155,7 +159,7 @@ async def export_snapshot(path: Path, realm: str | None, *, model: str,
         conn = await loop.run_in_executor(pool, _begin, path)
         try:
             snapshot = ExportSnapshot(conn, pool, realm, model, include_deleted, page_rows,
-                                      changed)
+                                      changed, dim)
             await loop.run_in_executor(pool, snapshot._count)
             yield snapshot
         finally:

@@ -86,7 +86,7 @@ from local_store.views import (
     memory_view,
     wire_edge,
     wire_embeddings,
-    wire_node,
+    wire_nodes,
 )
 from local_store.writes import Vector, Writer, props_json
 from protocol.hlc import HybridClock
@@ -488,10 +488,13 @@ class Store:
 
     async def apply(self, nodes: Sequence[NodeRow], edges: Sequence[EdgeRow], *,
                     model: str) -> ApplyResult:
-        """Apply remote rows (LWW, idempotent); ``model`` names the embedder of their vectors."""
+        """Apply remote rows (LWW, idempotent); ``model`` names the embedder of their vectors.
+        Vectors of this store's own model must be of its width (a row with another is refused,
+        naming ``embedding``); another model's keep theirs."""
         node_list, edge_list = list(nodes), list(edges)
+        dim = _width(self.embedder, model)
         result = await self._write(lambda w: apply_batch(w, node_list, edge_list, model,
-                                                            self._hash_pool),
+                                                            self._hash_pool, dim=dim),
                                    foreign_keys=False)
         if result.applied_nodes:  # rows of another model, or without a vector, need one
             self.vectors_owed = True
@@ -513,8 +516,10 @@ class Store:
         ``local_store/exporting.py``): an export's memory stays bounded by a page."""
         if self._closed:
             raise StoreClosedError("the store is closed")
-        return export_snapshot(self.db_path, realm, model=model or self.embedder.model_id,
-                               include_deleted=include_deleted, page_rows=page_rows)
+        model = model or self.embedder.model_id
+        return export_snapshot(self.db_path, realm, model=model,
+                               include_deleted=include_deleted, page_rows=page_rows,
+                               dim=_width(self.embedder, model))
 
     async def changes(self, since_seq: int, *, limit: int = 1000, realm: str | None = None,
                       model: str | None = None) -> tuple[list[NodeRow], list[EdgeRow], int]:
@@ -570,9 +575,11 @@ class Store:
         stamp = parse_timestamp(since, "since") if since and since.strip() else None
         if self._closed:
             raise StoreClosedError("the store is closed")
-        return export_snapshot(self.db_path, realm, model=model or self.embedder.model_id,
+        model = model or self.embedder.model_id
+        return export_snapshot(self.db_path, realm, model=model,
                                include_deleted=True, page_rows=page_rows,
-                               changed=Changed(stamp or "", edge_version))
+                               changed=Changed(stamp or "", edge_version),
+                               dim=_width(self.embedder, model))
 
     async def feed(self, since: str | None, *, limit: int | None = None,
                    realm: str | None = None, model: str | None = None,
@@ -637,13 +644,7 @@ class Store:
         requires a vector of its width and skips a zero one in its semantic leg)."""
         staged = await self._write(lambda w: replica.stage(w, limit, realm, keep_within_ns))
         vectors = await self._vectors([row["id"] for row in staged.nodes], model)
-        zeros = [0.0] * dim
-
-        def vector(memory_id: str) -> list[float]:
-            found = vectors.get(memory_id)
-            return found if found is not None and len(found) == dim else zeros
-
-        nodes = [wire_node(row, vector(row["id"])) for row in staged.nodes]
+        nodes = wire_nodes(staged.nodes, vectors, dim)
         return staged.entries, nodes, [wire_edge(row) for row in staged.edges]
 
     async def outbox_depth(self) -> int:
@@ -671,9 +672,11 @@ class Store:
             w, remote_nodes, remote_edges, realm, state or {}))
 
     async def _wire_nodes(self, rows: list[sqlite3.Row], model: str) -> list[NodeRow]:
+        """The rows as the plane's, with their ``model`` vectors (zeros for none when the model
+        is this store's own, whose width is known: ``views.wire_nodes``)."""
         dicts = [dict(zip(NODE_COLUMNS, r, strict=True)) for r in rows]
         vectors = await self._vectors([d["id"] for d in dicts], model)
-        return [wire_node(d, vectors.get(d["id"])) for d in dicts]
+        return wire_nodes(dicts, vectors, _width(self.embedder, model))
 
     async def _vectors(self, ids: list[str], model: str) -> dict[str, list[float]]:
         """Stored vectors of ``model`` as wire lists (same-width ones converted in one batch)."""
@@ -894,6 +897,12 @@ class Store:
     async def integrity_check(self) -> str:
         rows = await self._fetch("PRAGMA integrity_check")
         return "; ".join(str(r[0]) for r in rows)
+
+
+def _width(embedder: Embedder, model: str) -> int | None:
+    """The width vectors of ``model`` have here: the embedder's for its own model, else not
+    known (a plane's model as pulled: its rows keep whatever width they came with)."""
+    return embedder.dim if model == embedder.model_id else None
 
 
 # ---------------------------------------------------------------------- writer-thread helpers

@@ -3,11 +3,15 @@
 Rules: wire rows carry the canonical ``updated_at`` as the version, omit nulls when encoded,
 and mark tombstones with the syncd ``deleted`` extension; an edge's wire ``created_at`` is its
 latest version (so an updated or deleted edge is visible to a plane's ``created_at > since``).
+A node served as the plane's row carries an embedding of the model's width on every row, zeros
+when there is no vector (``wire_nodes``): the plane's import refuses a row without one, and its
+client a pulled row without one (contract §4.4, §9).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -32,6 +36,20 @@ def wire_node(row: Row, embedding: list[float] | None) -> NodeRow:
         writer_agent_id=row["writer_agent_id"], origin=row["origin"] or None,
         deleted=True if row["deleted"] else None,
     )
+
+
+def wire_nodes(rows: Iterable[Row], vectors: Mapping[str, list[float]],
+               dim: int | None) -> list[NodeRow]:
+    """Rows as wire rows, each with its vector in ``vectors``. With ``dim``, the width of the
+    vectors' model, a row with no vector or one of another width carries ``dim`` zeros instead
+    — the plane's "no vector" (it skips a zero vector in its semantic leg, and
+    ``apply.vector_from_wire`` reads zeros as none), never a vector the plane would refuse.
+    ``dim`` None (a model whose width is not known here): rows without a vector carry none."""
+    if dim is None:
+        return [wire_node(row, vectors.get(row["id"])) for row in rows]
+    zeros = [0.0] * dim  # one list for every such row: rows are encoded, never changed
+    return [wire_node(row, found if found is not None and len(found) == dim else zeros)
+            for row in rows for found in (vectors.get(row["id"]),)]
 
 
 def wire_edge(row: Row) -> EdgeRow:

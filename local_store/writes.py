@@ -8,6 +8,10 @@ Rules:
   * A local write queues an outbox entry for the item; an applied remote version never does
     (no echo), and when it replaces the local version it clears that item's entry.
   * Writes are upserts keyed by id, so the FTS triggers see an UPDATE, never a REPLACE.
+  * An edge tombstone's props are Kyma's own tombstone form, ``{"deleted":true,"deleted_at":…}``
+    (contract §2.3; ``tombstone_props``), stored so: a plane that drops the ``deleted``
+    extension (Kyma) still carries the deletion, and every replica holds — and hashes — the
+    same props.
 """
 
 from __future__ import annotations
@@ -187,9 +191,13 @@ class Writer:
     def put_edge(self, src: str, dst: str, type_: str, *, realm: str | None,
                  target_namespace: str | None = None, props: str | None = None,
                  deleted: bool = False) -> Row:
+        """Stamp and write a new version of an edge; ``deleted``: a tombstone, whose props
+        become ``tombstone_props(stamp, props)``."""
         eid = edge_id(src, dst, type_)
         old = self.edge(eid)
         stamp = self.stamp_after(old["updated_at"] if old else None)
+        if deleted:
+            props = tombstone_props(stamp, props)
         row: Row = {
             "id": eid, "src": src, "dst": dst, "type": type_, "realm": realm,
             "target_namespace": target_namespace, "props": props,
@@ -270,7 +278,8 @@ class Writer:
         identity keys and the reasons on its edges — also after a soft delete. Both leave a
         tombstone; deleting a tombstone again (or purging a purged one) is ``not_found``."""
         # A tombstone is also the plane's own soft delete — archived and invalidated — so a
-        # plane that drops the ``deleted`` extension (Kyma does) still hides it everywhere.
+        # plane that drops the ``deleted`` extension (Kyma does) still hides it everywhere; its
+        # edges' tombstones are the plane's own edge tombstone (``tombstone_props``) likewise.
         row = self.node(memory_id)
         if row is None or (row["deleted"] and not (hard and _holds_text(row))):
             raise NotFoundError(f"memory_id: memory {memory_id} not found")
@@ -281,7 +290,7 @@ class Writer:
                        source_uris=None, mentions=None, dedupe_key=None, topic_key=None)
         row = self.put_node(row)
         for edge in self.edges_of(memory_id, tombstones=hard):
-            if edge["deleted"] and edge["props"] is None:
+            if edge["deleted"] and bare_tombstone(edge["props"]):
                 continue  # a tombstone already, with nothing left to purge
             self.put_edge(edge["src"], edge["dst"], edge["type"], realm=edge["realm"],
                           target_namespace=edge["target_namespace"],
@@ -455,3 +464,32 @@ def _uuid(memory_id: str) -> str:
 
 def props_json(value: Mapping[str, object]) -> str:
     return json.dumps(dict(value), separators=(",", ":"), ensure_ascii=False)
+
+
+TOMBSTONE_KEYS = frozenset({"deleted", "deleted_at"})
+
+
+def tombstone_props(stamp: str, props: str | None = None) -> str:
+    """Kyma's edge tombstone (contract §2.3): ``{"deleted":true,"deleted_at":"<stamp>"}``,
+    after the keys of ``props`` when it is a JSON object (a soft delete keeps the reasons on
+    the edge; a hard delete passes None). Other props are dropped: the form must parse as an
+    object saying ``"deleted": true`` (``apply.edge_from_wire`` reads it so)."""
+    kept = _json_object(props) or {}
+    kept.update(deleted=True, deleted_at=stamp)
+    return props_json(kept)
+
+
+def bare_tombstone(props: str | None) -> bool:
+    """Are these the props of a tombstone that holds nothing else (nothing left to purge)?"""
+    found = _json_object(props)
+    return found is not None and found.get("deleted") is True and found.keys() <= TOMBSTONE_KEYS
+
+
+def _json_object(text: str | None) -> dict[str, object] | None:
+    if not text:
+        return None
+    try:
+        found = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return found if isinstance(found, dict) else None

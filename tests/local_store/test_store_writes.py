@@ -18,6 +18,7 @@ from local_store import (
     ValidationError,
 )
 from local_store.redact import REDACTED
+from local_store.writes import bare_tombstone
 from protocol.timestamp import format_ns, is_canonical
 
 
@@ -247,8 +248,9 @@ async def test_soft_and_hard_delete_leave_tombstones(store: Store) -> None:
     nodes, edges, _ = await store.changes(0)
     tombs = {n.id: n for n in nodes if n.deleted}
     assert set(tombs) == {soft["node_id"], hard["node_id"]}
-    assert tombs[hard["node_id"]].content == "" and tombs[hard["node_id"]].embedding is None
-    assert all(e.deleted for e in edges)
+    assert tombs[hard["node_id"]].content == ""
+    assert tombs[hard["node_id"]].embedding == [0.0] * 384  # the plane's "no vector"
+    assert all(e.deleted and '"deleted":true' in (e.props or "") for e in edges)
     assert (await store.stats())["memories"] == 0
 
 
@@ -275,7 +277,7 @@ async def test_a_hard_delete_purges_every_user_text_also_after_a_soft_delete(
             await store.delete(victim["id"], hard=True)  # nothing left to purge
         nodes, edges, _ = await store.changes(0)
         assert [n.content for n in nodes if n.id == victim["node_id"]] == [""]
-        assert all(e.deleted and e.props is None for e in edges
+        assert all(e.deleted and bare_tombstone(e.props) for e in edges
                    if victim["node_id"] in (e.src, e.dst))
 
 

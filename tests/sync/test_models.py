@@ -45,13 +45,13 @@ async def test_a_laptop_on_another_model_pushes_plane_vectors_or_zeros(tmp_path:
                                   "topic_key": "deploy-rule"})
         report = await engine.run_pass()
         assert report.ok and report.pushed_nodes == 1
-        assert (await hub_vector(hub.store, saved["node_id"])) is None  # zero vector: no vector
+        assert await hub_vector(hub.store, saved["node_id"]) == [0.0] * 384  # no vector
         # Changed content on the plane's memory: its plane-model vector is stale, zeros go out.
         upserted = await store.save({"content": "ship on Fridays now", "topic_key": "ship-day"})
         assert upserted["node_id"] == row.id
         report = await engine.run_pass()
         assert report.ok and report.pushed_nodes == 1
-        assert (await hub_vector(hub.store, row.id)) is None
+        assert await hub_vector(hub.store, row.id) == [0.0] * 384
         nodes, _ = await hub.store.export()
         assert next(n.content for n in nodes if n.id == row.id) == "ship on Fridays now"
     finally:

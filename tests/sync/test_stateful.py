@@ -56,7 +56,7 @@ from hypothesis.stateful import (
 )
 
 from local_store import NotFoundError, Store
-from local_store.writes import props_json
+from local_store.writes import bare_tombstone, props_json, tombstone_props
 from protocol.rows import edge_id
 from tests.sync.harness import Hub, Laptop, edge_set, live_contents, start_hub, start_laptop
 from tests.syncd.faultproxy import Fault, FaultProxy
@@ -93,6 +93,11 @@ FAULTS = st.lists(st.builds(
     status=st.sampled_from([500, 502, 503]),
     path=st.sampled_from([None, "/changes", "/import", "/export", "/settings"]),
 ), min_size=1, max_size=3)
+
+
+async def edge_stamp(store: Store, eid: str) -> str:
+    rows = await store._fetch("SELECT updated_at FROM edges WHERE id = ?", (eid,))
+    return str(rows[0][0])
 
 
 def _version(row: Any) -> tuple[str, Version]:
@@ -340,8 +345,9 @@ class ReplicationMachine(RuleBasedStateMachine):
     @step
     def delete(self, who: int, pick: int, hard: bool) -> None:
         """Soft or hard delete: a tombstone (archived, invalidated), and every live edge of the
-        memory tombstoned. A hard delete also purges a soft delete's tombstone (its text) and
-        the reasons (props) on every edge of the memory, tombstones included."""
+        memory tombstoned in Kyma's form (props ``{…, "deleted": true, "deleted_at": stamp}``).
+        A hard delete also purges a soft delete's tombstone (its text) and the reasons (props)
+        on every edge of the memory, tombstones included."""
         store, mid = self.laptops[who].store, self.pick(pick)
         op = store.delete(mid, hard=hard)
         before = self.live(who, mid)
@@ -352,8 +358,8 @@ class ReplicationMachine(RuleBasedStateMachine):
             self.refused(who, mid, op, ("node", mid))
             return
         edges = {r[0]: self.read(who, "edge", r[0]) for r in self.run(store._fetch(
-            "SELECT id FROM edges WHERE (src = ? OR dst = ?) AND (deleted = 0 OR ? AND "
-            "props IS NOT NULL)", (mid, mid, hard)))}
+            "SELECT id, deleted, props FROM edges WHERE src = ? OR dst = ?", (mid, mid)))
+            if not r[1] or (hard and not bare_tombstone(r[2]))}
         self.run(op)
         after = self.read(who, "node", mid)
         assert after is not None
@@ -370,7 +376,9 @@ class ReplicationMachine(RuleBasedStateMachine):
         self.wrote(who, "node", mid, tuple(fields), before)
         for eid, edge in edges.items():
             assert edge is not None
-            self.wrote(who, "edge", eid, (1, None if hard else edge[0][1]), edge)
+            stamp = self.run(edge_stamp(store, eid))
+            self.wrote(who, "edge", eid, (1, tombstone_props(stamp, None if hard else edge[0][1])),
+                       edge)
 
     @rule(who=LAPTOP, pick=PICK, entity=st.sampled_from(ENTITIES))
     @step

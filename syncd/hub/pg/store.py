@@ -19,6 +19,7 @@ from local_store import ValidationError
 from local_store.apply import (
     ApplyResult,
     RowProblem,
+    check_width,
     edge_from_wire,
     node_from_wire,
     redacted_text,
@@ -28,13 +29,13 @@ from local_store.apply import (
 )
 from local_store.arguments import msgspec_field
 from local_store.columns import NODE_WIRE
-from local_store.embed import Embedder, HashingEmbedder, from_blob, to_blob
+from local_store.embed import Embedder, HashingEmbedder, to_blob
 from local_store.exporting import EDGE_VERSIONS, Changed, ExportPages, collect
 from local_store.exporting import PAGE_ROWS as EXPORT_PAGE_ROWS
 from local_store.merge import EDGE_HASHED, content_hash, version_key, wins
 from local_store.records import parse_timestamp
 from local_store.redact import strip_json_object
-from local_store.views import wire_edge, wire_node, wire_vectors
+from local_store.views import wire_edge, wire_embeddings, wire_nodes
 from protocol.query import QueryRequest, QueryResponse
 from protocol.rows import EdgeRow, NodeRow
 from protocol.settings import DEFAULT_SETTINGS, MemorySettings, load_settings, merge_patch
@@ -163,7 +164,7 @@ class PgHubStore:
         """Validate and redact in this process (as the SQLite hub does), then one transaction:
         conditional upserts decide the winners, vectors follow them, the feed mark closes it."""
         result = ApplyResult()
-        node_rows, vectors = self._prepare_nodes(list(nodes), result)
+        node_rows, vectors = self._prepare_nodes(list(nodes), result, model)
         edge_rows = self._prepare_edges(list(edges), result)
         ids = list(node_rows)
         async with self._connection() as conn, conn.transaction():
@@ -187,15 +188,19 @@ class PgHubStore:
             await self.catch_up()
         return result
 
-    def _prepare_nodes(self, wires: list[NodeRow], result: ApplyResult,
+    def _prepare_nodes(self, wires: list[NodeRow], result: ApplyResult, model: str,
                        ) -> tuple[dict[str, dict[str, Any]], dict[str, np.ndarray[Any, Any]]]:
+        """Validated, redacted rows and their vectors by id; a vector of the hub's own model
+        must be of its width (``apply.check_width``), another model's keeps its own."""
         rows: dict[str, dict[str, Any]] = {}
         vectors: dict[str, np.ndarray[Any, Any]] = {}
         batch = vectors_from_wires(wires)
+        dim = self.embedder.dim if model == self.embedder.model_id else None
         for index, wire in enumerate(wires):
             try:
                 row = node_from_wire(wire)
                 _refuse_nul(row)
+                check_width(wire, dim)
                 values = batch[index] if batch is not None else vector_from_wire(wire)
                 if values is not None and redacted_text(wire, row):
                     values = None  # embedded from the private span: the hub re-embeds it
@@ -456,21 +461,16 @@ class PgHubStore:
 
     async def _wire_nodes(self, conn: Conn,
                           rows: Sequence[asyncpg.Record]) -> list[NodeRow]:
+        """The rows as the plane's, each with its vector of the hub's model or zeros of its
+        width (``views.wire_nodes``)."""
         if not rows:
             return []
         found = await conn.fetch(
             "SELECT memory_id, vec FROM vectors WHERE model = $1 AND vec IS NOT NULL "
             "AND memory_id = ANY($2::text[])", self.embedder.model_id, [r[0] for r in rows])
-        vectors: dict[str, list[float]] = {}
-        if found:
-            widths = {len(r[1]) for r in found}
-            if len(widths) == 1:
-                matrix = from_blob(b"".join(r[1] for r in found)).reshape(len(found), -1)
-                vectors = dict(zip([r[0] for r in found], wire_vectors(matrix), strict=True))
-            else:
-                vectors = {r[0]: wire_vectors(from_blob(r[1]).reshape(1, -1))[0] for r in found}
-        return [wire_node(dict(zip(NODE_COLS, r, strict=True)), vectors.get(r[0]))
-                for r in rows]
+        vectors = wire_embeddings([(r[0], r[1]) for r in found])
+        return wire_nodes((dict(zip(NODE_COLS, r, strict=True)) for r in rows), vectors,
+                          self.embedder.dim)
 
     async def recall(self, request: QueryRequest) -> QueryResponse:
         settings = await self.settings()

@@ -61,11 +61,13 @@ class Staged:
 
 
 def pull(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow], model: str,
-         state: Mapping[str, str | None], until: str | None) -> ApplyResult:
+         state: Mapping[str, str | None], until: str | None,
+         dim: int | None = None) -> ApplyResult:
     """Apply a pulled batch, run the HLC receive rule on ``until`` too, and store ``state`` —
-    without its ``cursor`` when a row could not be applied (R5: the cursor never passes it)."""
+    without its ``cursor`` when a row could not be applied (R5: the cursor never passes it).
+    ``dim``: the width ``model``'s vectors must have, when known (``apply.check_width``)."""
     settle_ahead(writer)  # before the batch is compared with the queued own edits
-    result = apply_batch(writer, nodes, edges, model)
+    result = apply_batch(writer, nodes, edges, model, dim=dim)
     if until:
         with contextlib.suppress(ValueError):
             writer.clock.receive(until)
@@ -194,9 +196,10 @@ class Reconciled:
 
 
 def reconcile(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow], model: str,
-              realm: str | None, state: Mapping[str, str | None]) -> Reconciled:
+              realm: str | None, state: Mapping[str, str | None],
+              dim: int | None = None) -> Reconciled:
     """Apply a full export and re-queue what the plane lacks or holds older (both ways)."""
-    applied = apply_batch(writer, nodes, edges, model)
+    applied = apply_batch(writer, nodes, edges, model, dim=dim)
     remote_nodes, remote_edges = remote_versions(nodes, edges)
     requeued_nodes, requeued_edges = requeue_unseen(writer, remote_nodes, remote_edges, realm,
                                                     state)

@@ -618,20 +618,27 @@ class Store:
         """Apply a pulled batch, let the HLC receive ``until``, and store ``state`` (the new
         cursor) — all in one transaction."""
         node_list, edge_list = list(nodes), list(edges)
+        dim = _width(self.embedder, model)
         return await self._write(
-            lambda w: replica.pull(w, node_list, edge_list, model, state, until),
+            lambda w: replica.pull(w, node_list, edge_list, model, state, until, dim=dim),
             foreign_keys=False)
 
     async def correct_clock(self, offset_ns: int) -> bool:
         """Use ``offset_ns`` (to the plane's clock) from now on; when the HLC had run ahead of
-        the corrected time by more than the drift bound, pull it back. True if it was."""
+        the corrected time by more than the drift bound, pull it back. True if it was. Pulled
+        back from running ahead, it marks the range it stamped meanwhile (``STAMPED_AHEAD``, in
+        the same transaction): the queued edits stamped in it move back (``replica.py``)."""
         def run(w: Writer) -> bool:
+            issued, ahead_ns = w.clock.last_ns, w.clock.offset_ns - offset_ns
             w.clock.offset_ns = offset_ns
             now = w.clock.physical_ns()
             ahead = w.clock.last_ns > now + w.clock.max_drift_ns
+            state: dict[str, str | None] = {"clock_offset_ns": str(offset_ns)}
             if ahead:
                 w.clock.rewind(now)
-            replica.set_state(w, {"clock_offset_ns": str(offset_ns)})
+                if ahead_ns > 0:
+                    state[replica.STAMPED_AHEAD] = f"{issued} {ahead_ns}"
+            replica.set_state(w, state)
             return ahead
         return await self._write(run)
 
@@ -660,8 +667,9 @@ class Store:
                         state: Mapping[str, str | None] | None = None) -> replica.Reconciled:
         """Anti-entropy: apply a full export, re-queue what the plane lacks or holds older."""
         node_list, edge_list = list(nodes), list(edges)
+        dim = _width(self.embedder, model)
         return await self._write(lambda w: replica.reconcile(
-            w, node_list, edge_list, model, realm, state or {}), foreign_keys=False)
+            w, node_list, edge_list, model, realm, state or {}, dim=dim), foreign_keys=False)
 
     async def requeue_unseen(self, remote_nodes: Mapping[str, str],
                              remote_edges: Mapping[str, str], *, realm: str | None = None,

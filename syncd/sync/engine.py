@@ -54,7 +54,6 @@ import msgspec
 from local_store import Store
 from local_store.replica import (
     RESTORED_OUTBOX,
-    STAMPED_AHEAD,
     Entry,
     needs_restamp,
     remote_versions,
@@ -436,11 +435,8 @@ class SyncEngine:
             return
         if abs(offset - self.store.clock.offset_ns) < OFFSET_MIN_NS // 2 and offset != 0:
             return
-        issued, ahead = self.store.clock.last_ns, self.store.clock.offset_ns - offset
-        if await self.store.correct_clock(offset):
+        if await self.store.correct_clock(offset):  # marks what it stamped ahead (replica.py)
             report.clock_rewound = True
-            if ahead > 0:  # the queued edits it stamped meanwhile move back (replica.py)
-                await self.store.set_sync_state({STAMPED_AHEAD: f"{issued} {ahead}"})
         self.status.clock_offset_ms = offset / 1e6
 
     # ------------------------------------------------------------------ push

@@ -90,6 +90,13 @@ async def test_a_laptop_refuses_a_vector_of_its_own_model_of_another_width(
             ("embedding", f"must be an array of {DIM} numbers, got 3")]
         foreign = await store.apply([short("memory:b")], [], model="plane-model")
         assert (foreign.applied_nodes, foreign.problems) == (1, [])
+        # A pull (from a plane on the laptop's own model) holds it too, and keeps its cursor.
+        pulled = await store.pull([short("memory:c")], [], model=MODEL,
+                                  state={"cursor": "after-c"})
+        assert [p.field for p in pulled.problems] == ["embedding"]
+        assert "cursor" not in await store.sync_state()
+        reconciled = await store.reconcile([short("memory:d")], [], model=MODEL)
+        assert [p.field for p in reconciled.applied.problems] == ["embedding"]
     finally:
         await store.close()
 

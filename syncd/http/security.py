@@ -3,8 +3,9 @@ handler runs, so a refused request can never change the store.
 
 1. Host allow-list (DNS rebinding): ``localhost``, ``127.0.0.1``, ``[::1]`` (any port) plus
    configured names; anything else → 421.
-2. Browser requests from other sites: a foreign or ``null`` ``Origin``, or
-   ``Sec-Fetch-Site: cross-site`` → 403. No response ever carries ``Access-Control-Allow-*``.
+2. Browser requests from other origins: an ``Origin`` that is not exactly this server's
+   (scheme, host and port: a page of another local program on another port is foreign too),
+   ``null``, or ``Sec-Fetch-Site: cross-site`` → 403. No response ever carries ``Access-Control-Allow-*``.
 3. Bearer token on every route but the data-free ``/healthz``, ``/`` and ``/static/*`` (and
    ``/ui/login``, whose one-time code is the credential), compared in constant time; a token in
    the query string is refused outright (it leaks into logs and history) → 401. Instead of the
@@ -25,7 +26,7 @@ from aiohttp import web
 from syncd.config import LOOPBACK_HOST_NAMES
 from syncd.http import web as web_pages
 from syncd.http.errors import error_response
-from syncd.http.web import SESSION_KEY, check_session_request, session_of
+from syncd.http.web import SESSION_KEY, check_session_request, own_origin, session_of
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -58,7 +59,7 @@ def guards(token: str, extra_hosts: Iterable[str] = ()) -> web.middleware:  # ty
             return error_response(421, "misdirected_host",
                                   "Host header is not an allowed local name")
         origin = request.headers.get("Origin")
-        if origin is not None and not _same_host_origin(origin, allowed):
+        if origin is not None and origin.lower() != own_origin(request).lower():
             return error_response(403, "forbidden_origin", "cross-origin requests are refused")
         if request.headers.get("Sec-Fetch-Site", "").lower() == "cross-site":
             return error_response(403, "forbidden_origin", "cross-site requests are refused")
@@ -86,13 +87,6 @@ def not_json(request: web.Request) -> web.Response | None:
         return error_response(415, "unsupported_media_type",
                               "request bodies must be application/json")
     return None
-
-
-def _same_host_origin(origin: str, allowed: frozenset[str] | set[str]) -> bool:
-    if origin == "null" or "://" not in origin:
-        return False
-    scheme, rest = origin.split("://", 1)
-    return scheme in ("http", "https") and host_name(rest.split("/", 1)[0]) in allowed
 
 
 def _public(path: str) -> bool:

@@ -137,6 +137,9 @@ async def test_loopback_hosts_are_served(daemon: Daemon, host: str) -> None:
 @pytest.mark.parametrize("headers", [
     {"Origin": "https://evil.test"}, {"Origin": "null"}, {"Origin": "http://localhost.evil.com"},
     {"Sec-Fetch-Site": "cross-site"},
+    # Another local port is another origin: a page served by another local program.
+    {"Origin": "http://127.0.0.1:1"}, {"Origin": "http://localhost:3000"},
+    {"Origin": "http://[::1]:8080"},
 ])
 async def test_cross_site_requests_are_refused(daemon: Daemon, headers: dict[str, str]) -> None:
     before = await daemon.store.dump()
@@ -150,6 +153,10 @@ async def test_same_origin_is_served(daemon: Daemon) -> None:
     status, _, _ = await daemon.call("GET", "/v1/agent/memory/settings", headers=daemon.auth(
         Origin=f"http://127.0.0.1:{daemon.port}", **{"Sec-Fetch-Site": "same-origin"}))
     assert status == 200
+    status, _, _ = await daemon.call("POST", "/v1/agent/memory/tools/save_memory",
+                                     json={"content": "from the page"}, headers=daemon.auth(
+        Host=f"localhost:{daemon.port}", Origin=f"http://LOCALHOST:{daemon.port}"))
+    assert status == 200  # an origin's host is case-insensitive
 
 
 async def test_writes_must_be_json(daemon: Daemon) -> None:

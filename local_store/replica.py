@@ -14,12 +14,13 @@ Rules:
     let that stale copy beat an edit made since on another laptop. The entry names the version
     it repairs (``outbox.repair_version``); once the item has another version — a local edit
     re-queued it — it is a local edit again.
-  * A queued own edit the clock stamped while it ran ahead of the plane's (the engine marks
-    the range, ``STAMPED_AHEAD``, when it pulls the clock back), still beyond the drift bound
-    (``physical_ns() + max_drift_ns``), is moved back by how far the clock ran ahead — to when
-    it was written, by the plane's clock — and never later than now, before the next pulled
-    batch is compared with it or it is staged: a day-ahead clock does not make it unbeatable,
-    and an edit made elsewhere later in real time beats it.
+  * A queued local edit stamped beyond the drift bound (``physical_ns() + max_drift_ns``) —
+    made while the clock ran ahead of the plane's, offline or before NTP fixed it — is stamped
+    again when it is staged, after the version it replaced (``outbox.base_version``), so it
+    still beats what it replaced and no longer beats edits made elsewhere later: like any other
+    offline edit, it is stamped when pushed. The clock itself is pulled back first when it runs
+    beyond the bound. An edit whose base is itself that far ahead (made over another writer's
+    far-future version) keeps its stamp: it must beat that version.
   * An outbox entry is cleared only by ``ack`` with the seq it was staged at: a write that
     lands while the push is in flight bumps the entry's seq, so it is pushed again (R7).
   * Reconciling an export applies every remote version (LWW) and re-queues every local item
@@ -37,19 +38,14 @@ from local_store.apply import ApplyResult, apply_batch
 from local_store.errors import ValidationError
 from local_store.records import parse_timestamp
 from local_store.writes import Row, Writer
-from protocol.hlc import TICK_NS
 from protocol.rows import EdgeRow, NodeRow
-from protocol.timestamp import format_ns, parse_ns
+from protocol.timestamp import format_ns
 
 SYNC_PREFIX = "sync."
 # Sync state set by ``backups.restore`` when the restored outbox holds entries: they may be
 # versions this install superseded (and pushed) after the backup was made, so the plane's copy
 # must be applied before anything is pushed. Cleared with ``resync_pending``, by anti-entropy.
 RESTORED_OUTBOX = "restored_outbox"
-# Sync state set when the clock was pulled back from running ahead of the plane's: "<last stamp
-# it issued> <how far ahead it ran, ns>". The next pull or push moves the queued own edits it
-# stamped in that range back (``settle_ahead``) and clears it.
-STAMPED_AHEAD = "stamped_ahead"
 Entry = tuple[str, str, int]  # (kind, item_id, local_seq it was staged at)
 
 
@@ -66,7 +62,6 @@ def pull(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow], model: str,
     """Apply a pulled batch, run the HLC receive rule on ``until`` too, and store ``state`` —
     without its ``cursor`` when a row could not be applied (R5: the cursor never passes it).
     ``dim``: the width ``model``'s vectors must have, when known (``apply.check_width``)."""
-    settle_ahead(writer)  # before the batch is compared with the queued own edits
     result = apply_batch(writer, nodes, edges, model, dim=dim)
     if until:
         with contextlib.suppress(ValueError):
@@ -85,22 +80,31 @@ def set_state(writer: Writer, state: Mapping[str, str | None]) -> None:
 
 def stage(writer: Writer, limit: int, realm: str | None, keep_within_ns: int = 0) -> Staged:
     """Stage up to ``limit`` queued items (oldest first), re-stamping the local edits whose
-    version is more than ``keep_within_ns`` older than the clock, and return their rows."""
-    settle_ahead(writer)
+    version is more than ``keep_within_ns`` older than the clock or beyond the drift bound
+    ahead of it, and return their rows."""
     realm_sql, params = _realm_filter(realm)
-    bound = restamp_bound(writer.clock.physical_ns(), keep_within_ns)
+    physical = writer.clock.physical_ns()
+    bound = restamp_bound(physical, keep_within_ns)
+    ahead = format_ns(physical + writer.clock.max_drift_ns)
+    if writer.clock.last_ns > physical + writer.clock.max_drift_ns:
+        writer.clock.rewind(physical)  # it ran ahead (offline, or until NTP fixed the wall)
     queued = writer.conn.execute(
-        "SELECT o.kind, o.item_id, o.local_seq, o.repair_version FROM outbox o "
+        "SELECT o.kind, o.item_id, o.local_seq, o.repair_version, o.base_version FROM outbox o "
         "LEFT JOIN memories m ON o.kind = 'node' AND m.id = o.item_id "
         "LEFT JOIN edges e ON o.kind = 'edge' AND e.id = o.item_id "
         f"WHERE (m.id IS NOT NULL OR e.id IS NOT NULL) {realm_sql} "
         "ORDER BY o.local_seq LIMIT ?", (*params, limit)).fetchall()
     staged = Staged([], [], [])
-    for kind, item_id, seq, repair_version in queued:
+    for kind, item_id, seq, repair_version, base in queued:
         table = "memories" if kind == "node" else "edges"
         current = writer.version(table, item_id)
-        if current != repair_version and needs_restamp(current, bound):
+        if current == repair_version:
+            pass  # a repair is pushed as it is
+        elif needs_restamp(current, bound):
             seq = _restamp(writer, kind, item_id, writer.stamp_after(current))
+        elif current is not None and current > ahead and base is not None and (
+                (stamp := writer.stamp_after(base or None)) < current):
+            seq = _restamp(writer, kind, item_id, stamp)
         staged.entries.append((kind, item_id, seq))
         if kind == "node":
             row = writer.node(item_id)
@@ -111,47 +115,6 @@ def stage(writer: Writer, limit: int, realm: str | None, keep_within_ns: int = 0
             assert erow is not None
             staged.edges.append(erow)
     return staged
-
-
-def settle_ahead(writer: Writer) -> int:
-    """Move back the queued own edits the clock stamped while it ran ahead (the
-    ``STAMPED_AHEAD`` mark), by how far ahead it ran and never later than now; returns how many
-    moved. Only versions still beyond the drift bound move: the others sort sensibly already.
-    Repairs keep their versions (other replicas hold them), and so does an edit stamped after
-    the mark's range (``stamp_after`` a far-future version: it must still beat that one)."""
-    mark = _ahead_mark(writer)
-    if mark is None:
-        return 0
-    issued_ns, ahead_ns = mark
-    now = writer.clock.physical_ns()
-    queued = writer.conn.execute(
-        "SELECT o.kind, o.item_id, coalesce(m.updated_at, e.updated_at), "
-        "coalesce(m.origin, e.origin), o.repair_version FROM outbox o "
-        "LEFT JOIN memories m ON o.kind = 'node' AND m.id = o.item_id "
-        "LEFT JOIN edges e ON o.kind = 'edge' AND e.id = o.item_id").fetchall()
-    low, high = format_ns(now + writer.clock.max_drift_ns), format_ns(issued_ns)
-    ahead = [(kind, item_id, version) for kind, item_id, version, origin, repair in queued
-             if version is not None and low < version <= high
-             and origin == writer.replica_id and repair != version]
-    for kind, item_id, version in ahead:
-        written = min(parse_ns(version) - ahead_ns, now)
-        _restamp(writer, kind, item_id,
-                 format_ns(written // TICK_NS * TICK_NS + writer.clock.node))
-    set_state(writer, {STAMPED_AHEAD: None})
-    return len(ahead)
-
-
-def _ahead_mark(writer: Writer) -> tuple[int, int] | None:
-    """(the last stamp issued while ahead, how far ahead in ns), or None without a mark. A
-    garbled mark names an empty range (and is cleared with the rest)."""
-    value = writer.meta(SYNC_PREFIX + STAMPED_AHEAD)
-    if value is None:
-        return None
-    try:
-        issued, ahead = (int(part) for part in value.split())
-    except ValueError:
-        return 0, 0
-    return issued, ahead
 
 
 def _restamp(writer: Writer, kind: str, item_id: str, stamp: str) -> int:
@@ -250,12 +213,21 @@ def _version(stamp: str | None) -> str:
 
 def _requeue(writer: Writer, kind: str, local: list[tuple[str, str, int]],
              remote: Mapping[str, str]) -> int:
+    """Queue the items the plane lacks or holds older (repairs); drop the queued entry of an
+    item whose version the plane already holds — pushed, its acknowledgement lost (a crash, or
+    a store restored from a backup taken before it): staged, it would be stamped again and
+    beat edits made since elsewhere."""
+    queued = {r[0] for r in writer.conn.execute(
+        "SELECT item_id FROM outbox WHERE kind = ?", (kind,))}
     count = 0
     for item_id, updated_at, seq in local:
         theirs = remote.get(item_id)
         if theirs is None or updated_at > theirs:
             enqueue_repair(writer, kind, item_id, seq, updated_at)
             count += 1
+        elif item_id in queued and updated_at == theirs:
+            writer.conn.execute("DELETE FROM outbox WHERE kind = ? AND item_id = ?",
+                                (kind, item_id))
     return count
 
 

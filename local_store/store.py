@@ -625,20 +625,15 @@ class Store:
 
     async def correct_clock(self, offset_ns: int) -> bool:
         """Use ``offset_ns`` (to the plane's clock) from now on; when the HLC had run ahead of
-        the corrected time by more than the drift bound, pull it back. True if it was. Pulled
-        back from running ahead, it marks the range it stamped meanwhile (``STAMPED_AHEAD``, in
-        the same transaction): the queued edits stamped in it move back (``replica.py``)."""
+        the corrected time by more than the drift bound, pull it back. True if it was. (Queued
+        edits it stamped meanwhile are stamped again when staged: ``replica.stage``.)"""
         def run(w: Writer) -> bool:
-            issued, ahead_ns = w.clock.last_ns, w.clock.offset_ns - offset_ns
             w.clock.offset_ns = offset_ns
             now = w.clock.physical_ns()
             ahead = w.clock.last_ns > now + w.clock.max_drift_ns
-            state: dict[str, str | None] = {"clock_offset_ns": str(offset_ns)}
             if ahead:
                 w.clock.rewind(now)
-                if ahead_ns > 0:
-                    state[replica.STAMPED_AHEAD] = f"{issued} {ahead_ns}"
-            replica.set_state(w, state)
+            replica.set_state(w, {"clock_offset_ns": str(offset_ns)})
             return ahead
         return await self._write(run)
 

@@ -145,8 +145,9 @@ class Writer:
 
     def put_node(self, row: Row, vector: Vector | None = None, *, local: bool = True) -> Row:
         """Stamp and write a new version of a node (a local write unless ``local`` is False)."""
+        base = self.version("memories", row["id"]) if local else None
         if local:
-            row["updated_at"] = self.stamp_after(self.version("memories", row["id"]))
+            row["updated_at"] = self.stamp_after(base)
             row["origin"] = self.replica_id
             if row["created_at"] is None:  # a new memory: created = valid = this stamp
                 row["created_at"] = row["updated_at"]
@@ -166,7 +167,7 @@ class Writer:
         if vector is not None:
             self.put_vector(row["id"], vector)
         if local:
-            self.enqueue("node", row["id"], row["local_seq"])
+            self.enqueue("node", row["id"], row["local_seq"], base)
         return row
 
     def drop_stale_vectors(self, row: Row, model: str) -> None:
@@ -207,7 +208,7 @@ class Writer:
         row["content_hash"] = content_hash(row, EDGE_HASHED)
         row["local_seq"] = self.next_seq()
         self.conn.execute(EDGE_UPSERT, edge_params(row))
-        self.enqueue("edge", eid, row["local_seq"])
+        self.enqueue("edge", eid, row["local_seq"], old["updated_at"] if old else None)
         return row
 
     def version(self, table: str, item_id: str) -> str | None:
@@ -223,11 +224,15 @@ class Writer:
             return stamp
         return format_ns((parse_ns(current) // TICK_NS + 1) * TICK_NS + self.clock.node)
 
-    def enqueue(self, kind: str, item_id: str, seq: int) -> None:
+    def enqueue(self, kind: str, item_id: str, seq: int, base: str | None) -> None:
+        """Queue a local edit of an item, which replaced version ``base`` (None: it created
+        the item). An entry already queued keeps the base it has: the version the first
+        unpushed edit replaced (``replica.stage`` stamps after it, when it stamps again)."""
         self.conn.execute(
-            "INSERT INTO outbox (kind, item_id, local_seq) VALUES (?, ?, ?) "
-            "ON CONFLICT (kind, item_id) DO UPDATE SET local_seq = excluded.local_seq",
-            (kind, item_id, seq))
+            "INSERT INTO outbox (kind, item_id, local_seq, base_version) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (kind, item_id) DO UPDATE SET local_seq = excluded.local_seq, "
+            "base_version = coalesce(outbox.base_version, excluded.base_version)",
+            (kind, item_id, seq, base or ""))
 
     def node_from_draft(self, draft: Draft, memory_id: str) -> Row:
         """A node row from a draft; ``put_node`` stamps it (created_at = valid_at = the stamp)."""
@@ -290,8 +295,9 @@ class Writer:
                        source_uris=None, mentions=None, dedupe_key=None, topic_key=None)
         row = self.put_node(row)
         for edge in self.edges_of(memory_id, tombstones=hard):
-            if edge["deleted"] and bare_tombstone(edge["props"]):
-                continue  # a tombstone already, with nothing left to purge
+            if edge["deleted"] and (edge["props"] is None or bare_tombstone(edge["props"])):
+                continue  # a tombstone already, with nothing left to purge (None: an older
+                # syncd's tombstone, which kept no props)
             self.put_edge(edge["src"], edge["dst"], edge["type"], realm=edge["realm"],
                           target_namespace=edge["target_namespace"],
                           props=None if hard else edge["props"], deleted=True)

@@ -20,9 +20,9 @@ Rules:
     large) is not ok: it reports ``held_back`` and why, without backing off (the plane
     answered).
   * Clock: each response's ``Date`` (and a plane's ``until``) estimates this machine's offset to
-    the plane; an offset over ``OFFSET_MIN_NS`` is applied to every later stamp. When that pulls
-    the clock back from running ahead, the range it stamped ahead is stored (``stamped_ahead``):
-    the next pull moves the queued edits stamped in it back, before comparing pulled rows.
+    the plane; an offset over ``OFFSET_MIN_NS`` is applied to every later stamp. Queued edits
+    stamped while the clock ran beyond the drift bound are stamped again when staged, after
+    the version each replaced (``local_store/replica.py``).
   * A store restored from a backup with a non-empty outbox (``restored_outbox``, set by
     ``restore``) runs anti-entropy before its first push: the outbox may hold versions this
     install superseded after the backup, and a hub leaves its own later versions out of

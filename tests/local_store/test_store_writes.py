@@ -19,6 +19,7 @@ from local_store import (
 )
 from local_store.redact import REDACTED
 from local_store.writes import bare_tombstone
+from protocol.rows import EdgeRow
 from protocol.timestamp import format_ns, is_canonical
 
 
@@ -453,3 +454,17 @@ async def test_an_identity_key_holding_a_private_span_is_refused_not_rewritten(
     assert not {"alpha", "Roe", "acct", "9", "x"} & set(exc.value.message.split())
     assert await store.dump() == before
 
+
+
+async def test_a_hard_delete_leaves_an_older_syncds_bare_edge_tombstone_alone(store: Store) -> None:
+    """An older syncd kept no props on an edge tombstone: nothing to purge, so a hard delete
+    writes (and pushes) no new version of it."""
+    a = (await store.save({"content": "alpha memory"}))["node_id"]
+    b = (await store.save({"content": "beta memory"}))["node_id"]
+    eid = f"{a}->{b}:RELATES_TO"
+    legacy = EdgeRow(id=eid, src=a, dst=b, type="RELATES_TO", realm="default",
+                     created_at="2026-01-01T00:00:00.000000001Z",
+                     updated_at="2026-01-01T00:00:00.000000001Z", origin="old", deleted=True)
+    assert (await store.apply([], [legacy], model=store.embedder.model_id)).applied_edges == 1
+    await store.delete(a, hard=True)
+    assert [e for e in await store.outbox() if e[0] == "edge"] == []

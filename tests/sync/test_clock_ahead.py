@@ -1,17 +1,19 @@
-"""An edit made offline while the laptop's clock ran a day ahead (R10): when the laptop
-reconnects and its clock is pulled back, the queued edit moves back by the day — to when it was
-written — before the pull compares the plane's rows with it. An edit made later in real time on
-another laptop beats it everywhere; it is not unbeatable. An edit stamped after a far-future
-version from another writer (not by a clock running ahead) keeps its stamp and still wins.
-The hub and laptops run on hand-moved walls (``start_world_hub``: its ``Date`` reads the
-hub's wall), in both cursor modes."""
+"""Edits made while a laptop's clock ran a day ahead (R10: "a laptop a day ahead does not make
+its edits unbeatable once it has synced"). Staged for the push, such an edit — beyond the drift
+bound — is stamped again, like any offline edit: after the version it replaced, and at the
+plane's time. So an edit made elsewhere after the laptop synced beats it everywhere, while it
+still beats the version it replaced (even one from a writer a little ahead), and an edit
+stamped just after another writer's far-future version keeps its stamp. This holds whether the
+engine pulled the clock back or NTP fixed the wall before the laptop synced. The hub and
+laptops run on hand-moved walls (its ``Date`` reads the hub's wall), in both cursor modes."""
 
 from __future__ import annotations
 
 from contextlib import AsyncExitStack
 from pathlib import Path
 
-from local_store.replica import STAMPED_AHEAD
+import pytest
+
 from protocol.timestamp import parse_ns
 from tests.conftest import FakeWall
 from tests.sync.test_clocks import (
@@ -28,8 +30,9 @@ from tests.sync.test_clocks import (
 )
 
 
-async def test_an_offline_edit_under_a_clock_a_day_ahead_loses_to_a_later_edit(
-        cursor: str, tmp_path: Path, stack: AsyncExitStack) -> None:  # noqa: F811
+@pytest.mark.parametrize("fixed_by", ["the engine", "ntp"])
+async def test_an_edit_made_a_day_ahead_is_beaten_by_an_edit_made_after_the_sync(
+        cursor: str, tmp_path: Path, stack: AsyncExitStack, fixed_by: str) -> None:  # noqa: F811
     world = FakeWall()
     shift = [0]
     hub = await hub_on(stack, tmp_path, cursor, world)
@@ -42,21 +45,51 @@ async def test_an_offline_edit_under_a_clock_a_day_ahead_loses_to_a_later_edit(
     shift[0] = DAY_NS  # a's clock jumps a day ahead while it is offline
     world.advance(10)
     _, ahead = await put(a, "ahead/x", "x edited on a (offline, clock a day ahead)")
-    world.advance(10)
-    await put(b, "ahead/x", "x edited on b, later in real time")
-    ok(await b.sync())
-    report = ok(await a.sync())
-    assert report.clock_rewound
-    assert STAMPED_AHEAD not in await a.store.sync_state()  # consumed by the pull
-    for lap in (b, a):
-        ok(await lap.sync())
-    await assert_everywhere(x, "x edited on b, later in real time", hub, a, b)
     assert parse_ns(ahead) > world() + DAY_NS - 30 * SECOND_NS  # it was stamped a day ahead
+    world.advance(10)
+    if fixed_by == "ntp":
+        shift[0] = 0  # the wall is right again before a syncs: no offset to correct
+    report = ok(await a.sync())
+    assert report.pushed_nodes == 1
+    pushed = parse_ns((await hub.store.get(x))["updated_at"])
+    assert abs(pushed - world()) <= 5 * SECOND_NS  # stamped again, at the plane's time
+    ok(await b.sync())
+    await assert_everywhere(x, "x edited on a (offline, clock a day ahead)", hub, a, b)
+    world.advance(10)
+    await put(b, "ahead/x", "x edited on b after a synced")
+    for lap in (b, a, b):
+        ok(await lap.sync())
+    await assert_everywhere(x, "x edited on b after a synced", hub, a, b)
+    assert a.store.clock.last_ns < world() + DAY_NS // 2  # a stamps at the plane's time again
+
+
+async def test_an_edit_a_day_ahead_still_beats_the_version_it_replaced(
+        cursor: str, tmp_path: Path, stack: AsyncExitStack) -> None:  # noqa: F811
+    """A pulled R from a writer two minutes ahead (inside the drift bound), then edited x with
+    its clock a day ahead: stamped again, the edit still sorts after R (HLC causality)."""
+    world = FakeWall()
+    shift = [0]
+    hub = await hub_on(stack, tmp_path, cursor, world)
+    other = NaiveClient(hub.url, hub.token, lambda: world() + 120 * SECOND_NS)
+    stack.push_async_callback(other.close)
+    a = await laptop(stack, "a", tmp_path, hub.url, hub.token, lambda: world() + shift[0])
+    x = "memory:00000000-0000-4000-8000-0000000000ab"
+    other.write(x, "x from the other writer")
+    await other.sync()
+    ok(await a.sync())
+    shift[0] = DAY_NS
+    world.advance(10)
+    await a.store.update_importance(x, 0.9)  # made after a saw the other's version
+    world.advance(10)
+    for _ in range(2):
+        ok(await a.sync())
+    for store in (hub.store, a.store):
+        assert (await store.get(x))["importance"] == 0.9
 
 
 async def test_an_offline_edit_a_day_ahead_with_no_concurrent_edit_still_lands(
         cursor: str, tmp_path: Path, stack: AsyncExitStack) -> None:  # noqa: F811
-    """Moved back, the edit still reaches every replica — with a stamp of its real time."""
+    """Stamped again, the edit still reaches every replica — with a stamp of its push."""
     world = FakeWall()
     shift = [0]
     hub = await hub_on(stack, tmp_path, cursor, world)
@@ -69,19 +102,19 @@ async def test_an_offline_edit_a_day_ahead_with_no_concurrent_edit_still_lands(
     shift[0] = DAY_NS
     world.advance(10)
     await put(a, "ahead/x", "x edited on a (offline, clock a day ahead)")
-    written = world()
     world.advance(10)
+    pushed_at = world()
     for lap in (a, b):
         ok(await lap.sync())
     await assert_everywhere(x, "x edited on a (offline, clock a day ahead)", hub, a, b)
     stamp = parse_ns((await hub.store.get(x))["updated_at"])
-    assert abs(stamp - written) <= 5 * SECOND_NS
+    assert abs(stamp - pushed_at) <= 5 * SECOND_NS
 
 
-async def test_an_edit_over_a_far_future_version_is_not_moved_back(
+async def test_an_edit_over_a_far_future_version_keeps_its_stamp(
         cursor: str, tmp_path: Path, stack: AsyncExitStack) -> None:  # noqa: F811
     """Another writer stamps x two days ahead (applied, it does not drag A's clock); A's edit of
-    x is stamped just after it, so it beats it. A's own clock is right: nothing moves back."""
+    x is stamped just after it, so it beats it; stamped again after its base, it stays there."""
     world = FakeWall()
     hub = await hub_on(stack, tmp_path, cursor, world)
     far = NaiveClient(hub.url, hub.token, lambda: world() + 2 * DAY_NS)

@@ -66,6 +66,41 @@ async def test_a_restored_outbox_does_not_push_over_a_later_own_edit(
         await a.close()
 
 
+async def test_a_restored_entry_the_plane_already_holds_is_dropped_not_stamped_again(
+        hub: Hub, tmp_path: Path) -> None:
+    """The backup's outbox holds x v1, which A pushed after the backup; B then edits x. Restored,
+    A's anti-entropy finds v1 on the plane: the entry is dropped, not staged — stamped again, the
+    stale v1 would beat B's later edit everywhere."""
+    wall = FakeWall(time.time_ns())
+    a_dir, copy = tmp_path / "a", tmp_path / "a-backup.db"
+    a = await laptop_a(a_dir, hub, wall)
+    b = await start_laptop("b", tmp_path / "b", hub.url, hub.token, wall=wall,
+                           overlap_secs=OVERLAP_SECS)
+    try:
+        x = (await a.store.save({"content": "x v1", "topic_key": "x"}))["node_id"]
+        await a.close()
+        await asyncio.to_thread(backup, a_dir, copy)  # x v1 still queued in it
+        a = await laptop_a(a_dir, hub, wall)
+        assert (await a.sync()).ok  # pushes v1
+        assert (await b.sync()).ok
+        wall.advance(PAST_OVERLAP_SECS)
+        await b.store.save({"content": "x v2, b's later edit", "topic_key": "x"})
+        wall.advance(PAST_OVERLAP_SECS)
+        await a.close()
+        assert (await asyncio.to_thread(restore, a_dir, copy)).resync
+        a = await laptop_a(a_dir, hub, wall)
+        report = await a.sync()
+        assert report.ok and report.pushed_nodes == 0, report
+        assert await a.store.outbox() == []
+        for lap in (b, a):
+            assert (await lap.sync()).ok
+        for holder in (hub, a, b):
+            assert await content(holder, x) == "x v2, b's later edit"
+    finally:
+        await a.close()
+        await b.close()
+
+
 async def test_a_restored_entry_the_plane_never_saw_is_pushed_in_the_first_pass(
         hub: Hub, tmp_path: Path) -> None:
     """The catch-up keeps what only the backup holds: an entry the plane lacks is pushed."""

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
 
+from syncd.http import create_app
 from syncd.http.app import errors_middleware
+from syncd.http.security import _public
 from syncd.report import status_lines
 from syncd.tools import TOOLS
 from tests.local_store.test_embedder_failure import FlakyEmbedder
@@ -327,3 +330,46 @@ async def test_mcp_over_http_answers_a_body_that_is_not_json_in_json_rpc(
         "jsonrpc": "2.0", "id": 7, "method": "tools/list"})
     assert status == 200 and isinstance(answer, dict) and answer["id"] == 7
     assert any(t["name"] == "save_memory" for t in answer["result"]["tools"])
+
+
+async def test_every_route_but_the_public_ones_needs_the_token(daemon: Daemon) -> None:
+    """L5 over the whole route table: no token, a wrong one, or the right one in the query
+    string is a 401 on every route that is not public, and nothing is written."""
+    before = await daemon.store.dump()
+    checked = []
+    for route in create_app(daemon.store, token=TOKEN).router.routes():
+        info = route.resource.get_info() if route.resource else {}
+        path = info.get("path") or re.sub(r"\{[^}]+\}", "x", info.get("formatter", ""))
+        if route.method == "HEAD" or _public(path):
+            continue
+        for headers, params in (({}, {}), ({"Authorization": "Bearer nope"}, {}),
+                                ({}, {"token": TOKEN})):
+            kw: dict[str, object] = {"headers": {**headers, "X-Probe": "1"}, "params": params}
+            if route.method in ("POST", "PUT", "PATCH"):
+                kw.update(data=b"{}", headers={**headers, "Content-Type": "application/json"})
+            status, body, _ = await daemon.call(route.method, path, **kw)
+            assert status == 401, (route.method, path, headers, params, status, body)
+        checked.append((route.method, path))
+    assert len(checked) >= 15, checked
+    assert await daemon.store.dump() == before
+
+
+async def test_a_write_without_a_content_type_is_415_on_every_kind_of_write(
+        daemon: Daemon) -> None:
+    before = await daemon.store.dump()
+    for method, path in (("POST", "/v1/agent/memory/tools/save_memory"),
+                         ("POST", "/v1/agent/memory/import"),
+                         ("PUT", "/v1/agent/memory/settings"), ("POST", "/mcp/v1")):
+        status, body, _ = await daemon.call(method, path, data=b'{"content": "x"}',
+                                            headers=daemon.auth(**{"Content-Type": ""}))
+        assert status == 415, (path, status, body)
+    assert await daemon.store.dump() == before
+
+
+async def test_refusals_carry_no_cors_headers(daemon: Daemon) -> None:
+    """L4 on the answers a browser sees first: 421, 403 and 401, and preflights."""
+    for headers in ({"Host": "evil.test", "Origin": "https://evil.test"},
+                    {"Origin": "https://evil.test"}, {"X-Probe": "1"}):
+        for method in ("OPTIONS", "GET", "POST"):
+            _, _, got = await daemon.call(method, "/v1/agent/memory/query", headers=headers)
+            assert not [h for h in got if h.lower().startswith("access-control-")], got

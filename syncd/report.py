@@ -14,14 +14,36 @@ GATE_HINTS = {
     "wrong_device": "the entitlement was issued for another install (device_id)",
     "clock_untrusted": "this computer's clock went back; the next successful online check "
                        "clears it",
+    "seq_rollback": "the entitlement is older than one already accepted from the same key (a "
+                    "restored or copied file): fetch a new one (`syncd sync`) or install a "
+                    "newer licence",
+    "not_yet_valid": "the entitlement is not valid yet by this computer's clock: check the "
+                     "clock (and time zone), or wait for the next online check",
+    "expired": "the entitlement expired: the control plane could not be reached to renew it "
+               "(see the last online check, if shown), or install a newer licence",
+    "unreadable": "a token file (entitlement.token or the licence) is not a readable regular "
+                  "file: check its type and permissions",
+    "malformed": "a token file is damaged: the next online check replaces entitlement.token; "
+                 "install the licence again",
+    "invalid_signature": "a token does not verify under its pinned key (damaged or forged): "
+                         "the next online check replaces entitlement.token",
+    "error: state_unreadable": "{data_dir}/gate.json cannot be read (see the daemon log): the "
+                               "next successful online check rewrites it",
 }
+ERROR_HINT = "the entitlement check failed unexpectedly: see the daemon log"
+FAR_FUTURE = 253402300800  # 10000-01-01 00:00 UTC: beyond what a date can print
 
 
 def _when(epoch: object) -> str:
     """An entitlement's ``exp`` (seconds since the epoch) as a UTC time."""
     if not isinstance(epoch, int | float):
         return str(epoch)
-    return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
+    if epoch >= FAR_FUTURE:
+        return f"after 9999-12-31 (at {epoch:.0f} s since the epoch)"
+    try:
+        return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
+    except (ValueError, OverflowError, OSError):  # before year 1, or the platform refuses
+        return f"{epoch:.0f} s since the epoch"
 
 
 def status_lines(status: dict[str, Any]) -> list[str]:
@@ -32,18 +54,22 @@ def status_lines(status: dict[str, Any]) -> list[str]:
     if status.get("embedder_error"):
         lines[3] += (f" — failing ({status['embedder_error']}): memories are saved without a "
                      "vector and recall is keyword-only until it works")
-    return lines + _gate_lines(status.get("entitlement") or {}) + _sync_lines(
-        status.get("sync") or {})
+    return lines + _gate_lines(status.get("entitlement") or {}, status.get("data_dir")) + \
+        _sync_lines(status.get("sync") or {})
 
 
-def _gate_lines(gate: dict[str, Any]) -> list[str]:
+def _gate_lines(gate: dict[str, Any], data_dir: object) -> list[str]:
+    online = gate.get("last_online_error")
+    tail = [f"  {'':16} last online check: {online}"] if online else []
     if gate.get("entitled"):
-        return [f"  {'entitlement':16} plan {gate.get('plan')} ({gate.get('source')}), sync "
-                f"{gate.get('sync')}, graph {gate.get('graph')}, expires "
-                f"{_when(gate.get('exp'))}"]
-    hint = GATE_HINTS.get(str(gate.get("reason")))
-    return [f"  {'entitlement':16} paid features paused ({gate.get('reason')}); saving, "
-            "recall and export work as always"] + ([f"  {'':16} {hint}"] if hint else [])
+        head = (f"plan {gate.get('plan')} ({gate.get('source')}), sync {gate.get('sync')}, "
+                f"graph {gate.get('graph')}, expires {_when(gate.get('exp'))}")
+        return [f"  {'entitlement':16} {head}", *tail]
+    reason = str(gate.get("reason"))
+    hint = GATE_HINTS.get(reason) or (ERROR_HINT if reason.startswith("error") else None)
+    head = f"paid features paused ({reason}); saving, recall and export work as always"
+    return [f"  {'entitlement':16} {head}", *tail,
+            *([f"  {'':16} {hint.format(data_dir=data_dir)}"] if hint else [])]
 
 
 def _sync_lines(sync: dict[str, Any]) -> list[str]:

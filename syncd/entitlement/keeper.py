@@ -6,6 +6,8 @@
     successful sync pass, a fresh token is fetched from the control plane, if one is set. The
     fetch is not sync, so it runs while sync is gated; failures are logged (rate-limited) and
     leave the current token in place: the offline grace runs until its ``exp``.
+  * ``last_online_error`` says why the last fetch failed, or why the gate refused the token it
+    brought; None after a fetch whose token was stored.
 """
 
 from __future__ import annotations
@@ -66,8 +68,10 @@ class Keeper:
                 self._last_log = time.monotonic()
                 log.warning("could not fetch an entitlement from the control plane: %s", exc)
             return
-        self.last_online_error = None
         await asyncio.to_thread(self.gate.accept_online, token, server_now)
+        refusal = self.gate.online_refusal  # fetched, but not stored: also an online error
+        self.last_online_error = None if refusal is None else (
+            f"the control plane's entitlement was refused: {refusal}")
 
     async def _loop(self) -> None:
         if self.client is not None:

@@ -117,6 +117,14 @@ def verify(token: str | bytes, pinned: dict[str, Ed25519PublicKey]) -> Claims:
     return claims
 
 
+def kid_of(token: str | bytes) -> str | None:
+    """The ``kid`` a token's framing names (not verified: what ``verify`` would look up), or
+    None when the text does not start like a token."""
+    text = token.decode("ascii", "replace") if isinstance(token, bytes) else token
+    kid = text.lstrip(" \t\r\n")[:17]
+    return kid[:16] if re.fullmatch(r"[0-9a-f]{16}\.", kid) else None
+
+
 def pin(texts: list[str] | tuple[str, ...]) -> dict[str, Ed25519PublicKey]:
     """Pinned keys by kid, from config (a bad key is a configuration error: ValueError)."""
     keys = {}

@@ -321,8 +321,12 @@ async def entitlement(request: web.Request) -> web.Response:
     if found is None:
         raise HttpError(401, "unauthorized", "unknown token")
     name, _, plan = found
+    features = PLANS.get(plan)
+    if features is None:  # the tokens file or table was edited by hand: grant nothing
+        raise HttpError(500, "bad_plan", f"token {name!r} has plan {plan!r}, which is not one "
+                                         f"of {', '.join(PLANS)}")
     now = int(time.time())
-    claims = Claims(sub=name, device_id=device, plan=plan, features=list(PLANS[plan]),
+    claims = Claims(sub=name, device_id=device, plan=plan, features=list(features),
                     iat=now, nbf=now - NBF_SLACK_SECS, exp=now + int(lifetime_days * 86400),
                     seq=await hub.next_counter("entitlement_seq"))
     return reply({"token": sign(key, claims), "claims": claims})

@@ -7,8 +7,8 @@ Rules:
 3. Writers hold ``flock`` on the data directory for the whole read-modify-write, and replace the
    file atomically (0600 temp file in the same directory, fsync, ``os.replace``, fsync the
    directory): concurrent ``token create`` runs lose nothing, readers never see half a file.
-4. A missing file means no tokens. A file that does not parse, or that group/others can read or
-   write, grants nothing: loading it raises ``TokenFileError`` (the hub answers 500, never 200).
+4. A missing file means no tokens. A file that does not parse, names a plan not in ``PLANS``, or
+   that group/others can read or write, grants nothing: loading it raises ``TokenFileError`` (the hub answers 500, never 200).
 5. ``TokenBook`` re-reads the file when its (inode, mtime_ns, size, mode) changes, so a token
    created or revoked by another process, or a ``chmod``, takes effect without restarting the
    hub. Every write is a new inode, so a change inside one mtime tick is still seen.
@@ -100,9 +100,14 @@ def _load(path: Path) -> tuple[_Key | None, _File]:
             raise TokenFileError(f"{path} is mode {stat.S_IMODE(st.st_mode):o}, readable or "
                                  f"writable by others; run `chmod 600 {path}`")
         try:
-            return _key(st), _DECODER.decode(f.read())
+            book = _DECODER.decode(f.read())
         except msgspec.DecodeError as e:  # ValidationError is a DecodeError
             raise TokenFileError(f"{path} is not a valid tokens file: {e}") from None
+    for i, t in enumerate(book.tokens):
+        if t.plan not in PLANS:
+            raise TokenFileError(f"{path} is not a valid tokens file: tokens[{i}].plan: "
+                                 f"{t.plan!r} is not one of {', '.join(PLANS)}")
+    return _key(st), book
 
 
 class TokenBook:

@@ -58,6 +58,8 @@ def backup(data_dir: Path, dest: Path) -> int:
         raise BackupError(f"no store at {source}")
     if dest.exists():
         raise BackupError(f"{dest} exists; choose a new file")
+    if not dest.parent.exists():
+        raise BackupError(f"{dest.parent} does not exist")
     if not dest.parent.is_dir():
         raise BackupError(f"{dest.parent} is not a directory")
     partial = dest.with_name(f".{dest.name}.partial")

@@ -19,6 +19,7 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import sqlite3
@@ -80,7 +81,10 @@ def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
 def open_migrated(path: Path) -> sqlite3.Connection:
     """The writer's connection, with every migration applied. A file that is not a usable
     store (not SQLite, corrupt, or migrated by a newer syncd) raises ``StoreUnusableError``
-    naming it, and is left as it was."""
+    naming it, and is left as it was. A new file is created 0600, as everything else in the
+    data directory (SQLite gives its -wal and -shm files the same mode)."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     try:
         conn = connect(path)
         try:

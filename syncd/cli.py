@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -18,7 +19,19 @@ from typing import Any
 from syncd import __version__
 from syncd.client import Client, ClientError, DaemonDown
 from syncd.exits import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_TEMPFAIL
-from syncd.report import pass_summary, status_lines
+from syncd.report import pass_summary, status_lines, when
+
+
+def _finite(text: str) -> float:
+    """A number argument: ``nan`` and ``inf`` are refused here, naming the value (JSON has no
+    such numbers; the daemon would never see the request)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     save.add_argument("--realm", help="the project it belongs to (default: default)")
     save.add_argument("--topic-key", help="a stable key: a later save with the same key and "
                       "realm updates this memory instead of adding one")
-    save.add_argument("--importance", type=float, help="0 to 1 (default 0.5)")
+    save.add_argument("--importance", type=_finite, help="0 to 1 (default 0.5)")
 
     export = sub.add_parser("export", help="export memories as the plane's JSON")
     export.add_argument("--realm", help="only this realm's memories (edges are never "
@@ -315,7 +328,7 @@ def _license(args: argparse.Namespace, settings: dict[str, Any]) -> int:
         print(f"syncd license: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     print(f"licence installed: plan {claims.plan}, features {', '.join(claims.features)}, "
-          f"valid until {claims.exp} (device {device})")
+          f"valid until {when(claims.exp)} (device {device})")
     try:
         Client.for_data_dir(data_dir, settings["url"], timeout=5).call(
             "POST", "/v1/agent/entitlement/check", {})

@@ -34,7 +34,7 @@ ERROR_HINT = "the entitlement check failed unexpectedly: see the daemon log"
 FAR_FUTURE = 253402300800  # 10000-01-01 00:00 UTC: beyond what a date can print
 
 
-def _when(epoch: object) -> str:
+def when(epoch: object) -> str:
     """An entitlement's ``exp`` (seconds since the epoch) as a UTC time."""
     if not isinstance(epoch, int | float):
         return str(epoch)
@@ -44,6 +44,11 @@ def _when(epoch: object) -> str:
         return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
     except (ValueError, OverflowError, OSError):  # before year 1, or the platform refuses
         return f"{epoch:.0f} s since the epoch"
+
+
+def _shown(value: object) -> str:
+    """A status value as text: "-" for none (rather than Python's ``None``)."""
+    return "-" if value is None else str(value)
 
 
 def status_lines(status: dict[str, Any]) -> list[str]:
@@ -63,7 +68,7 @@ def _gate_lines(gate: dict[str, Any], data_dir: object) -> list[str]:
     tail = [f"  {'':16} last online check: {online}"] if online else []
     if gate.get("entitled"):
         head = (f"plan {gate.get('plan')} ({gate.get('source')}), sync {gate.get('sync')}, "
-                f"graph {gate.get('graph')}, expires {_when(gate.get('exp'))}")
+                f"graph {gate.get('graph')}, expires {when(gate.get('exp'))}")
         return [f"  {'entitlement':16} {head}", *tail]
     reason = str(gate.get("reason"))
     hint = GATE_HINTS.get(reason) or (ERROR_HINT if reason.startswith("error") else None)
@@ -76,7 +81,7 @@ def _sync_lines(sync: dict[str, Any]) -> list[str]:
     if not sync.get("configured"):
         return ["  sync             off (no control_plane.url)"]
     return [f"  sync             {sync['url']} (every {sync['interval_secs']:.0f} s)"] + [
-        f"    {key:20} {sync.get(key)}" for key in (
+        f"    {key:20} {_shown(sync.get(key))}" for key in (
             "last_success", "last_error", "cursor", "outbox", "clock_offset_ms",
             "consecutive_failures", "auth_blocked")] + [
         f"    {key:20} {', '.join(rows)}" for key in ("skipped_rows", "too_large_rows")

@@ -191,6 +191,9 @@ async def stream_rows(request: web.Request, snapshot: ExportPages, *,
         await _write_array(response, b'],"memory_edges":[', snapshot.edge_pages())
         await response.write(b"]" + b"".join(b"," + _member(k, v) for k, v in tail().items())
                              + b"}")
+    except ConnectionError:  # the client hung up (aiohttp's ClientConnectionResetError too)
+        log.debug("the client went away during a streamed answer")
+        return response
     except Exception:
         log.exception("a streamed answer failed after it began; dropping the connection")
         if request.transport is not None:

@@ -188,6 +188,16 @@ def test_a_backup_of_nothing_or_onto_something_is_refused(tmp_path: Path) -> Non
     assert not (tmp_path / "x.db").exists()
 
 
+async def test_a_backup_into_a_missing_or_non_directory_says_which(tmp_path: Path) -> None:
+    async with await Store.open(tmp_path / "data", embedder=HashingEmbedder()) as store:
+        await store.save({"content": "kept"})
+    with pytest.raises(BackupError, match=r"/nowhere does not exist"):
+        await asyncio.to_thread(backup, tmp_path / "data", tmp_path / "nowhere" / "b.db")
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(BackupError, match=r"/a-file is not a directory"):
+        await asyncio.to_thread(backup, tmp_path / "data", tmp_path / "a-file" / "b.db")
+
+
 async def test_a_backup_copied_with_its_wal_restores_what_the_wal_holds(tmp_path: Path) -> None:
     """A "backup" made by copying a store's files (``cp memory.db memory.db-wal …``, a
     file-level backup tool) holds its last transactions in the WAL beside it. A restore reads

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import stat
 from pathlib import Path
 
-from local_store import Store, db
+from local_store import HashingEmbedder, Store, db
 
 
 def wal_size(data: Path) -> int:
@@ -69,3 +70,12 @@ async def test_a_new_store_takes_8k_pages_and_an_old_one_keeps_its_own(tmp_path:
         found = await store.recall({"query": "4 KiB pages"})
         assert [m.id for m in found.memories] == [f"memory:{saved['id']}"]
         assert await store.integrity_check() == "ok"
+
+
+async def test_a_new_store_file_and_its_wal_are_readable_by_the_owner_only(
+        tmp_path: Path) -> None:
+    async with await Store.open(tmp_path / "data", embedder=HashingEmbedder()) as store:
+        await store.save({"content": "private to this user"})
+        modes = {p.name: stat.S_IMODE(p.stat().st_mode)
+                 for p in (tmp_path / "data").iterdir() if p.name.startswith("memory.db")}
+    assert modes and set(modes.values()) == {0o600}, modes

@@ -200,8 +200,8 @@ async def test_a_number_out_of_range_refuses_only_its_row(daemon_dir: Path,
     assert "  memory_nodes[3] (memory:a4): holds a number JSON cannot carry" in err, err
     assert await memories(daemon_dir) == 2
     code, _, err = await cli(daemon_dir, "save", "x", "--importance", "inf")
-    assert code == 1 and one_line_error(err), err  # never sent as `Infinity`
-    assert "Out of range float values are not JSON compliant" in err, err
+    assert code == 2 and "Traceback" not in err, err  # never sent as `Infinity`: a usage
+    assert "argument --importance: must be a finite number, got 'inf'" in err, err  # error
 
 
 async def test_a_lone_surrogate_refuses_only_its_row(daemon_dir: Path, tmp_path: Path) -> None:
@@ -414,3 +414,15 @@ def test_hub_admin_commands_are_found_only_as_the_subcommand(
                  ["--data", data, "hub", "key", "--help"]):
         assert cli_main(argv) == 0, argv  # the hub command's own help
         assert "syncd hub" in capsys.readouterr().out, argv
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "lots"])
+def test_an_importance_that_is_not_a_finite_number_is_a_usage_error(
+        tmp_path: Path, value: str) -> None:
+    """Refused by the CLI, naming the option (it once reached the JSON encoder: "Out of range
+    float values are not JSON compliant", exit 1)."""
+    done = syncd_cli(tmp_path, "--data-dir", str(tmp_path / "data"), "save", "x",
+                     "--importance", value)
+    assert done.returncode == 2 and "--importance" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+

@@ -332,7 +332,7 @@ async def test_cli_file_errors_are_one_line_and_a_closed_pipe_is_no_traceback(
         assert (code, out) == (1, "") and err == (
             f"syncd: cannot write {missing / 'x.json'}: No such file or directory\n")
         code, out, err = await cli(data, "backup", str(missing / "x.db"))
-        assert (code, out, err) == (1, "", f"syncd: {missing} is not a directory\n")
+        assert (code, out, err) == (1, "", f"syncd: {missing} does not exist\n")
         assert not missing.exists()
 
         def export_into_a_closed_pipe() -> tuple[int, bytes, bytes]:

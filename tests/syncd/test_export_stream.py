@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import io
 import json
+import logging
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -131,3 +132,27 @@ async def test_a_failure_mid_answer_cuts_the_body_and_the_daemon_keeps_serving(
         await asyncio.to_thread(client.download, path, io.BytesIO())
     status, body, _ = await daemon.call("GET", path)
     assert status == 200 and isinstance(body, dict) and len(body["memory_nodes"]) == 1200
+
+
+async def test_a_client_hanging_up_mid_export_is_not_an_error_in_the_log(
+        daemon: Daemon, caplog: pytest.LogCaptureFixture) -> None:
+    """``curl … | head -c 10``: the client goes away; that is no failure of the daemon's."""
+    for start in range(0, 3000, 500):  # ~5 MB of rows: more than the socket buffers hold
+        await daemon.store.save_many([{"content": f"memory {i} " + "x" * 200, "realm": "r"}
+                                      for i in range(start, start + 500)])
+    host, port = "127.0.0.1", daemon.port
+    with caplog.at_level(logging.DEBUG, logger="syncd"):
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(f"GET /v1/agent/memory/export HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                     f"Authorization: Bearer {TOKEN}\r\n\r\n".encode())
+        await writer.drain()
+        assert (await reader.read(10)).startswith(b"HTTP/1.1 2")
+        writer.transport.abort()  # hang up, unread bytes and all
+        status, _, _ = await daemon.call("GET", "/healthz")  # still serving; the stream ended
+        assert status == 200
+        for _ in range(100):  # the answer's task notices the hang-up within a write or two
+            if any("went away" in r.getMessage() for r in caplog.records):
+                break
+            await asyncio.sleep(0.02)
+    assert any("went away" in r.getMessage() for r in caplog.records)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []

@@ -65,6 +65,10 @@ async def _with_hub(args: argparse.Namespace,
     dsn = resolve_dsn(args.store, args.store_file) if args.data_dir is None else None
     if dsn is None:
         data_dir = args.data_dir.expanduser()
+        if not getattr(args, "creates", False) and not data_dir.is_dir():
+            # a typo would list no tokens, or mint a key the hub never uses
+            raise OSError(f"--data-dir: no hub data directory at {data_dir} (a hub creates it "
+                          "when it first starts, or `syncd hub token create` does)")
         return await work(FileTokens(data_dir),
                           lambda: asyncio.to_thread(load_or_create_key, data_dir))
     from syncd.hub.pg import PgHubStore
@@ -94,6 +98,7 @@ def token_main(argv: list[str]) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as e:  # argparse already wrote the usage error (2) or the help (0)
         return e.code if isinstance(e.code, int) else EXIT_USAGE
+    args.creates = args.command == "create"  # the first token may come before the hub
 
     async def work(tokens: TokenStore, _key: object) -> int:
         if args.command == "create":

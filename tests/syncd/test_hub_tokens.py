@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from syncd.hub.admin import token_main
+from syncd.hub.admin import key_main, token_main
 from syncd.hub.tokens import (
     ROLE_RANK,
     TOKENS_FILENAME,
@@ -223,3 +223,17 @@ def test_concurrent_creates_lose_nothing(tmp_path: Path) -> None:
     book = TokenBook(tmp_path)
     assert sorted(book.lookup(raw) or ("", "") for raw in raws) == sorted(
         (f"n{i}", "read") for i in range(16))
+
+
+def test_admin_commands_refuse_a_hub_data_dir_that_does_not_exist(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A typo must not list no tokens (exit 0) nor mint a key the hub never uses; the first
+    ``token create`` may still come before the hub's first start."""
+    typo = tmp_path / "syncd-hbu"
+    assert token_main(["list", "--data-dir", str(typo)]) == 1
+    assert token_main(["revoke", "--data-dir", str(typo), "--name", "ci"]) == 1
+    assert key_main(["--data-dir", str(typo)]) == 1
+    assert "--data-dir: no hub data directory at" in capsys.readouterr().err
+    assert not typo.exists()
+    assert token_main(["create", "--data-dir", str(typo), "--role", "read", "--name", "a"]) == 0
+    assert key_main(["--data-dir", str(typo)]) == 0

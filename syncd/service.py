@@ -194,8 +194,11 @@ def install(platform: str, paths: Paths) -> int:
         code = _run(tool, "--user", "daemon-reload") or _run(
             tool, "--user", "enable", "--now", SYSTEMD_UNIT)
     if code:
-        print(f"syncd: the service manager refused (exit {code}); the unit is at {target}",
-              file=sys.stderr)
+        hint = (" (its message is above). Without a user session — e.g. over ssh — systemd has "
+                "no user manager: `loginctl enable-linger $USER` gives it one; then run "
+                "`syncd service install` again" if platform == "systemd" else "")
+        print(f"syncd: the service manager refused (exit {code}); the unit is at {target}"
+              f"{hint}", file=sys.stderr)
         return EXIT_TEMPFAIL
     print(f"syncd service installed and started ({platform}); `syncd service status` shows it")
     return EXIT_OK

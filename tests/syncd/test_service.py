@@ -384,3 +384,16 @@ def test_the_hook_loads_only_what_it_uses(tmp_path: Path) -> None:
 async def test_hook_ignores_malformed_input(tmp_path: Path, stdin: bytes) -> None:
     code, out, _ = await hook(tmp_path / "data", stdin)
     assert (code, out) == (0, "")
+
+
+def test_an_install_systemd_refuses_says_how_to_get_a_user_manager(tmp_path: Path) -> None:
+    """Over ssh without lingering there is no user manager ("Failed to connect to bus"): the
+    answer says what to do, keeps the unit for the retry, and exits 75."""
+    home = tmp_path / "home"
+    path, _ = _fake_manager(tmp_path, "systemctl", "*daemon-reload*")
+    out = syncd_cli(home, "--data-dir", str(tmp_path / "data"), "service", "install",
+                    "--systemd", PATH=path)
+    assert out.returncode == 75, out.stderr
+    assert "Failed to connect to bus" in out.stderr  # systemctl's own message, then ours
+    assert "loginctl enable-linger $USER" in out.stderr.splitlines()[-1]
+    assert (home / ".config/systemd/user/syncd.service").exists()

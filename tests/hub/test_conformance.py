@@ -339,8 +339,7 @@ async def test_an_export_snapshot_streams_exports_rows_and_ignores_later_writes(
 async def test_an_export_page_that_takes_the_last_row_says_there_is_no_more(
         hub_store: HubStore) -> None:
     """``has_more`` is false when a page ends exactly on the last row (a client otherwise
-    fetches an empty page), and true when one row is left. (One import per row: PostgreSQL
-    pages end on an import's boundary.)"""
+    fetches an empty page), and true when one row is left."""
     for i in range(3):
         await hub_store.apply([node(f"memory:x{i}", f"row {i}", 1)], [], model=MODEL)
     _, _, cursor, more = await hub_store.export_page("0", limit=2)

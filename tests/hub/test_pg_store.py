@@ -5,6 +5,7 @@ database, and a ``pg_dump``/``pg_restore`` cycle that laptops detect and repair.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import subprocess
 import time
@@ -22,6 +23,7 @@ from protocol.timestamp import format_ns, parse_ns
 from syncd.hub.app import create_hub_app
 from syncd.hub.dsn import read_store_file, resolve_dsn
 from syncd.hub.pg import PgHubStore
+from syncd.hub.pg import store as pg_store_module
 from syncd.hub.pg.migrate import SchemaError, migrations
 from syncd.hub.store import PageSession, StoreUnavailableError
 from syncd.hub.tokens import token_hash
@@ -337,3 +339,28 @@ def _pg_tool(server: PgServer, tool: str, *args: str) -> None:
     proc = subprocess.run([str(server.bindir / tool), *args], capture_output=True, text=True,
                           timeout=120, check=False, env={**os.environ, "PGCONNECT_TIMEOUT": "10"})
     assert proc.returncode == 0, proc.stderr
+
+
+async def test_a_database_gone_away_is_logged_once_not_every_follow_period(
+        pg_server: PgServer, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The index follower retried every half second, each failure a WARNING with a ~60-line
+    traceback: thousands of lines a minute while the database was down."""
+    monkeypatch.setattr(pg_store_module, "FOLLOW_SECS", 0.01)
+    monkeypatch.setattr(pg_store_module, "FOLLOW_BACKOFF_CAP_SECS", 0.05)
+    own = await asyncio.to_thread(PgServer.start)
+    try:
+        store = await open_store(await asyncio.to_thread(own.create_database, "gone"))
+        try:
+            with caplog.at_level(logging.DEBUG, logger="syncd"):
+                await asyncio.to_thread(own.stop)
+                await asyncio.sleep(1.0)  # ~100 follow periods of 0.01 s
+            failed = [r for r in caplog.records if "catch-up failed" in r.getMessage()]
+            warnings = [r for r in failed if r.levelno >= logging.WARNING]
+            assert len(failed) >= 5  # it kept trying (at debug)...
+            assert len(warnings) <= 2, [r.getMessage() for r in warnings]  # ...said it once
+            assert all(r.exc_info is None for r in warnings)  # no traceback at WARNING
+        finally:
+            await store.close()
+    finally:
+        await asyncio.to_thread(own.stop)

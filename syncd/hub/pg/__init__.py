@@ -19,6 +19,16 @@ Rules:
   * Last-writer-wins is decided by the database: the upsert's ``WHERE`` compares version keys
     ``(updated_at, origin, content_hash)`` in byte order (``COLLATE "C"``), so two processes
     importing the same id concurrently keep the same winner every replica keeps.
+  * An import takes its row locks in one order in every process — the batch's stored memories
+    by id (``FOR UPDATE``), the memories' upsert by id, then the same for edges — so two
+    imports of the same ids wait for each other, not deadlock; what a row replaces (its
+    content: is the vector stale?) is read under that lock. A transaction PostgreSQL aborts
+    anyway (deadlock, serialization failure) runs again, a few times; then, like a lost
+    connection, a full pool or a cancelled statement, it is an outage: 503 + Retry-After.
+  * Export pages (``export_page``) are keyed on (feed seq, nodes before edges, id), so
+    ``limit`` bounds a page even inside one large import. A cursor is the seq alone when the
+    page ends on an import's boundary (the only form older hubs gave), else ``<seq>.n<hex id>``
+    or ``<seq>.e<hex id>``. The feed still pages on transaction boundaries.
   * A row's words are split by the laptops' tokeniser in Python and stored as a ``tsvector``
     (GIN index); vectors live in ``vectors`` and every hub process keeps its own float32 index
     of them, following the feed (``recall.py``).

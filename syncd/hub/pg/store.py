@@ -6,9 +6,12 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import random
+import re
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 import asyncpg
 import msgspec
@@ -32,7 +35,7 @@ from local_store.columns import NODE_WIRE
 from local_store.embed import Embedder, HashingEmbedder, to_blob
 from local_store.exporting import EDGE_VERSIONS, Changed, ExportPages, collect
 from local_store.exporting import PAGE_ROWS as EXPORT_PAGE_ROWS
-from local_store.merge import EDGE_HASHED, content_hash, version_key, wins
+from local_store.merge import EDGE_HASHED, VersionKey, content_hash, version_key, wins
 from local_store.records import parse_timestamp
 from local_store.redact import strip_json_object
 from local_store.views import wire_edge, wire_embeddings, wire_nodes
@@ -54,9 +57,19 @@ EDGE_COLS = ("id", "src", "dst", "type", "realm", "target_namespace", "props", "
              "updated_at", "origin", "content_hash", "deleted")
 _FLOATS, _SMALLINTS = {"importance"}, {"deleted"}
 FOLLOW_SECS = 0.5
+FOLLOW_BACKOFF_CAP_SECS = 30.0  # the follower's retries while the database is away
 APPLICATION_NAME = "syncd-hub"  # how the hub's sessions show in pg_stat_activity
-_DISCONNECTED = (OSError, asyncpg.InterfaceError, asyncpg.CannotConnectNowError,
-                 asyncpg.PostgresConnectionError, asyncio.TimeoutError)
+# PostgreSQL aborts one of two write transactions that wait on each other (a deadlock, a
+# serialization failure): it is run again, whole, up to this many times in all.
+TX_ATTEMPTS = 4
+RETRY_PAUSE_SECS = 0.05  # times the attempt number, at most, with jitter
+_RETRYABLE = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError)
+# What is a database outage (503 + Retry-After), not a bug (500): no connection, no free
+# connection slot, a statement cancelled or timed out, a retried conflict that kept failing.
+_UNAVAILABLE = (OSError, asyncpg.InterfaceError, asyncpg.CannotConnectNowError,
+                asyncpg.PostgresConnectionError, asyncpg.TooManyConnectionsError,
+                asyncpg.QueryCanceledError, asyncio.TimeoutError, *_RETRYABLE)
+T = TypeVar("T")
 
 
 def _array_type(column: str) -> str:
@@ -89,6 +102,22 @@ NODE_UPSERT = _upsert_sql("memories", NODE_COLS, "fts", "to_tsvector('simple', u
 EDGE_UPSERT = _upsert_sql("edges", EDGE_COLS)
 NODE_SQL = "SELECT " + ", ".join(f"m.{c}" for c in NODE_COLS) + " FROM memories m"
 EDGE_SQL = "SELECT " + ", ".join(f"e.{c}" for c in EDGE_COLS) + " FROM edges e"
+# The export's order: (transaction seq, kind, id), kind _NODE before _EDGE. $1-$3 the position
+# after which a page starts, $4 how many positions, $5 the last seq to look at, $6 the realm
+# (nodes only). LATERAL: the marks up to $5 are walked in seq order and each one's rows found
+# by the ``tx`` index, so a page reads the imports it spans, not the tables.
+_NODE, _EDGE, _AFTER_ALL = 0, 1, 2
+_EXPORT_KEYS_OF = (
+    "(SELECT f.seq, {kind} AS kind, r.id FROM feed_tx f CROSS JOIN LATERAL "
+    "(SELECT t.id FROM {table} t WHERE t.tx = f.tx "
+    "AND (f.seq, {kind}, t.id) > ($1, $2::int, $3::text COLLATE \"C\"){where} "
+    "ORDER BY t.id LIMIT $4) AS r WHERE f.seq >= $1 AND f.seq <= $5 "
+    "ORDER BY f.seq, r.id LIMIT $4)")
+EXPORT_KEYS_SQL = (
+    "SELECT seq, kind, id FROM ("
+    + _EXPORT_KEYS_OF.format(kind=_NODE, table="memories", where="{realm}") + " UNION ALL "
+    + _EXPORT_KEYS_OF.format(kind=_EDGE, table="edges", where="")
+    + ") AS k ORDER BY seq, kind, id LIMIT $4")
 VECTOR_UPSERT = ("INSERT INTO vectors (memory_id, model, vec, tx) "
                  "SELECT u.id, $2, u.vec, $4 FROM unnest($1::text[], $3::bytea[]) AS u(id, vec) "
                  "ON CONFLICT (memory_id, model) DO UPDATE SET vec = excluded.vec, tx = excluded.tx")
@@ -114,7 +143,7 @@ class PgHubStore:
             pool = await asyncpg.create_pool(
                 dsn, min_size=1, max_size=pool_size, command_timeout=120,
                 server_settings={"application_name": APPLICATION_NAME})
-        except _DISCONNECTED as exc:
+        except _UNAVAILABLE as exc:
             raise StoreUnavailableError(f"cannot connect to PostgreSQL: {exc}") from exc
         try:
             async with pool.acquire() as conn:
@@ -154,72 +183,113 @@ class PgHubStore:
         try:
             async with self._pool.acquire() as conn:
                 yield conn
-        except _DISCONNECTED as exc:
+        except _UNAVAILABLE as exc:
             raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc
 
     # ------------------------------------------------------------------ writes
 
     async def apply(self, nodes: Sequence[NodeRow], edges: Sequence[EdgeRow], *,
                     model: str) -> ApplyResult:
-        """Validate and redact in this process (as the SQLite hub does), then one transaction:
-        conditional upserts decide the winners, vectors follow them, the feed mark closes it."""
+        """Validate and redact in this process (as the SQLite hub does), then one transaction
+        (``_apply_in``): conditional upserts decide the winners, vectors follow them, the feed
+        mark closes it. Counted as ``local_store/apply.py`` counts."""
         result = ApplyResult()
-        node_rows, vectors = self._prepare_nodes(list(nodes), result, model)
+        wires = list(nodes)
+        node_rows = self._prepare_nodes(wires, result)
         edge_rows = self._prepare_edges(list(edges), result)
-        ids = list(node_rows)
-        async with self._connection() as conn, conn.transaction():
-            tx = await conn.fetchval("SELECT nextval('hub_tx')")
-            current = {r[0]: (r[1], r[2], r[3], r[4]) for r in await conn.fetch(
-                "SELECT id, updated_at, origin, content_hash, md5(content) FROM memories "
-                "WHERE id = ANY($1::text[])", ids)} if ids else {}
-            fresh = {mid: row for mid, row in node_rows.items()
-                     if wins(version_key(row), current[mid][:3] if mid in current else None)}
-            written = await self._write_nodes(conn, fresh, tx)
-            await self._write_vectors(conn, written, fresh, vectors, current, model, tx)
-            written_edges = await self._write_edges(conn, edge_rows, tx)
-            if written or written_edges:
-                await conn.execute("SELECT hub_feed_mark($1, $2, $3)", tx,
-                                   len(written) + len(written_edges), time.time_ns())
-        bad_edges = sum(1 for p in result.problems if p.kind == "edge")
-        result.applied_nodes, result.applied_edges = len(written), len(written_edges)
-        result.skipped_nodes = len(nodes) - (len(result.problems) - bad_edges) - len(written)
-        result.skipped_edges = len(edges) - bad_edges - len(written_edges)
-        if written:
+        accept = self._vector_of(wires, model)
+        applied = await self._transaction(
+            lambda conn: self._apply_in(conn, node_rows, edge_rows, accept, model))
+        bad_edges = [p for p in result.problems if p.kind == "edge"]
+        bad_nodes = sorted([p for p in result.problems if p.kind == "node"] + applied.problems,
+                           key=lambda p: p.index)
+        result.problems = bad_nodes + bad_edges
+        result.applied_nodes, result.applied_edges = applied.nodes, applied.edges
+        result.skipped_nodes = len(wires) - len(bad_nodes) - applied.nodes
+        result.skipped_edges = len(edges) - len(bad_edges) - applied.edges
+        if applied.nodes:
             await self.catch_up()
         return result
 
-    def _prepare_nodes(self, wires: list[NodeRow], result: ApplyResult, model: str,
-                       ) -> tuple[dict[str, dict[str, Any]], dict[str, np.ndarray[Any, Any]]]:
-        """Validated, redacted rows and their vectors by id; a vector of the hub's own model
-        must be of its width (``apply.check_width``), another model's keeps its own."""
-        rows: dict[str, dict[str, Any]] = {}
-        vectors: dict[str, np.ndarray[Any, Any]] = {}
-        batch = vectors_from_wires(wires)
-        dim = self.embedder.dim if model == self.embedder.model_id else None
+    async def _transaction(self, work: Callable[[Conn], Awaitable[T]]) -> T:
+        """``work`` in a transaction of its own; when PostgreSQL aborts it for a deadlock or a
+        serialization failure, again in a fresh one (``TX_ATTEMPTS`` in all). The last failure
+        is an outage to the caller (``StoreUnavailableError``: 503 + Retry-After), not a 500."""
+        async with self._connection() as conn:
+            for attempt in range(1, TX_ATTEMPTS):
+                try:
+                    async with conn.transaction():
+                        return await work(conn)
+                except _RETRYABLE as exc:
+                    log.info("write transaction aborted (%s); running it again",
+                             type(exc).__name__)
+                await asyncio.sleep(random.uniform(0, RETRY_PAUSE_SECS * attempt))
+            async with conn.transaction():
+                return await work(conn)
+
+    async def _apply_in(self, conn: Conn, nodes: Sequence[_Incoming],
+                        edges: Sequence[_Incoming], accept: Callable[[_Incoming], Any],
+                        model: str) -> _Applied:
+        """One attempt, inside its transaction. Locks are taken in one order in every process
+        — the batch's stored memories by id, the memories' upsert by id (new ids are inserted
+        in that order too), then the same for edges — so two imports of the same ids wait for
+        each other instead of deadlocking. What a row replaces is read under its lock: which
+        rows win, and which vectors go stale, are decided against the row as this transaction
+        replaces it, never as it was before another import committed."""
+        tx = await conn.fetchval("SELECT nextval('hub_tx')")
+        stored = await _lock_stored(conn, "memories", {n.row["id"] for n in nodes},
+                                    "md5(content)")
+        winners, counts, problems = _winners(
+            "node", nodes, {mid: (r[1], r[2], r[3]) for mid, r in stored.items()}, accept)
+        rows = {mid: row for mid, (row, _) in winners.items()}
+        written = await self._write_nodes(conn, rows, tx)
+        await self._write_vectors(conn, written, rows, {
+            mid: vec for mid, (_, vec) in winners.items() if vec is not None},
+            {mid: r[4] for mid, r in stored.items()}, model, tx)
+        stored_edges = await _lock_stored(conn, "edges", {e.row["id"] for e in edges})
+        edge_winners, edge_counts, _ = _winners(
+            "edge", edges, {eid: (r[1], r[2], r[3]) for eid, r in stored_edges.items()},
+            _no_check)
+        written_edges = await self._write_edges(
+            conn, {eid: row for eid, (row, _) in edge_winners.items()}, tx)
+        if written or written_edges:
+            await conn.execute("SELECT hub_feed_mark($1, $2, $3)", tx,
+                               len(written) + len(written_edges), time.time_ns())
+        return _Applied(sum(counts[mid] for mid in written),
+                        sum(edge_counts[eid] for eid in written_edges), problems)
+
+    def _prepare_nodes(self, wires: list[NodeRow], result: ApplyResult) -> list[_Incoming]:
+        """The batch's valid rows, redacted, in batch order; a bad row is reported here (a
+        vector's width only once its row wins: ``_vector_of``)."""
+        incoming: list[_Incoming] = []
         for index, wire in enumerate(wires):
             try:
                 row = node_from_wire(wire)
                 _refuse_nul(row)
-                check_width(wire, dim)
-                values = batch[index] if batch is not None else vector_from_wire(wire)
-                if values is not None and redacted_text(wire, row):
-                    values = None  # embedded from the private span: the hub re-embeds it
             except ValidationError as exc:
                 result.problems.append(RowProblem("node", index, safe_id(wire.id), exc.field,
                                                   exc.message))
                 continue
-            held = rows.get(row["id"])
-            if held is not None and not wins(version_key(row), version_key(held)):
-                continue  # the same id twice in one batch: the later version key wins
-            rows[row["id"]] = row
-            vectors.pop(row["id"], None)
-            if values is not None:
-                vectors[row["id"]] = values
-        return rows, vectors
+            incoming.append(_Incoming(index, safe_id(wire.id), row))
+        return incoming
 
-    def _prepare_edges(self, wires: list[EdgeRow], result: ApplyResult,
-                       ) -> dict[str, dict[str, Any]]:
-        rows: dict[str, dict[str, Any]] = {}
+    def _vector_of(self, wires: list[NodeRow], model: str,
+                   ) -> Callable[[_Incoming], np.ndarray[Any, Any] | None]:
+        """A winning row's vector: one of the hub's own model must be of its width
+        (``apply.check_width``), another model's keeps its own; none if redaction changed
+        the text (embedded from the private span: the hub re-embeds it)."""
+        batch = vectors_from_wires(wires)
+        dim = self.embedder.dim if model == self.embedder.model_id else None
+
+        def accept(item: _Incoming) -> np.ndarray[Any, Any] | None:
+            wire = wires[item.at]
+            check_width(wire, dim)
+            values = batch[item.at] if batch is not None else vector_from_wire(wire)
+            return None if values is not None and redacted_text(wire, item.row) else values
+        return accept
+
+    def _prepare_edges(self, wires: list[EdgeRow], result: ApplyResult) -> list[_Incoming]:
+        incoming: list[_Incoming] = []
         for index, wire in enumerate(wires):
             try:
                 row = edge_from_wire(wire)
@@ -229,34 +299,35 @@ class PgHubStore:
                                                   exc.message))
                 continue
             row["content_hash"] = content_hash(row, EDGE_HASHED)
-            held = rows.get(row["id"])
-            if held is None or wins(version_key(row), version_key(held)):
-                rows[row["id"]] = row
-        return rows
+            incoming.append(_Incoming(index, safe_id(wire.id), row))
+        return incoming
 
     async def _write_nodes(self, conn: Conn, rows: Mapping[str, dict[str, Any]],
                            tx: int) -> set[str]:
-        texts = [keyword_text(row["title"], row["content"], row["tags"])
-                 for row in rows.values()]
-        return await _upsert(conn, NODE_UPSERT, NODE_COLS, rows, tx, texts)
+        ordered = [rows[mid] for mid in sorted(rows)]
+        texts = [keyword_text(row["title"], row["content"], row["tags"]) for row in ordered]
+        return await _upsert(conn, NODE_UPSERT, NODE_COLS, ordered, tx, texts)
 
     async def _write_edges(self, conn: Conn, rows: Mapping[str, dict[str, Any]],
                            tx: int) -> set[str]:
-        return await _upsert(conn, EDGE_UPSERT, EDGE_COLS, rows, tx)
+        return await _upsert(conn, EDGE_UPSERT, EDGE_COLS, [rows[eid] for eid in sorted(rows)],
+                             tx)
 
     async def _write_vectors(self, conn: Conn, written: set[str],
                              rows: Mapping[str, dict[str, Any]],
                              vectors: Mapping[str, np.ndarray[Any, Any]],
-                             current: Mapping[str, tuple[str, str, str, str]], model: str,
-                             tx: int) -> None:
-        """A written row's vector replaces the stored one; a row whose content changed (or that
-        was deleted) loses the vectors it had, so no stale vector answers for new text."""
-        stale = [mid for mid in written if rows[mid]["deleted"] or mid not in current
-                 or current[mid][3] != _md5(rows[mid]["content"])]
+                             replaced: Mapping[str, str], model: str, tx: int) -> None:
+        """A written row's vector replaces the stored one; a row whose content changed from
+        what it replaced (``replaced``: md5 of the locked row's content), or that was deleted,
+        loses the vectors it had, so no stale vector answers for new text. A row that was not
+        there when locked may have been inserted since by another import: its vectors go too.
+        (Every vector row written here belongs to a memory row this transaction holds.)"""
+        stale = sorted(mid for mid in written if rows[mid]["deleted"] or mid not in replaced
+                       or replaced[mid] != _md5(rows[mid]["content"]))
         if stale:
             await conn.execute("UPDATE vectors SET vec = NULL, tx = $2 "
                                "WHERE memory_id = ANY($1::text[]) AND vec IS NOT NULL", stale, tx)
-        carry = [mid for mid in written if mid in vectors and not rows[mid]["deleted"]]
+        carry = sorted(mid for mid in written if mid in vectors and not rows[mid]["deleted"])
         if carry:
             await conn.execute(VECTOR_UPSERT, carry, model,
                                [to_blob(vectors[mid]) for mid in carry], tx)
@@ -377,18 +448,44 @@ class PgHubStore:
                         "SELECT max(stamp_ns) FROM feed_tx WHERE stamp_ns < $1", since_ns)
                     return [], [], format_ns(before or 0), False
                 start = int(found)
-            return await self._page(conn, start, limit, realm, exclude_origin, as_stamp=True)
+            return await self._page(conn, start, limit, realm, exclude_origin)
 
     async def export_page(self, cursor: str, *, limit: int, realm: str | None = None) -> Page:
-        start = parse_cursor(cursor)
+        """At most ``limit`` rows, in (transaction seq, nodes before edges, id) order, keyset
+        on that order: a page may end inside an import however large (``_ExportCursor``)."""
+        after = _ExportCursor.parse(cursor)
+        if limit < 1:
+            raise ValidationError("limit", f"must be >= 1, got {limit}")
         async with self._connection() as conn, conn.transaction(isolation="repeatable_read",
                                                                 readonly=True):
-            return await self._page(conn, start, limit, realm, None, as_stamp=False)
+            return await self._export_rows(conn, after, limit, realm)
+
+    async def _export_rows(self, conn: Conn, after: _ExportCursor, limit: int,
+                           realm: str | None) -> Page:
+        """The positions of the next ``limit`` rows and one more (whether there are more, and
+        whether the page ends on an import's boundary), then those rows from one snapshot.
+        Nodes are filtered by realm, edges never (as SQLite's ``changes``)."""
+        keys = await _export_keys(conn, after, limit + 1, realm)
+        page, more = keys[:limit], len(keys) > limit
+        if not page:
+            return [], [], after.encode(), False
+        last = page[-1]
+        if not (more and keys[limit].seq == last.seq):
+            last = _ExportCursor(last.seq)  # the page ends on an import's boundary
+        node_ids = [k.id for k in page if k.kind == _NODE]
+        edge_ids = [k.id for k in page if k.kind == _EDGE]
+        node_rows = await conn.fetch(NODE_SQL + " WHERE m.id = ANY($1::text[])", node_ids)
+        edge_rows = await conn.fetch(EDGE_SQL + " WHERE e.id = ANY($1::text[])", edge_ids)
+        nodes = {n.id: n for n in await self._wire_nodes(conn, node_rows)}
+        edges = {r[0]: _wire_edge(r) for r in edge_rows}
+        return ([nodes[mid] for mid in node_ids], [edges[eid] for eid in edge_ids],
+                last.encode(), more)
 
     async def _page(self, conn: Conn, start: int, limit: int | None,
-                    realm: str | None, exclude_origin: str | None, *, as_stamp: bool) -> Page:
-        """Rows of the transactions with ``start < seq <= end``, a page ending on a transaction
-        boundary; ``end`` is where the running count of written rows reaches ``limit``."""
+                    realm: str | None, exclude_origin: str | None) -> Page:
+        """The feed: rows of the transactions with ``start < seq <= end``, a page ending on a
+        transaction boundary; ``end`` is where the running count of written rows reaches
+        ``limit``."""
         if limit is None:
             end = await conn.fetchval("SELECT coalesce(max(seq), 0) FROM feed_tx")
         else:  # at most `limit` marks, fewer once they hold `limit` rows (marks.py)
@@ -412,13 +509,9 @@ class PgHubStore:
             EDGE_SQL + " JOIN feed_tx f ON f.tx = e.tx WHERE " + " AND ".join(edge_where)
             + " ORDER BY f.seq, e.id", *edge_params)
         more = await conn.fetchval("SELECT EXISTS (SELECT 1 FROM feed_tx WHERE seq > $1)", end)
-        if as_stamp:
-            mark = await conn.fetchval("SELECT stamp_ns FROM feed_tx WHERE seq = $1", end)
-            position = format_ns(mark or 0)
-        else:
-            position = str(end)
+        mark = await conn.fetchval("SELECT stamp_ns FROM feed_tx WHERE seq = $1", end)
         nodes = await self._wire_nodes(conn, node_rows)
-        return nodes, [_wire_edge(r) for r in edge_rows], position, bool(more)
+        return nodes, [_wire_edge(r) for r in edge_rows], format_ns(mark or 0), bool(more)
 
     async def changes_since(self, since: str | None, realm: str | None = None, *,
                             edge_version: str = "updated_at",
@@ -495,24 +588,111 @@ class PgHubStore:
             return await self.vectors.catch_up(conn)
 
     async def _follow(self) -> None:
-        """Other processes' writes reach this process's index within ``FOLLOW_SECS``."""
+        """Other processes' writes reach this process's index within ``FOLLOW_SECS``. While
+        the database is away, retries back off to ``FOLLOW_BACKOFF_CAP_SECS`` and the failure
+        is logged once per distinct error (with its traceback at debug), not every half
+        second; its return is logged too."""
+        wait, failing = FOLLOW_SECS, None
         while True:
-            await asyncio.sleep(FOLLOW_SECS)
+            await asyncio.sleep(wait)
             try:
                 await self.catch_up()
-            except Exception:  # a database hiccup must not stop the follower for good
-                log.warning("vector index catch-up failed; retrying", exc_info=True)
+            except Exception as exc:  # a database hiccup must not stop the follower for good
+                error = f"{type(exc).__name__}: {exc}"
+                if error != failing:
+                    log.warning("vector index catch-up failed (%s); retrying, logged again "
+                                "when the error changes", error)
+                log.debug("vector index catch-up failed", exc_info=True)
+                failing, wait = error, min(wait * 2, FOLLOW_BACKOFF_CAP_SECS)
+                continue
+            if failing is not None:
+                log.info("vector index catch-up works again")
+            failing, wait = None, FOLLOW_SECS
 
 
 async def _upsert(conn: Conn, sql: str, columns: tuple[str, ...],
-                  rows: Mapping[str, dict[str, Any]], tx: int, *extra: object) -> set[str]:
-    """One column array per column, one statement; returns the ids that won (were written)."""
+                  rows: Sequence[dict[str, Any]], tx: int, *extra: object) -> set[str]:
+    """One column array per column, one statement; returns the ids that won (were written).
+    The rows come sorted by id: they are locked (or inserted) in that order."""
     if not rows:
         return set()
-    values = list(rows.values())
-    arrays = [[row[c] for row in values] for c in columns]
+    arrays = [[row[c] for row in rows] for c in columns]
     return {r[0] for r in await conn.fetch(sql, *arrays, tx, *extra)}
 
+
+async def _lock_stored(conn: Conn, table: str, ids: set[str],
+                       *extra: str) -> dict[str, asyncpg.Record]:
+    """The stored rows of ``ids`` — id, version key, ``extra`` — locked in id order."""
+    if not ids:
+        return {}
+    columns = ", ".join(("id", "updated_at", "origin", "content_hash", *extra))
+    return {r[0]: r for r in await conn.fetch(
+        f"SELECT {columns} FROM {table} WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE",
+        sorted(ids))}
+
+
+class _Incoming(NamedTuple):
+    at: int  # the row's index in the batch as it came
+    wire_id: str | None  # the id as a problem report names it (``safe_id``)
+    row: dict[str, Any]  # validated and redacted
+
+
+class _Applied(NamedTuple):
+    nodes: int
+    edges: int
+    problems: list[RowProblem]  # winning nodes refused for their vector (``_vector_of``)
+
+
+def _no_check(item: _Incoming) -> None:
+    return None
+
+
+def _winners(kind: str, incoming: Sequence[_Incoming], stored: Mapping[str, VersionKey],
+             accept: Callable[[_Incoming], Any],
+             ) -> tuple[dict[str, tuple[dict[str, Any], Any]], Counter[str], list[RowProblem]]:
+    """In batch order, as ``local_store/apply.py``: a row wins when it beats what the store
+    holds at its turn (the stored row, then this batch's earlier winners); only a winner is
+    ``accept``ed (its vector's width checked: a losing row is skipped, never reported). Every
+    winner counts once, so two versions of one id in one batch count two; the later is kept.
+    Returns the rows to write (with what ``accept`` gave), winners per id, and problems."""
+    known: dict[str, VersionKey] = dict(stored)
+    winners: dict[str, tuple[dict[str, Any], Any]] = {}
+    counts: Counter[str] = Counter()
+    problems: list[RowProblem] = []
+    for item in incoming:
+        key, rid = version_key(item.row), item.row["id"]
+        if not wins(key, known.get(rid)):
+            continue
+        try:
+            extra = accept(item)
+        except ValidationError as exc:
+            problems.append(RowProblem(kind, item.at, item.wire_id, exc.field, exc.message))
+            continue
+        known[rid] = key
+        winners[rid] = (item.row, extra)
+        counts[rid] += 1
+    return winners, counts, problems
+
+
+async def _export_keys(conn: Conn, after: _ExportCursor, count: int,
+                       realm: str | None) -> list[_ExportCursor]:
+    """The positions of the next ``count`` rows after ``after``, read a window of marks at a
+    time (``marks.batch_end``: marks whose rows, as written, add up to what is still wanted;
+    rows rewritten since have left their mark, so a window may hold fewer and the next one is
+    read)."""
+    keys: list[_ExportCursor] = []
+    realm_sql, extra = ("", []) if realm is None else (" AND t.realm = $6", [realm])
+    sql = EXPORT_KEYS_SQL.format(realm=realm_sql)
+    while len(keys) < count:
+        wanted = count - len(keys)
+        # the cursor's own import may hold rows after it
+        end = await batch_end(conn, after.seq - (after.kind != _AFTER_ALL), wanted, wanted)
+        if end is None:
+            break
+        keys += [_ExportCursor(int(r[0]), int(r[1]), str(r[2])) for r in await conn.fetch(
+            sql, after.seq, after.kind, after.id, wanted, end, *extra)]
+        after = _ExportCursor(end)
+    return keys
 
 
 def _refuse_nul(row: Mapping[str, Any]) -> None:
@@ -530,6 +710,40 @@ def _md5(text: str) -> str:
 
 def _wire_edge(record: asyncpg.Record) -> EdgeRow:
     return wire_edge(dict(zip(EDGE_COLS, record, strict=True)))
+
+
+class _ExportCursor(NamedTuple):
+    """A position in the export's order. Written as the seq alone (``"17"``: after every row
+    of that import — the only form before pages could end inside one, so a cursor a client
+    got then still reads the same) or, for a page that ends inside an import, as
+    ``"17.n<hex>"``/``"17.e<hex>"``: after that import's node/edge whose id is the hex of
+    its UTF-8. A cursor never holds a row's offset: rows leave an import (a later one
+    rewrites them) and offsets would then skip rows."""
+
+    seq: int
+    kind: int = _AFTER_ALL
+    id: str = ""
+
+    @classmethod
+    def parse(cls, raw: str) -> _ExportCursor:
+        found = _ROW_CURSOR.fullmatch(raw)
+        if found is None:
+            return cls(parse_cursor(raw))
+        try:
+            return cls(parse_cursor(found[1]), _KINDS.index(found[2]),
+                       bytes.fromhex(found[3]).decode())
+        except ValueError:  # odd hex digits, not UTF-8, a seq out of range
+            raise ValidationError("cursor", f"must be a next_cursor from a previous page, "
+                                  f"got {raw[:40]!r}") from None
+
+    def encode(self) -> str:
+        if self.kind == _AFTER_ALL:
+            return str(self.seq)
+        return f"{self.seq}.{_KINDS[self.kind]}{self.id.encode().hex()}"
+
+
+_KINDS = "ne"  # the cursor's letter for _NODE, _EDGE
+_ROW_CURSOR = re.compile(r"([0-9]{1,19})\.([ne])((?:[0-9a-f]{2})*)")
 
 
 class _PgExport:

@@ -16,8 +16,9 @@ Rules:
     re-queued it — it is a local edit again.
   * A queued local edit stamped beyond the drift bound (``physical_ns() + max_drift_ns``) —
     made while the clock ran ahead of the plane's, offline or before NTP fixed it — is stamped
-    again when it is staged, after the version it replaced (``outbox.base_version``), so it
-    still beats what it replaced and no longer beats edits made elsewhere later: like any other
+    again when it is staged, after the version it replaced (``outbox.base_version``; or after
+    the version staged before, which may have reached the plane), so it still beats what it
+    replaced and no longer beats edits made elsewhere later: like any other
     offline edit, it is stamped when pushed. The clock itself is pulled back first when it runs
     beyond the bound. An edit whose base is itself that far ahead (made over another writer's
     far-future version) keeps its stamp: it must beat that version.
@@ -105,6 +106,13 @@ def stage(writer: Writer, limit: int, realm: str | None, keep_within_ns: int = 0
         elif current is not None and current > ahead and base is not None and (
                 (stamp := writer.stamp_after(base or None)) < current):
             seq = _restamp(writer, kind, item_id, stamp)
+        # Once staged, the version may reach the plane (its ack can be lost, and an edit made
+        # while the push is in flight keeps the entry queued): a later stamping-again must
+        # stay after it, so it becomes the entry's base.
+        writer.conn.execute(
+            "UPDATE outbox SET base_version = max(coalesce(base_version, ''), "
+            "(SELECT updated_at FROM " + table + " WHERE id = ?)) WHERE kind = ? AND item_id = ?",
+            (item_id, kind, item_id))
         staged.entries.append((kind, item_id, seq))
         if kind == "node":
             row = writer.node(item_id)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from local_store import HashingEmbedder, Store
 from protocol.timestamp import parse_ns
 from tests.conftest import FakeWall
 from tests.sync.test_clocks import (
@@ -135,3 +136,36 @@ async def test_an_edit_over_a_far_future_version_keeps_its_stamp(
     for store in (hub.store, a.store, b.store):
         held = await store.get(x)
         assert (held["updated_at"], held["importance"]) == (edit["updated_at"], 0.9)
+
+
+async def test_an_edit_made_while_its_predecessor_was_pushed_stays_after_it(
+        tmp_path: Path) -> None:
+    """V1, stamped a day ahead, is staged and pushed; V2 lands before the ack (the entry stays,
+    R7). Stamped again once the clock is right, V2 must still sort after V1 — the plane may
+    hold V1 — or the newest edit loses to its own predecessor everywhere."""
+    world = FakeWall()
+    shift = [0]
+    s = await Store.open(tmp_path / "d", embedder=HashingEmbedder(),
+                         wall=lambda: world() + shift[0])
+    try:
+        x = (await s.save({"content": "x v0", "topic_key": "t"}))["node_id"]
+        entries, _, _ = await s.stage_push(100, model="m", dim=8)
+        await s.ack_push(entries)
+        assert await s.outbox_depth() == 0
+
+        shift[0] = DAY_NS  # the wall jumps a day ahead; no offset known yet
+        world.advance(10)
+        await s.update_importance(x, 0.7)  # V1, stamped a day ahead
+        entries, nodes, _ = await s.stage_push(100, model="m", dim=8)  # staged as it is
+        pushed_v1 = nodes[0].updated_at
+        await s.update_importance(x, 0.9)  # V2, made while V1's push is in flight
+        await s.ack_push(entries)  # R7: the entry stays (seq bumped)
+
+        shift[0] = 0  # NTP fixes the wall
+        world.advance(10)
+        _, nodes, _ = await s.stage_push(100, model="m", dim=8)
+        v2 = nodes[0].updated_at
+        # the plane holds V1; V2 must beat it or the newest edit is lost everywhere
+        assert v2 > pushed_v1, (v2, pushed_v1)
+    finally:
+        await s.close()

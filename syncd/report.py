@@ -85,7 +85,19 @@ def _sync_lines(sync: dict[str, Any]) -> list[str]:
             "last_success", "last_error", "cursor", "outbox", "clock_offset_ms",
             "consecutive_failures", "auth_blocked")] + [
         f"    {key:20} {', '.join(rows)}" for key in ("skipped_rows", "too_large_rows")
-        if (rows := sync.get(key))]
+        if (rows := sync.get(key))] + _auth_hint(sync)
+
+
+def _auth_hint(sync: dict[str, Any]) -> list[str]:
+    """What to do when the plane refuses this install's credentials (401/403)."""
+    if not sync.get("auth_blocked"):
+        return []
+    token_file = sync.get("token_file")
+    if token_file is None:
+        return ["    hint: no control_plane.token_file is set: the plane needs its bearer "
+                "token there (first line); then `syncd sync`"]
+    return [f"    hint: the plane refused the token in {token_file}: put a valid one there "
+            "(first line); then `syncd sync`"]
 
 
 def _n(count: object, one: str, many: str | None = None) -> str:

@@ -135,6 +135,7 @@ class SyncRunner:
         state = await self.engine.store.sync_state()
         stats = await self.engine.store.stats()
         return {"configured": True, "url": status.url, "realm": status.realm,
+                "token_file": None if self.token_file is None else str(self.token_file),
                 "interval_secs": self.interval, "cursor": state.get("cursor"),
                 "plane_store_id": state.get("plane_store_id"),
                 "plane_model": state.get("plane_model"), "outbox": stats["outbox"],

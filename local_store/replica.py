@@ -96,6 +96,7 @@ def stage(writer: Writer, limit: int, realm: str | None, keep_within_ns: int = 0
         f"WHERE (m.id IS NOT NULL OR e.id IS NOT NULL) {realm_sql} "
         "ORDER BY o.local_seq LIMIT ?", (*params, limit)).fetchall()
     staged = Staged([], [], [])
+    bases: list[tuple[str, str, str]] = []  # (staged version, kind, item_id)
     for kind, item_id, seq, repair_version, base in queued:
         table = "memories" if kind == "node" else "edges"
         current = writer.version(table, item_id)
@@ -106,22 +107,17 @@ def stage(writer: Writer, limit: int, realm: str | None, keep_within_ns: int = 0
         elif current is not None and current > ahead and base is not None and (
                 (stamp := writer.stamp_after(base or None)) < current):
             seq = _restamp(writer, kind, item_id, stamp)
-        # Once staged, the version may reach the plane (its ack can be lost, and an edit made
-        # while the push is in flight keeps the entry queued): a later stamping-again must
-        # stay after it, so it becomes the entry's base.
-        writer.conn.execute(
-            "UPDATE outbox SET base_version = max(coalesce(base_version, ''), "
-            "(SELECT updated_at FROM " + table + " WHERE id = ?)) WHERE kind = ? AND item_id = ?",
-            (item_id, kind, item_id))
         staged.entries.append((kind, item_id, seq))
-        if kind == "node":
-            row = writer.node(item_id)
-            assert row is not None
-            staged.nodes.append(row)
-        else:
-            erow = writer.edge(item_id)
-            assert erow is not None
-            staged.edges.append(erow)
+        row = writer.node(item_id) if kind == "node" else writer.edge(item_id)
+        assert row is not None
+        (staged.nodes if kind == "node" else staged.edges).append(row)
+        bases.append((row["updated_at"], kind, item_id))
+    # Once staged, a version may reach the plane (its ack can be lost, and an edit made while
+    # the push is in flight keeps the entry queued): a later stamping-again must stay after
+    # it, so it becomes the entry's base.
+    writer.conn.executemany(
+        "UPDATE outbox SET base_version = max(coalesce(base_version, ''), ?) "
+        "WHERE kind = ? AND item_id = ?", bases)
     return staged
 
 

@@ -17,6 +17,7 @@ import pytest
 from local_store import HashingEmbedder, Store
 from protocol.timestamp import parse_ns
 from tests.conftest import FakeWall
+from tests.sync.harness import Hub, Laptop
 from tests.sync.test_clocks import (
     DAY_NS,
     SECOND_NS,
@@ -31,9 +32,10 @@ from tests.sync.test_clocks import (
 )
 
 
-@pytest.mark.parametrize("fixed_by", ["the engine", "ntp"])
-async def test_an_edit_made_a_day_ahead_is_beaten_by_an_edit_made_after_the_sync(
-        cursor: str, tmp_path: Path, stack: AsyncExitStack, fixed_by: str) -> None:  # noqa: F811
+async def synced_pair(stack: AsyncExitStack, tmp_path: Path, cursor: str,  # noqa: F811
+                      ) -> tuple[FakeWall, list[int], Hub, Laptop, Laptop, str]:
+    """A hub and laptops A and B on one hand-moved wall — A's clock shifted by ``shift[0]`` —
+    both synced with B's memory x at "x v0"."""
     world = FakeWall()
     shift = [0]
     hub = await hub_on(stack, tmp_path, cursor, world)
@@ -42,6 +44,13 @@ async def test_an_edit_made_a_day_ahead_is_beaten_by_an_edit_made_after_the_sync
     x, _ = await put(b, "ahead/x", "x v0")
     for lap in (b, a):
         ok(await lap.sync())
+    return world, shift, hub, a, b, x
+
+
+@pytest.mark.parametrize("fixed_by", ["the engine", "ntp"])
+async def test_an_edit_made_a_day_ahead_is_beaten_by_an_edit_made_after_the_sync(
+        cursor: str, tmp_path: Path, stack: AsyncExitStack, fixed_by: str) -> None:  # noqa: F811
+    world, shift, hub, a, b, x = await synced_pair(stack, tmp_path, cursor)
 
     shift[0] = DAY_NS  # a's clock jumps a day ahead while it is offline
     world.advance(10)
@@ -91,14 +100,7 @@ async def test_an_edit_a_day_ahead_still_beats_the_version_it_replaced(
 async def test_an_offline_edit_a_day_ahead_with_no_concurrent_edit_still_lands(
         cursor: str, tmp_path: Path, stack: AsyncExitStack) -> None:  # noqa: F811
     """Stamped again, the edit still reaches every replica — with a stamp of its push."""
-    world = FakeWall()
-    shift = [0]
-    hub = await hub_on(stack, tmp_path, cursor, world)
-    a = await laptop(stack, "a", tmp_path, hub.url, hub.token, lambda: world() + shift[0])
-    b = await laptop(stack, "b", tmp_path, hub.url, hub.token, world)
-    x, _ = await put(b, "ahead/x", "x v0")
-    for lap in (b, a):
-        ok(await lap.sync())
+    world, shift, hub, a, b, x = await synced_pair(stack, tmp_path, cursor)
 
     shift[0] = DAY_NS
     world.advance(10)

@@ -63,6 +63,10 @@ class _PinnedFile:
         self.size = size
         self.sha256 = sha256
         self.what = what
+        # The last file refused for its sha256 — (path, size, mtime, inode) — and the refusal:
+        # while the file stays as it was, every embed would read and hash it again (tens of ms
+        # for the model) only to refuse it again.
+        self._refused: tuple[tuple[str, int, int, int], str] | None = None
 
     def locate(self) -> Path:
         """The installed file's path (metadata only: imports nothing, touches no network)."""
@@ -82,17 +86,24 @@ class _PinnedFile:
 
     def verify(self, located: Path) -> bytes:
         """The file's bytes, once its size and sha256 are the pinned ones."""
-        size = located.stat().st_size
+        stat = located.stat()
+        size = stat.st_size
         if size != self.size:
             raise EmbedderUnavailable(
                 f"{MINILM_MODEL_ID}: {located} is {size} bytes, expected {self.size}; "
                 f"package '{self.dist}' is not the pinned version")
+        key = (str(located), size, stat.st_mtime_ns, stat.st_ino)
+        refused = self._refused  # one read: embedders on other threads share this file
+        if refused is not None and refused[0] == key:
+            raise EmbedderUnavailable(refused[1])
         data = located.read_bytes()
         digest = hashlib.sha256(data).hexdigest()
         if digest != self.sha256:
-            raise EmbedderUnavailable(
-                f"{MINILM_MODEL_ID}: {located} has sha256 {digest}, expected {self.sha256}; "
-                f"package '{self.dist}' is not the pinned version")
+            message = (f"{MINILM_MODEL_ID}: {located} has sha256 {digest}, expected "
+                       f"{self.sha256}; package '{self.dist}' is not the pinned version")
+            self._refused = (key, message)
+            raise EmbedderUnavailable(message)
+        self._refused = None
         return data
 
 

@@ -9,6 +9,7 @@ blockbuster fixture only wraps async tests).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -263,6 +264,26 @@ def test_wrong_model_file_is_refused(tmp_path: Path) -> None:
     fake.write_bytes(b"abcd")
     with pytest.raises(EmbedderUnavailable, match="4 bytes"):
         pinned.verify(fake)
+
+
+def test_refused_model_file_is_not_hashed_again_until_it_changes(tmp_path: Path) -> None:
+    """A refused file is refused again from its stat while it stays as it was (each embed
+    would otherwise read and hash the whole model again); any change is judged anew."""
+    good = b"abd"
+    pinned = embed_minilm._PinnedFile(
+        dist="x", path="model.onnx", size=3, sha256=hashlib.sha256(good).hexdigest(),
+        what="the ONNX model file")
+    fake = tmp_path / "model.onnx"
+    fake.write_bytes(b"abc")
+    with pytest.raises(EmbedderUnavailable, match=hashlib.sha256(b"abc").hexdigest()):
+        pinned.verify(fake)
+    stamp = fake.stat().st_mtime_ns
+    fake.write_bytes(good)  # the same size, and the old mtime put back: unchanged to stat
+    os.utime(fake, ns=(stamp, stamp))
+    with pytest.raises(EmbedderUnavailable, match=hashlib.sha256(b"abc").hexdigest()):
+        pinned.verify(fake)  # the remembered refusal: the file was not read again
+    os.utime(fake, ns=(stamp + 1_000_000, stamp + 1_000_000))
+    assert pinned.verify(fake) == good  # changed to stat: read, hashed and accepted
 
 
 def _edited_model(edit: str) -> bytes:

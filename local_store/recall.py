@@ -31,7 +31,6 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from local_store.arguments import like_escape
 from local_store.errors import ValidationError
 from local_store.ranking import (
     PLANE_WORD_SEP,
@@ -136,9 +135,13 @@ class Filters:
             if self.importance_min is not None:
                 where.append("m.importance >= ?")
                 params.append(self.importance_min)
-            for tag in self.tags:  # a substring, as the plane's LIKE; % and _ are literal
-                where.append("m.tags LIKE ? ESCAPE '\\'")
-                params.append(f"%{like_escape(tag)}%")
+            # A case-sensitive substring of the comma string, as the plane's LIKE on PostgreSQL
+            # (SQLite's LIKE ignores ASCII case); % and _ are the tag's own characters (the
+            # plane drops them). ``replace`` does the same on SQLite and PostgreSQL, so the
+            # hub answers alike on both.
+            for tag in self.tags:
+                where.append("replace(m.tags, ?, '') <> m.tags")
+                params.append(tag)
         if self.include_invalidated:
             pass
         elif self.as_of is not None:

@@ -564,6 +564,28 @@ async def test_recall_finds_words_identifiers_and_paths(hub_store: HubStore) -> 
     assert "oat milk" not in hits.context and "staging database" in hits.context
 
 
+async def test_recall_tag_filters_are_case_sensitive_literal_substrings(
+        hub_store: HubStore) -> None:
+    """One answer on both stores, the plane's on PostgreSQL: ``CI`` is not ``ci``; ``_`` and
+    ``%`` are the tag's own characters."""
+    await hub_store.apply([
+        node("memory:lower", "deploy the billing service", 1, tags="ci,ops_team"),
+        node("memory:upper", "deploy the billing worker", 1, tags="CI,100%"),
+        node("memory:other", "deploy the billing cron", 1, tags="opsXteam"),
+    ], [], model=MODEL)
+
+    async def tagged(*tags: str) -> list[str]:
+        hits = await hub_store.recall(QueryRequest(query="deploy billing", tags=list(tags)))
+        return sorted(m.id for m in hits.memories if not m.fallback)
+
+    assert await tagged("CI") == ["memory:upper"]
+    assert await tagged("ci") == ["memory:lower"]
+    assert await tagged("ops_team") == ["memory:lower"]
+    assert await tagged("100%") == ["memory:upper"]
+    assert await tagged("I,1") == ["memory:upper"]  # a substring of the comma string
+    assert await tagged("Ci") == []
+
+
 @pytest.mark.parametrize("query", ['"', "*", "NEAR(", "a & b | !c", "'unbalanced", "x" * 10_000,
                                    "deploy:*", "(((", "\\"])
 async def test_recall_takes_any_text(hub_store: HubStore, query: str) -> None:

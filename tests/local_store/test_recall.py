@@ -189,6 +189,17 @@ async def test_a_tag_filter_is_a_literal_substring(store: Store) -> None:
     assert await ids(store, "deploy billing", tags=["cicd"]) == []
 
 
+async def test_a_tag_filter_is_case_sensitive_as_the_planes(store: Store) -> None:
+    """The plane's ``tags LIKE '%tag%'`` runs on PostgreSQL, where LIKE minds case (SQLite's
+    ignores ASCII case): ``CI`` does not find ``ci``, and ``Straße`` finds only itself."""
+    lower = (await store.save({"content": "deploy billing service", "tags": ["ci"]}))
+    upper = (await store.save({"content": "deploy billing worker", "tags": ["CI", "Straße"]}))
+    assert await ids(store, "deploy billing", tags=["CI"]) == [upper["node_id"]]
+    assert await ids(store, "deploy billing", tags=["ci"]) == [lower["node_id"]]
+    assert await ids(store, "deploy billing", tags=["straße"]) == []
+    assert await ids(store, "deploy billing", tags=["Straße", "CI"]) == [upper["node_id"]]
+
+
 async def test_a_pulled_vector_of_any_length_ranks_by_its_cosine(store: Store) -> None:
     """The index holds unit vectors (a dot product is the cosine): a pulled vector of norm 10
     is scaled as it enters, so it no longer outranks an exact match (distance 0 for both)."""

@@ -109,7 +109,7 @@ def node_from_wire(wire: NodeRow, key: WireKey | None = None) -> Row:
             if value is not None:
                 if value.__class__ is not str:
                     raise ValidationError(name, f"must be a string, got {type(value).__name__}")
-                if "<" in value:
+                if "<" in value and name != "provenance":  # JSON text: redacted below
                     row[name] = strip_private(value)
     if row["provenance"] is not None:
         row["provenance"] = strip_private_json_text(row["provenance"], "provenance")
@@ -258,8 +258,10 @@ def edge_from_wire(wire: EdgeRow) -> Row:
         wire.created_at, "created_at")
     if version is None:
         raise ValidationError("created_at", "is required")
-    props = _text(wire.props, "props")
-    if props is not None:
+    props = wire.props
+    if props is not None:  # JSON text: its strings are redacted, not its raw characters
+        if not isinstance(props, str):
+            raise ValidationError("props", f"must be a string, got {type(props).__name__}")
         props = strip_private_json_text(props, "props")
     deleted = bool(wire.deleted) or _props_say_deleted(props)
     return {

@@ -276,6 +276,11 @@ def new_memory_id() -> str:
     return f"memory:{uuid.uuid4()}"
 
 
+# Arguments that may hold JSON as text: ``strip_json_object`` redacts such text as plain text,
+# where a literal closer hides the structure before it and leaves an escaped span unread.
+JSON_TEXT_ARGS = ("provenance", "source_uris", "mentions")
+
+
 def json_text(value: object, label: str) -> str | None:
     """Objects become compact JSON text; strings stay as given (the wire keeps JSON in strings)."""
     if value is None:
@@ -319,6 +324,9 @@ def build_save(raw: Mapping[str, object], writer: Mapping[str, object], *,
     refuse_private_identity(raw, label)
     args = strip_json_object(raw)
     p = f"{label}." if label else ""
+    for name in JSON_TEXT_ARGS:  # JSON given as text: its own strings are redacted, decoded
+        if isinstance(given := raw.get(name), str):
+            args[name] = strip_private_json_text(given, f"{p}{name}")
     coerced: dict[str, str] = {}
     content = args.get("content")
     if not isinstance(content, str):

@@ -45,7 +45,7 @@ from collections.abc import Mapping
 from local_store.errors import ValidationError
 
 __all__ = ["MAX_JSON_DEPTH", "REDACTED", "contains_private_marker", "has_private_tag",
-           "holds_lone_surrogate", "is_text", "strip_json_object", "strip_json_strings", "strip_private"]
+           "holds_lone_surrogate", "is_text", "quoted", "strip_json_object", "strip_json_strings", "strip_private"]
 
 REDACTED = "[redacted]"
 MAX_JSON_DEPTH = 64  # nesting of arguments and JSON-text fields; deeper is refused
@@ -96,6 +96,12 @@ def strip_private(text: str) -> str:
     else:
         pieces.append(text[pos:])
     return "".join(pieces)
+
+
+def quoted(value: str, limit: int = 40) -> str:
+    """``value`` as an error message may quote it: redacted first (a value the client sent may
+    hold a private span), then cut to ``limit`` characters, in quotes."""
+    return repr(strip_private(value)[:limit])
 
 
 def has_private_tag(text: str) -> bool:
@@ -175,18 +181,19 @@ def _refuse_surrogates(text: str, field: str) -> None:
 def strip_private_json_text(text: str, field: str = "body") -> str:
     """Redact a field that holds JSON text (provenance, props, source_uris, mentions).
 
-    The raw text is scanned first; then, if it may hide a tag behind JSON escapes (any
-    backslash: ``\\u003cprivate>``, ``<\\u0070rivate>``, ``<\\/private>`` all decode to a
-    tag), it is decoded, every string inside is scanned, and it is re-encoded when something
-    changed — or when an object repeats a key: decoding keeps only the last, so an earlier
-    one could hide a tag the comparison never sees; the re-encoded text drops it, as any
-    JSON reader would. Text that is not JSON keeps its literal escapes, which are not tags.
-    Nothing else about the text is judged here (any depth, escaped lone surrogates): it is
-    refused, naming ``field``, only when too deep for Python to decode at all.
+    JSON text is decoded first and every string in it (keys included) is redacted on its own —
+    a tag may hide behind escapes (``\\u003cprivate>``, ``<\\u0070rivate>``,
+    ``<\\/private>`` all decode to one), and a literal closer in one string must not hide
+    the structure before it, which would leave the text no longer JSON and an escaped span
+    after it unread. The text is re-encoded when something changed — or when an object
+    repeats a key: decoding keeps only the last, so an earlier one could hide a tag the
+    comparison never sees; the re-encoded text drops it, as any JSON reader would. Text that
+    is not JSON is redacted as plain text (its escapes are not tags). Nothing else about the
+    text is judged here (any depth, escaped lone surrogates): it is refused, naming
+    ``field``, only when too deep for Python to decode at all.
     """
-    out = strip_private(text) if "<" in text else text
-    if "\\" not in out:
-        return out
+    if "<" not in text and "\\" not in text:
+        return text  # neither a tag nor an escape that could spell one
     repeated = False
 
     def pairs(items: list[tuple[str, object]]) -> dict[str, object]:
@@ -196,14 +203,14 @@ def strip_private_json_text(text: str, field: str = "body") -> str:
         return found
 
     try:
-        parsed = json.loads(out, object_pairs_hook=pairs)
+        parsed = json.loads(text, object_pairs_hook=pairs)
         cleaned = _strip_json(parsed, 0, field, strict=False)
     except RecursionError:  # deeper than Python's stack: cannot be checked, so not kept
         raise ValidationError(field, "is JSON nested too deeply to check") from None
     except ValueError:
-        return out
+        return strip_private(text) if "<" in text else text
     if cleaned == parsed and not repeated:
-        return out
+        return text
     text = json.dumps(cleaned, ensure_ascii=False, separators=(",", ":"))
     # a lone surrogate spelled as an escape stays one: no UTF-8 text can hold it raw
     return text if text.isascii() or is_text(text) else json.dumps(

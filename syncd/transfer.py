@@ -34,7 +34,7 @@ from urllib.parse import quote
 
 import msgspec
 
-from local_store.redact import holds_lone_surrogate
+from local_store.redact import holds_lone_surrogate, strip_private
 from protocol.rows import EXPORT_COUNT_HEADERS, EdgeRow, NodeRow
 from syncd.client import Client, ClientError
 from syncd.config import DEFAULT_MAX_BODY_BYTES
@@ -237,7 +237,7 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # in json.dumps's ASCII ou
 def _label(row: object) -> str:
     """`` (its id)`` for a row that has a string id, else nothing."""
     row_id = row.get("id") if isinstance(row, dict) else None
-    return f" ({row_id})" if isinstance(row_id, str) and row_id else ""
+    return f" ({strip_private(row_id)})" if isinstance(row_id, str) and row_id else ""
 
 
 def _refusal(error: dict[str, Any], part: list[_Row]) -> str:

@@ -38,6 +38,7 @@ from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from local_store import Store, ValidationError
+from local_store.redact import quoted
 from protocol.query import QueryRequest
 from protocol.rows import ChangesResponse, ExportBody, ImportRequest
 from protocol.timestamp import format_ns
@@ -253,7 +254,7 @@ def _limit(request: web.Request) -> int | None:
     try:
         value = int(raw)
     except ValueError:
-        raise ValidationError("limit", f"must be an integer, got {raw!r}") from None
+        raise ValidationError("limit", f"must be an integer, got {quoted(raw)}") from None
     if not 1 <= value <= MAX_PAGE:
         raise ValidationError("limit", f"must be 1..{MAX_PAGE}, got {value}")
     return value

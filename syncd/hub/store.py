@@ -34,6 +34,7 @@ from local_store.apply import ApplyResult
 from local_store.embed import Embedder
 from local_store.exporting import PAGE_ROWS as EXPORT_PAGE_ROWS
 from local_store.exporting import ExportPages
+from local_store.redact import quoted
 from protocol.query import QueryRequest, QueryResponse
 from protocol.rows import EdgeRow, NodeRow
 from protocol.settings import MemorySettings
@@ -298,5 +299,5 @@ def parse_cursor(raw: str) -> int:
     integer; anything else is a ``ValidationError`` naming ``cursor``."""
     if not (raw.isascii() and raw.isdigit()) or len(raw) > 19 or int(raw) > MAX_CURSOR:
         raise ValidationError("cursor", f"must be a next_cursor from a previous page, got "
-                              f"{raw[:40]!r}")
+                              f"{quoted(raw)}")
     return int(raw)

@@ -91,6 +91,16 @@ async def test_p7_no_canary_anywhere_end_to_end(tmp_path: Path, mode: str,
                     "embedding": [0.1] * 384}], "memory_edges": []})
                 await call("POST", "/v1/agent/memory/query",
                            {"query": "keep " + form.format(c=c()), "realms": ["p"]})
+            # JSON given as text, a literal closer in one string and an escaped span after it
+            # (tests/sync/test_private_json_text.py has the store-level cases)
+            escaped = '{"a":"x</private>","b":"\\u003cprivate>%s\\u003c/private>"}'
+            async with s.post(url + "/v1/agent/memory/tools/save_memory", headers=h, json={
+                    "content": "keep json text", "realm": "p", "provenance": escaped % c(),
+                    "source_uris": "[" + escaped % c() + "]", "mentions": escaped % c()}) as r:
+                got = await r.json()
+                seen += json.dumps(got).encode()
+                assert r.status == 200, got
+                ids.append(got["node_id"])
             for mid in ids:
                 await call("GET", f"/v1/agent/memory/items/{mid}")
             await call("GET", "/v1/agent/memory/export?realm=p")

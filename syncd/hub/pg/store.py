@@ -37,7 +37,7 @@ from local_store.exporting import EDGE_VERSIONS, Changed, ExportPages, collect
 from local_store.exporting import PAGE_ROWS as EXPORT_PAGE_ROWS
 from local_store.merge import EDGE_HASHED, VersionKey, content_hash, version_key, wins
 from local_store.records import parse_timestamp
-from local_store.redact import strip_json_object
+from local_store.redact import quoted, strip_json_object
 from local_store.views import wire_edge, wire_embeddings, wire_nodes
 from protocol.query import QueryRequest, QueryResponse
 from protocol.rows import EdgeRow, NodeRow
@@ -734,7 +734,7 @@ class _ExportCursor(NamedTuple):
                        bytes.fromhex(found[3]).decode())
         except ValueError:  # odd hex digits, not UTF-8, a seq out of range
             raise ValidationError("cursor", f"must be a next_cursor from a previous page, "
-                                  f"got {raw[:40]!r}") from None
+                                  f"got {quoted(raw)}") from None
 
     def encode(self) -> str:
         if self.kind == _AFTER_ALL:

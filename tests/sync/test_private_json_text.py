@@ -1,0 +1,97 @@
+"""P1, P5, P7: a JSON-text field (provenance, source_uris, mentions, edge props) whose JSON
+holds a stray ``</private>`` in one string and an escaped private span (``\\u003cprivate>…``)
+in a later one.
+
+A raw-text pass first (the old ``strip_private_json_text``, and on the save path the generic
+``strip_json_object`` over the string) saw the literal closer and hid everything before it,
+``{"a":"`` included: the text was no longer JSON, so the escaped span — a private span once
+decoded — was never read, and was kept on disk, in answers and in the push to the plane (the
+egress guard decodes one JSON level). JSON text is now decoded first, each string redacted.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from pathlib import Path
+
+from local_store import HashingEmbedder, Store
+from local_store.redact import strip_private_json_text
+from protocol.rows import EdgeRow, NodeRow
+from protocol.timestamp import format_ns
+
+
+def canary() -> str:
+    return "CANARY" + secrets.token_hex(8)
+
+
+def json_text(c: str) -> str:
+    # valid JSON: {"a": "x</private>", "b": "<private>{c}</private>"} once decoded
+    return '{"a":"x</private>","b":"\\u003cprivate>' + c + '\\u003c/private>"}'
+
+
+def kept(canaries: list[str], answer: str, data_dir: Path) -> list[str]:
+    """The canaries found in ``answer`` or in any file of the (closed) store."""
+    blob = b"".join(p.read_bytes() for p in data_dir.iterdir() if p.is_file())
+    return [c for c in canaries if c in answer or c.encode() in blob]
+
+
+def test_strip_private_json_text_reads_the_strings_of_json_text() -> None:
+    c = canary()
+    text = json_text(c)
+    assert json.loads(text)["b"] == f"<private>{c}</private>"  # the input is valid JSON
+    assert c not in strip_private_json_text(text, "provenance")
+
+
+async def test_save_redacts_json_text_provenance_source_uris_and_mentions(tmp_path: Path) -> None:
+    cs = [canary() for _ in range(3)]
+    store = await Store.open(tmp_path / "d", embedder=HashingEmbedder())
+    try:
+        res = await store.save({"content": "visible text",
+                                "provenance": json_text(cs[0]),
+                                "source_uris": '[' + json_text(cs[1]) + ']',
+                                "mentions": json_text(cs[2])})
+        got = repr(await store.get(res["id"]))
+    finally:
+        await store.close()
+    assert kept(cs, got, tmp_path / "d") == [], got
+
+
+async def test_apply_redacts_json_text_provenance_and_edge_props(tmp_path: Path) -> None:
+    cs = [canary() for _ in range(2)]
+    store = await Store.open(tmp_path / "d", embedder=HashingEmbedder())
+    try:
+        v = format_ns(1_780_000_000_000_000_000)
+        mid = "memory:00000000-0000-4000-8000-000000000001"
+        res = await store.apply(
+            [NodeRow(id=mid, content="remote", updated_at=v, provenance=json_text(cs[0]))],
+            [EdgeRow(src=mid, dst="entity:x", type="RELATES_TO", created_at=v,
+                     props=json_text(cs[1]))], model="m")
+        assert res.applied_nodes == 1 and res.applied_edges == 1, res
+        got = repr(await store.get(mid))
+    finally:
+        await store.close()
+    assert kept(cs, got, tmp_path / "d") == [], got
+
+
+async def test_a_kyma_edge_tombstone_with_a_stray_closer_in_props_stays_deleted(
+        tmp_path: Path) -> None:
+    """Same root cause, as corruption of non-private content: the plane's edge tombstone is
+    ``"deleted": true`` inside props (Kyma drops the ``deleted`` extension). A stray closer in
+    another key of those props makes the raw pass wipe the JSON's start, the text is no longer
+    JSON, ``_props_say_deleted`` reads no tombstone, and the deleted edge is applied live."""
+    store = await Store.open(tmp_path / "d", embedder=HashingEmbedder())
+    try:
+        v = format_ns(1_780_000_000_000_000_000)
+        mid = "memory:00000000-0000-4000-8000-000000000001"
+        props = json.dumps({"reason": "old note</private>", "deleted": True,
+                            "deleted_at": v})
+        res = await store.apply(
+            [NodeRow(id=mid, content="remote", updated_at=v)],
+            [EdgeRow(src=mid, dst="entity:x", type="RELATES_TO", created_at=v, props=props)],
+            model="m")
+        assert res.applied_edges == 1, res
+        got = await store.get(mid)
+    finally:
+        await store.close()
+    assert got["edges"] == [], got["edges"]  # a tombstone: no live edge

@@ -23,6 +23,7 @@ import contextlib
 import fcntl
 import os
 import sqlite3
+import stat
 from importlib import resources
 from pathlib import Path
 from urllib.parse import quote
@@ -80,28 +81,60 @@ def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
 
 def open_migrated(path: Path) -> sqlite3.Connection:
     """The writer's connection, with every migration applied. A file that is not a usable
-    store (not SQLite, corrupt, or migrated by a newer syncd) raises ``StoreUnusableError``
-    naming it, and is left as it was. A new file is created 0600, as everything else in the
-    data directory (SQLite gives its -wal and -shm files the same mode)."""
+    store (not SQLite, corrupt, migrated by a newer syncd, or one this process cannot open or
+    write) raises ``StoreUnusableError`` naming it and the cause, and is left as it was. A new
+    file is created 0600, as everything else in the data directory (SQLite gives its -wal and
+    -shm files the same mode)."""
     with contextlib.suppress(FileExistsError):
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     try:
         conn = connect(path)
         try:
             migrate(conn)
+            _check_writable(conn)
         except BaseException:
             conn.close()
             raise
     except StoreUnusableError as exc:
         raise StoreUnusableError(f"{path} cannot be used: {exc.message}") from None
     except sqlite3.DatabaseError as exc:
-        if exc.sqlite_errorcode & 0xFF not in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
+        code = exc.sqlite_errorcode & 0xFF  # the primary code of an extended one
+        if code in (sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_READONLY):
+            raise StoreUnusableError(f"{path} cannot be used: {exc}: "
+                                     f"{_access_problem(path)}") from None
+        if code not in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
             raise
         raise StoreUnusableError(
             f"{path} cannot be used: {exc}. It was left as it is: move it aside and restore "
             "a backup (`syncd backup` makes them), or start with an empty data directory "
             "and let sync fill it again") from None
     return conn
+
+
+def _check_writable(conn: sqlite3.Connection) -> None:
+    """SQLite opens a file it may not write (another user's, mode 0444, a read-only mount)
+    read-only without a word, and a store whose migrations are all applied writes nothing
+    while it opens: a write that changes no row makes that ``SQLITE_READONLY`` here, at
+    start-up, instead of at the first save."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute("DELETE FROM schema_migrations WHERE number < 0")
+    finally:
+        conn.execute("ROLLBACK")
+
+
+def _access_problem(path: Path) -> str:
+    """What about ``path`` keeps SQLite from opening it for writing, as far as its metadata
+    says (the caller gives SQLite's own message first)."""
+    if path.is_dir():
+        return "it is a directory, not a database file"
+    try:
+        st = path.stat()
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return (f"syncd runs as uid {os.getuid()} and must be able to read and write it (owner "
+            f"uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}), its -wal and -shm files "
+            "and its directory")
 
 
 def _configure(conn: sqlite3.Connection, *, readonly: bool) -> None:

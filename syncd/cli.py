@@ -13,6 +13,7 @@ import math
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,21 @@ def _finite(text: str) -> float:
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
     return value
+
+
+def _seconds(text: str) -> float:
+    """A duration argument: a finite number of seconds above zero."""
+    value = _finite(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text!r}")
+    return value
+
+
+# How long `syncd sync` waits for its pass, where every other command waits the client's 30 s.
+# A pass legitimately takes minutes: a first pull of 1M memories took 91 s (README), and a
+# manual pass queues behind a scheduled one. Ten minutes covers several of those; past it a
+# person is better told to look at `syncd status` than left waiting (the pass goes on).
+SYNC_TIMEOUT_SECS = 600.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sync = sub.add_parser("sync", help="run one sync pass now and print its report")
     sync.add_argument("--json", action="store_true", help="the whole report, as JSON")
+    sync.add_argument("--timeout", type=_seconds, default=SYNC_TIMEOUT_SECS, metavar="SECS",
+                      help=f"wait this long for the pass (default {SYNC_TIMEOUT_SECS:g}); "
+                      "past it the pass goes on in the daemon (`syncd status` shows it)")
 
     open_ = sub.add_parser("open", help="print (and, on a desktop, open) a one-time login URL "
                            "for the web page")
@@ -391,7 +410,7 @@ def _import(client: Client, args: argparse.Namespace, max_body: int) -> int:
 
 
 def _sync(client: Client, args: argparse.Namespace) -> int:
-    report = client.call("POST", "/v1/agent/sync/run", {})
+    report = replace(client, timeout=args.timeout).call("POST", "/v1/agent/sync/run", {})
     if args.json:
         print(json.dumps(report, indent=2))
     else:

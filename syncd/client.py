@@ -3,7 +3,8 @@
 Errors are ``ClientError`` with a message a person can act on, on one line; "the daemon is not
 running" is its own subclass so callers can choose to be silent (hooks) or loud (CLI). Another
 program on the daemon's port (something that is not HTTP, or HTTP that does not answer in
-syncd's JSON) counts as the daemon not running there.
+syncd's JSON) counts as the daemon not running there. A request that got no answer in
+``timeout`` is not: the daemon took it and may still be working on it.
 """
 
 from __future__ import annotations
@@ -59,7 +60,9 @@ class Client:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
             raise self._error(exc.code, exc.read()) from None
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+        except TimeoutError:  # not wrapped in URLError: sent, but no answer in time
+            raise self._timed_out(method, path) from None
+        except (urllib.error.URLError, ConnectionError) as exc:
             raise self._down(exc) from None
         except http.client.HTTPException as exc:  # not HTTP at all (an SSH server, …)
             raise self._not_syncd(type(exc).__name__) from None
@@ -78,7 +81,9 @@ class Client:
             resp = urllib.request.urlopen(request, timeout=self.timeout)
         except urllib.error.HTTPError as exc:
             raise self._error(exc.code, exc.read()) from None
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+        except TimeoutError:
+            raise self._timed_out("GET", path) from None
+        except (urllib.error.URLError, ConnectionError) as exc:
             raise self._down(exc) from None
         except http.client.HTTPException as exc:
             raise self._not_syncd(type(exc).__name__) from None
@@ -108,6 +113,14 @@ class Client:
     def _down(self, exc: Exception) -> DaemonDown:
         return DaemonDown(f"syncd daemon is not running at {self.url} "
                           f"({getattr(exc, 'reason', exc)}); start it with `syncd run`")
+
+    def _timed_out(self, method: str, path: str) -> ClientError:
+        """urllib wraps a failure to connect or send in ``URLError`` (the daemon is down); a
+        bare timeout came after the request was sent, so the daemon is up and may still be
+        working on it: saying "not running" would send the person to start a second one."""
+        return ClientError(f"the daemon at {self.url} did not answer {method} {path} within "
+                           f"{self.timeout:g} s; it is still running and may still be working "
+                           "on the request: `syncd status` shows how it went")
 
     def _not_syncd(self, what: str) -> DaemonDown:
         return DaemonDown(f"{self.url} does not answer like a syncd daemon ({what}): another "

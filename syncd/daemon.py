@@ -180,14 +180,16 @@ class Daemon:
                      keeper: Keeper | None) -> None:
         """The listener closes first (the runner stops its sites before it drains), then
         in-flight requests and a sync pass in flight share one ``shutdown_timeout``: they are
-        waited for side by side, so a pass stalled on the plane cannot stretch the stop."""
+        waited for side by side, so a pass stalled on the plane cannot stretch the stop. The
+        keeper's stop starts ahead of the others (it marks the keeper stopped before its first
+        wait): a request waiting on it must not fetch with the plane client sync's stop closes."""
         closing = []
+        if keeper is not None:
+            closing.append(keeper.stop())
         if runner is not None:
             closing.append(runner.cleanup())
         if sync is not None:
             closing.append(sync.stop(grace=self.shutdown_timeout))
-        if keeper is not None:
-            closing.append(keeper.stop())
         for failure in await asyncio.gather(*closing, return_exceptions=True):
             if isinstance(failure, Exception):
                 log.error("stopping: %s", failure, exc_info=failure)

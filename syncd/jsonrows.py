@@ -5,7 +5,9 @@ objects (~3 GB with 384 floats a row).
 Rules:
   * ``rows`` yields ``(key, index, row)`` for each element of the top-level object's
     ``memory_nodes`` and ``memory_edges`` arrays, in file order; any other key's value is read
-    and dropped. A missing array is empty, ``null`` too.
+    and dropped. A missing array is empty, ``null`` too — as the plane's import reads a body —
+    unless ``require_an_array``: a file to import holding neither is not an export (the wrong
+    file, a misspelt key), whose rows would be dropped without a word.
   * Anything else — not JSON, not an object, an array key holding another type, data after the
     object, a value nested deeper than ``json`` reads (about a thousand levels: its recursion
     limit) — is ``ValueError`` naming what and where (a character offset), raised when
@@ -24,14 +26,17 @@ from collections.abc import Iterator
 from typing import TextIO
 
 ARRAYS = ("memory_nodes", "memory_edges")
+EXPORT_SHAPE = "an object with memory_nodes and memory_edges"
 CHUNK_CHARS = 1 << 20
 _SPACE = " \t\n\r"
 _NUMBER_GOES_ON = re.compile(r"[0-9.eE+-]*\Z")  # only such characters up to the piece's end
 
 
-def rows(handle: TextIO, chunk: int = CHUNK_CHARS) -> Iterator[tuple[str, int, object]]:
+def rows(handle: TextIO, chunk: int = CHUNK_CHARS, *,
+         require_an_array: bool = False) -> Iterator[tuple[str, int, object]]:
     reader = _Reader(handle, chunk)
-    reader.expect("{", "an object with memory_nodes and memory_edges")
+    reader.expect("{", EXPORT_SHAPE)
+    found = False
     if reader.peek() == "}":
         reader.pos += 1
     else:
@@ -42,6 +47,7 @@ def rows(handle: TextIO, chunk: int = CHUNK_CHARS) -> Iterator[tuple[str, int, o
             if not isinstance(key, str):
                 raise ValueError(f"expected a key (a string) at character {at}")
             reader.expect(":", "':'")
+            found = found or key in ARRAYS
             if key in ARRAYS and reader.peek() == "[":
                 reader.pos += 1
                 yield from _elements(reader, key)
@@ -53,13 +59,16 @@ def rows(handle: TextIO, chunk: int = CHUNK_CHARS) -> Iterator[tuple[str, int, o
                 break
     if reader.peek():
         raise ValueError(f"extra data after the object at character {reader.offset}")
+    if require_an_array and not found:
+        raise ValueError(f"expected {EXPORT_SHAPE}, found an object with neither")
 
 
-def count_rows(handle: TextIO, chunk: int = CHUNK_CHARS) -> dict[str, int]:
+def count_rows(handle: TextIO, chunk: int = CHUNK_CHARS, *,
+               require_an_array: bool = False) -> dict[str, int]:
     """Rows per array: reads the whole file through, so a file ``rows`` would fail on part
     way fails here, before anything is done with it."""
     counts = dict.fromkeys(ARRAYS, 0)
-    for key, _, _ in rows(handle, chunk):
+    for key, _, _ in rows(handle, chunk, require_an_array=require_an_array):
         counts[key] += 1
     return counts
 

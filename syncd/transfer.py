@@ -70,9 +70,10 @@ def export_file(client: Client, args: argparse.Namespace) -> int:
 def import_file(client: Client, args: argparse.Namespace,
                 max_body: int = DEFAULT_MAX_BODY_BYTES) -> int:
     """Send the file's rows in batches, reading it a piece at a time (``syncd/jsonrows.py``):
-    once through to check it is an export and count its rows (nothing is sent from a file
-    that is not), then again to send them. ``-`` reads standard input, first copied to a
-    private temporary file (read twice, as a file is). Every refused row is reported by its
+    once through to check it is an export — an object with ``memory_nodes`` or
+    ``memory_edges``, though the daemon's route takes ``{}`` — and count its rows (nothing is
+    sent from a file that is not), then again to send them. ``-`` reads standard input, first
+    copied to a private temporary file (read twice, as a file is). Every refused row is reported by its
     place in the file, whether this command refused it (it is then not sent: the daemon would
     refuse its whole batch) or the daemon did. ``max_body`` is the daemon's request body limit
     (``daemon.max_body_bytes``). A ``ClientError`` part way is raised after what was applied
@@ -82,7 +83,7 @@ def import_file(client: Client, args: argparse.Namespace,
     try:
         with _readable(args.file) as path:
             with path.open(encoding="utf-8-sig") as handle:  # a BOM is not data
-                total = sum(count_rows(handle).values())
+                total = sum(count_rows(handle, require_an_array=True).values())
             batches = _Batches(client, total, max_body)
             with path.open(encoding="utf-8-sig") as handle:  # a BOM is not data
                 for key, index, row in rows(handle):

@@ -8,6 +8,8 @@
     leave the current token in place: the offline grace runs until its ``exp``.
   * ``last_online_error`` says why the last fetch failed, or why the gate refused the token it
     brought; None after a fetch whose token was stored.
+  * After ``stop`` nothing is fetched: the plane client is closing with the daemon, and a
+    request waiting for a check (``syncd sync``) gets ``KeeperStopped``, not a closed session.
 """
 
 from __future__ import annotations
@@ -30,6 +32,14 @@ LOCAL_CHECK_SECS = 60.0
 LOG_EVERY_SECS = 600.0
 
 
+class KeeperStopped(Exception):
+    """An online check asked for while the daemon stops."""
+
+    def __init__(self) -> None:
+        super().__init__("the daemon is stopping, so it did not ask the control plane; try "
+                         "again once it runs again")
+
+
 class Keeper:
     def __init__(self, gate: Gate, client: PlaneClient | None, *, refresh_secs: float) -> None:
         self.gate, self.client, self.refresh_secs = gate, client, refresh_secs
@@ -38,6 +48,7 @@ class Keeper:
         self._last_log = 0.0
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        self._stopped = False
 
     async def start(self) -> None:
         """Evaluate the files now; the first online fetch runs in the background (start-up
@@ -46,6 +57,7 @@ class Keeper:
         self._task = asyncio.create_task(self._loop(), name="entitlement")
 
     async def stop(self) -> None:
+        self._stopped = True  # before the loop's fetch lets go of the lock to a waiting check
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -55,6 +67,8 @@ class Keeper:
         """Fetch a token if a plane is set (and ``online``), then evaluate."""
         async with self._lock:
             if online and self.client is not None:
+                if self._stopped:
+                    raise KeeperStopped
                 await self._fetch(self.client)
             return await asyncio.to_thread(self.gate.evaluate)
 

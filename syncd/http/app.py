@@ -28,6 +28,7 @@ from protocol.rows import (
 )
 from protocol.timestamp import format_ns
 from syncd import __version__
+from syncd.entitlement.keeper import KeeperStopped
 from syncd.http.errors import STORE_STATUS, HttpError, error_response
 from syncd.http.metrics import Metrics
 from syncd.http.security import guards
@@ -94,6 +95,8 @@ async def errors_middleware(request: web.Request,
         return error_response(422, exc.code, exc.message, exc.field)
     except StoreError as exc:
         return error_response(STORE_STATUS.get(exc.code, 500), exc.code, exc.message)
+    except KeeperStopped as exc:
+        return error_response(503, "stopping", str(exc))
     except web.HTTPRequestEntityTooLarge:
         return error_response(413, "too_large", f"request body over {request.app._client_max_size}"
                               " bytes")

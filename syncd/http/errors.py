@@ -3,6 +3,7 @@
     HttpError (status, code)
     ├── store errors mapped by code: invalid → 422, not_found → 404, store_locked/closed → 503,
     │   disk_full → 507
+    ├── an entitlement check asked for while the daemon stops: 503 stopping
     ├── anything unexpected: 500 internal (logged with its traceback, never shown)
     └── protocol failures raised by the middlewares: 400 bad_json, 401 unauthorized,
         403 forbidden_origin, 413 too_large, 415 unsupported_media_type, 421 misdirected_host

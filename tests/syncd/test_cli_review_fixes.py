@@ -1,13 +1,18 @@
 """The command line against real daemons (port 0, temp HOME/XDG), each test a bug a review
 found: a data directory that cannot be created, import files the daemon could never take in one
-piece (too deep, too large, a number JSON cannot carry), another program on the daemon's port, a
-daemon listening on all interfaces, and a control character in a configured path."""
+piece (too deep, too large, a number JSON cannot carry) or that are no export at all, another
+program on the daemon's port, a daemon listening on all interfaces, a control character in a
+configured path, a sync pass that outlasts the client's wait, and a memory.db that cannot be
+opened."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import http.server
 import json
+import os
 import shutil
 import signal
 import socket
@@ -19,8 +24,11 @@ from pathlib import Path
 
 import pytest
 
+from local_store import HashingEmbedder, Store
+from local_store.db import DB_FILENAME
 from syncd.cli import main as cli_main
-from syncd.exits import EXIT_TEMPFAIL
+from syncd.exits import EXIT_CONFIG, EXIT_FAILED, EXIT_TEMPFAIL
+from tests.sync.harness import start_hub
 from tests.syncd.faultproxy import Fault, FaultProxy
 from tests.syncd.processes import env_for, finish, wait_ready
 from tests.syncd.test_daemon import cli, start
@@ -257,6 +265,26 @@ async def test_an_import_that_stops_part_way_says_what_it_applied(tmp_path: Path
         assert (await finish(proc))[0] == 0
 
 
+@pytest.mark.parametrize("document", [{"memories": [node(1, "keep me")]}, {}])
+def test_an_object_that_is_not_an_export_is_refused_before_anything_is_sent(
+        tmp_path: Path, document: dict[str, object]) -> None:
+    """An object with neither memory_nodes nor memory_edges (the wrong file, a misspelt key)
+    was imported as "applied 0 memories", exit 0, its rows dropped without a word. The
+    daemon's own route still takes ``{}`` (the plane's contract); the CLI's file check does
+    not, and refuses it before sending anything: no daemon is needed."""
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    (data / "api-token").write_text("t0k3n-0123456789abcdef0123456789\n")
+    (data / "api-token").chmod(0o600)
+    wrong = tmp_path / "memories.json"
+    wrong.write_text(json.dumps(document))
+    out = syncd_cli(tmp_path, "--data-dir", str(data), "import", str(wrong))
+    assert (out.returncode, out.stdout) == (EXIT_FAILED, ""), out.stderr
+    assert one_line_error(out.stderr), out.stderr
+    assert out.stderr == (f"syncd: {wrong}: expected an object with memory_nodes and "
+                          "memory_edges, found an object with neither\n"), out.stderr
+
+
 # --- the client: another program on the daemon's port ---------------------------------------
 
 @pytest.fixture
@@ -426,3 +454,102 @@ def test_an_importance_that_is_not_a_finite_number_is_a_usage_error(
     assert done.returncode == 2 and "--importance" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
 
+
+# --- sync: a pass that outlasts the client's wait ----------------------------------------------
+
+@contextlib.asynccontextmanager
+async def hung_plane(tmp: Path) -> AsyncIterator[tuple[FaultProxy, dict[str, str]]]:
+    """A control plane that takes every request and never answers (a real hub behind the fault
+    proxy, which holds each request), and the environment that points a daemon at it, with a
+    stop that waits 2 s at most."""
+    hub = await start_hub(tmp / "hub")
+    try:
+        async with FaultProxy(hub.url) as plane:
+            plane.fail_always(Fault("timeout", delay=60.0))
+            token = tmp / "plane-token"
+            await asyncio.to_thread(token.write_text, hub.token + "\n")
+            yield plane, {"SYNCD_CONTROL_PLANE_URL": plane.url,
+                          "SYNCD_CONTROL_PLANE_TOKEN_FILE": str(token),
+                          "SYNCD_DAEMON_SHUTDOWN_TIMEOUT_SECS": "2"}
+    finally:
+        await hub.close()
+
+
+async def test_a_slow_pass_is_not_reported_as_daemon_down(tmp_path: Path) -> None:
+    """`syncd sync` waited its 30 s for a pass held by a hung plane, then said the running
+    daemon "is not running … start it with `syncd run`" (exit 75, which a service manager
+    reads as temporary). A request sent and not answered in time is a failed request (exit 1)
+    that says where to look. The wait is 2 s here (``--timeout``)."""
+    data = tmp_path / "data"
+    async with hung_plane(tmp_path) as (_, plane):
+        proc = await start(data, "--listen", "127.0.0.1:0", **plane)
+        url = await wait_ready(proc)
+        try:
+            code, out, err = await cli(data, "sync", "--timeout", "2")
+            assert proc.returncode is None  # the daemon ran all along
+            assert (code, out) == (EXIT_FAILED, ""), err
+            assert one_line_error(err), err
+            assert err.startswith(f"syncd: the daemon at {url} did not answer POST "
+                                  "/v1/agent/sync/run within 2 s; it is still running"), err
+            assert err.rstrip().endswith("`syncd status` shows how it went"), err
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            code, err = await finish(proc)
+    assert code == 0 and "Traceback" not in err, err
+
+
+# --- a memory.db that cannot be opened -----------------------------------------------------------
+
+def run_daemon(data: Path, home: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "syncd", "--data-dir", str(data), "run",
+                           "--listen", "127.0.0.1:0"], capture_output=True, text=True,
+                          env=env_for(home), timeout=60, check=False)
+
+
+def test_a_memory_db_that_is_a_directory_is_exit_2_in_one_line(tmp_path: Path) -> None:
+    """SQLite cannot open it (SQLITE_CANTOPEN): a traceback and exit 75 ("temporary: restart"),
+    which a service manager repeats forever."""
+    data = tmp_path / "data"
+    (data / DB_FILENAME).mkdir(parents=True)
+    out = run_daemon(data, tmp_path)
+    assert out.returncode == EXIT_CONFIG, out.stderr
+    assert one_line_error(out.stderr), out.stderr
+    assert out.stderr == (f"syncd: {data / DB_FILENAME} cannot be used: unable to open "
+                          "database file: it is a directory, not a database file\n")
+
+
+async def create_store(data: Path) -> None:
+    async with await Store.open(data, embedder=HashingEmbedder()):
+        pass
+
+
+@contextlib.contextmanager
+def unwritable(path: Path) -> Iterator[None]:
+    """``path`` made a file this process may not write: mode 0444, or for root, whom modes do
+    not stop, the immutable attribute (where the file system has it)."""
+    if os.geteuid() != 0:
+        path.chmod(0o444)
+        yield
+        return
+    if shutil.which("chattr") is None or subprocess.run(
+            ["chattr", "+i", str(path)], capture_output=True, check=False).returncode:
+        pytest.skip("running as root, and no immutable attribute (chattr +i) here")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+def test_a_memory_db_syncd_may_not_write_is_exit_2_in_one_line(tmp_path: Path) -> None:
+    """SQLite opens a file it may not write (another user's, read-only) read-only, without a
+    word, and a store already migrated writes nothing while it opens: the daemon failed at its
+    first write instead, with a traceback and exit 75."""
+    data = tmp_path / "data"
+    asyncio.run(create_store(data))
+    with unwritable(data / DB_FILENAME):
+        out = run_daemon(data, tmp_path)
+    assert out.returncode == EXIT_CONFIG, out.stderr
+    assert one_line_error(out.stderr), out.stderr
+    assert out.stderr.startswith(
+        f"syncd: {data / DB_FILENAME} cannot be used: attempt to write a readonly database: "
+        f"syncd runs as uid {os.getuid()} and must be able to read and write it"), out.stderr

@@ -441,8 +441,12 @@ def _service(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     if args.action == "uninstall":
         return service.uninstall(platform)
     config = (args.config or default_config_path()).expanduser().absolute()
+    daemon = settings["config"].daemon
+    socket = None if daemon.unix_socket is None else daemon.unix_socket.absolute()
     paths = service.Paths(config=config, data_dir=Path(settings["data_dir"]).absolute(),
-                          log_dir=Path.home() / "Library" / "Logs" / "syncd")
+                          log_dir=Path.home() / "Library" / "Logs" / "syncd",
+                          socket_dir=None if socket is None else socket.parent,
+                          shutdown_secs=daemon.shutdown_timeout_secs)
     try:  # a path a unit cannot hold is refused before anything is written
         if args.print_only:
             sys.stdout.write(service.render(platform, paths))

@@ -19,6 +19,7 @@ Rules:
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -41,6 +42,20 @@ class Paths:
     config: Path
     data_dir: Path
     log_dir: Path
+    # The directory of ``daemon.unix_socket`` when it lies outside the data directory: the
+    # daemon creates the socket there, and the unit leaves only the data directory writable.
+    socket_dir: Path | None = None
+    # ``daemon.shutdown_timeout_secs``: the service manager must wait longer than the drain.
+    shutdown_secs: float = 10.0
+
+
+STOP_MARGIN_SECS = 20  # beyond the drain: closing the store, a last WAL checkpoint
+MIN_STOP_SECS = 30
+
+
+def stop_timeout(paths: Paths) -> int:
+    """Seconds the service manager waits for a stop before killing the daemon."""
+    return max(MIN_STOP_SECS, math.ceil(paths.shutdown_secs) + STOP_MARGIN_SECS)
 
 
 def default_platform() -> str:
@@ -94,7 +109,12 @@ def render_systemd(paths: Paths, command: list[str] | None = None) -> str:
                      .replace("{{CONFIG}}", _systemd_word(str(paths.config), command=argument))
                      .replace("{{DATA_DIR}}", _systemd_word(str(paths.data_dir),
                                                             command=argument)))
-    unit = "".join(lines)
+    unit = "".join(lines).replace(f"\nTimeoutStopSec={MIN_STOP_SECS}\n",
+                                  f"\nTimeoutStopSec={stop_timeout(paths)}\n")
+    if paths.socket_dir is not None and not paths.socket_dir.is_relative_to(paths.data_dir):
+        # "-": a directory missing at start is skipped rather than failing the unit
+        unit = unit.replace("\nReadWritePaths=", "\nReadWritePaths=" + _systemd_word(
+            f"-{paths.socket_dir}") + " ", 1)
     if any(_in_tmp(path) for path in (paths.data_dir, paths.config)):
         unit = unit.replace("\nPrivateTmp=yes\n", "\n" + PRIVATE_TMP_OFF)
     return unit
@@ -120,6 +140,9 @@ def render_launchd(paths: Paths, command: list[str] | None = None) -> str:
             text = text.replace(line, "".join(f"{indent}<string>{escape(a)}</string>\n"
                                               for a in command))
             break
+    text = text.replace("\t<key>ThrottleInterval</key>", "\t<key>ExitTimeOut</key>\n"
+                        f"\t<integer>{stop_timeout(paths)}</integer>\n"
+                        "\t<key>ThrottleInterval</key>", 1)
     return (text.replace("{{CONFIG}}", escape(str(paths.config)))
             .replace("{{DATA_DIR}}", escape(str(paths.data_dir)))
             .replace("{{LOG_DIR}}", escape(str(paths.log_dir))))

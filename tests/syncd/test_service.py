@@ -92,6 +92,34 @@ def test_a_data_dir_under_tmp_turns_the_private_tmp_off(tmp_path: Path) -> None:
         analyze_verify(path)
 
 
+def test_the_units_leave_the_socket_dir_writable_and_outwait_the_drain(tmp_path: Path) -> None:
+    """A unix socket outside the data directory needs its directory writable (the unit makes
+    every other path read-only), and the service manager must wait out a long drain before it
+    kills the daemon (it waited 30 s whatever ``shutdown_timeout_secs`` said)."""
+    home, data, run = tmp_path / "home", tmp_path / "data", tmp_path / "run dir"
+    config = tmp_path / "syncd.toml"
+    config.write_text(f'[daemon]\nunix_socket = "{run}/syncd.sock"\n'
+                      "shutdown_timeout_secs = 100\n")
+    out = syncd_cli(home, "--config", str(config), "--data-dir", str(data), "service",
+                    "install", "--systemd", "--print")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert f'ReadWritePaths="-{run}" {data}' in lines, out.stdout
+    assert "TimeoutStopSec=120" in lines
+    path = tmp_path / "syncd.service"
+    path.write_text(out.stdout)
+    analyze_verify(path)
+    out = syncd_cli(home, "--config", str(config), "--data-dir", str(data), "service",
+                    "install", "--launchd", "--print")
+    assert out.returncode == 0, out.stderr
+    assert plistlib.loads(out.stdout.encode())["ExitTimeOut"] == 120
+    config.write_text(f'[daemon]\nunix_socket = "{data}/syncd.sock"\n')  # inside: as it was
+    out = syncd_cli(home, "--config", str(config), "--data-dir", str(data), "service",
+                    "install", "--systemd", "--print")
+    assert f"ReadWritePaths={data}" in out.stdout.splitlines(), out.stdout
+    assert "TimeoutStopSec=30" in out.stdout.splitlines()
+
+
 def test_launchd_plist_renders_and_parses(tmp_path: Path) -> None:
     home, data = tmp_path / "home", tmp_path / "data"
     out = syncd_cli(home, "--data-dir", str(data), "service", "install", "--launchd", "--print")
@@ -105,6 +133,7 @@ def test_launchd_plist_renders_and_parses(tmp_path: Path) -> None:
                          str(data), "run"]
     assert plist["RunAtLoad"] is True and plist["KeepAlive"] == {"SuccessfulExit": False}
     assert plist["ThrottleInterval"] == 10 and plist["ProcessType"] == "Background"
+    assert plist["ExitTimeOut"] == 30  # launchd's own default, 20 s, is under the drain's
     assert plist["StandardOutPath"].startswith(f"{home}/Library/Logs/syncd/")
     assert plist["StandardErrorPath"].startswith(f"{home}/Library/Logs/syncd/")
     assert plist["EnvironmentVariables"] == {}

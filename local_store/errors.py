@@ -32,7 +32,15 @@ class ValidationError(StoreError):
 
 
 class NotFoundError(StoreError):
+    """``field``: the argument that named the missing id, read from the ``"field: "`` every
+    raise starts its message with (``None`` without one), so the error shape can name it."""
+
     code = "not_found"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        name, colon, _ = message.partition(": ")
+        self.field = name if colon and name.isidentifier() else None
 
 
 class StoreLockedError(StoreError):

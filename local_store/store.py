@@ -697,6 +697,8 @@ class Store:
     async def recall(self, request: QueryRequest | Mapping[str, object], *,
                      mode: Mode = "syncd", graph: bool = True) -> QueryResponse:
         """Hybrid recall (``POST /v1/agent/memory/query``); ``graph=False`` when gated."""
+        if self._closed:  # its thread pools are shut down: say so, as writes and reads do
+            raise StoreClosedError("the store is closed")
         if not isinstance(request, QueryRequest):
             try:
                 request = msgspec.convert(dict(request), QueryRequest)

@@ -5,7 +5,8 @@ the value to send back, or ``None`` when there is nothing to send (only notifica
 
 Rules:
   * A request (a message with an ``id``) always gets exactly one response; a notification (no
-    ``id``) never gets one. A malformed message gets an ``Invalid Request`` error with id null.
+    ``id``) never gets one. A malformed message gets an ``Invalid Request`` error with id null;
+    so does a request whose id is null (MCP, unlike base JSON-RPC: "the ID MUST NOT be null").
   * Tool failures the agent caused (bad arguments, unknown ids) are tool *results* with
     ``isError: true`` and the one error shape ``{"error": {"code", "message", "field"}}`` as
     text, so the agent reads them; an unknown tool name is a JSON-RPC -32602.
@@ -103,10 +104,11 @@ def _tool_error(code: str, message: str, field: str | None) -> dict[str, Any]:
 
 
 def _valid_id(value: object) -> bool:
-    """A string, a number that can be echoed as it came (not 1e400, read as infinity) or null."""
+    """A string or a number that can be echoed as it came (not 1e400, read as infinity). Never
+    null: MCP requires an id a client can match its answer to."""
     if isinstance(value, float):
         return math.isfinite(value)
-    return value is None or (isinstance(value, str | int) and not isinstance(value, bool))
+    return isinstance(value, str | int) and not isinstance(value, bool)
 
 
 def _shown(name: str, limit: int = 80) -> str:
@@ -191,7 +193,7 @@ class McpServer:
         request_id = message.get("id")
         if has_id and not _valid_id(request_id):
             return error_response(None, INVALID_REQUEST,
-                                  "Invalid Request: id must be a string, a number or null")
+                                  "Invalid Request: id must be a string or a number")
         reply_id = request_id if has_id else None
         if message.get("jsonrpc") != JSONRPC:
             return error_response(reply_id, INVALID_REQUEST,

@@ -23,6 +23,7 @@ import asyncio
 import concurrent.futures
 import json
 import logging
+import math
 import os
 import sys
 import threading
@@ -91,10 +92,11 @@ def token_from_file(path: str | os.PathLike[str]) -> TokenSource:
 
 
 def _request_ids(payload: object) -> list[object]:
-    """The ids of the requests in a message or batch (notifications have none)."""
+    """The ids of the requests in a message or batch (notifications have none); one JSON cannot
+    carry back (1e400, read as infinity) is null, as the daemon answers it."""
     messages = payload if isinstance(payload, list) else [payload]
-    return [m.get("id") for m in messages if isinstance(m, dict) and "id" in m
-            and "method" in m]
+    ids = [m.get("id") for m in messages if isinstance(m, dict) and "id" in m and "method" in m]
+    return [None if isinstance(i, float) and not math.isfinite(i) else i for i in ids]
 
 
 def _errors_for(payload: object, code: int, message: str) -> object | None:
@@ -112,14 +114,26 @@ def _opens_session(payload: object) -> bool:
                for m in messages)
 
 
+def _read_json(data: bytes | str) -> object:
+    """JSON as the daemon reads it (``syncd.mcp.decode_message``): ``NaN`` and ``Infinity``
+    are not JSON, and an id spelled so would be echoed into a line that is not JSON either."""
+    return json.loads(data, parse_constant=_not_json)
+
+
+def _not_json(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON value")
+
+
 def _encode_line(value: object) -> bytes:
-    """One JSON line. Text that UTF-8 cannot carry (a lone surrogate, which ``json`` reads from
-    ``"\\ud800"`` in an id) goes out as JSON escapes, as it came in: encoding must never fail,
-    or the write's error would be taken for a closed stdout."""
+    """One line of JSON. Text that UTF-8 cannot carry (a lone surrogate, which ``json`` reads
+    from ``"\\ud800"`` in an id) goes out as JSON escapes, as it came in. A number JSON cannot
+    spell (infinity) raises ``ValueError``: stdout carries JSON and nothing else."""
     try:
-        text = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False,
+                          separators=(",", ":")).encode("utf-8")
     except UnicodeEncodeError:
-        text = json.dumps(value, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+        text = json.dumps(value, ensure_ascii=True, allow_nan=False,
+                          separators=(",", ":")).encode("ascii")
     return text + b"\n"
 
 
@@ -135,7 +149,7 @@ class _Bridge:
     async def forward(self, line: bytes) -> object | None:
         """The answer to one stdin line (``None``: nothing to write)."""
         try:
-            payload = json.loads(line)
+            payload = _read_json(line)
         except RecursionError:  # too deep to read, here as in the daemon
             return {"jsonrpc": "2.0", "id": None,
                     "error": {"code": PARSE_ERROR, "message": "Parse error: JSON nested too "
@@ -178,7 +192,7 @@ class _Bridge:
             return None
         if 200 <= status < 300:
             try:
-                answer: object = json.loads(text)
+                answer: object = _read_json(text)
             except ValueError:
                 raise _DaemonError(f"syncd daemon at {self.base} sent a reply that is not "
                                    "JSON") from None
@@ -263,14 +277,16 @@ async def run_stdio_bridge(url: str, token: str | TokenSource, *, stdin: IO[byte
                 continue
             try:
                 answer = await bridge.forward(line)
+                data = None if answer is None else _encode_line(answer)
             except Exception:  # never crash: a bug here costs one message, not the session
                 log.exception("forwarding a message failed")
                 answer = _errors_for(_safe_json(line), DAEMON_ERROR,
                                      "syncd mcp bridge failed on this message; see its stderr")
-            if answer is None:
+                data = None if answer is None else _encode_line(answer)
+            if data is None:
                 continue
             try:
-                await asyncio.to_thread(_write, sink, _encode_line(answer))
+                await asyncio.to_thread(_write, sink, data)
             except (OSError, ValueError) as exc:
                 log.warning("stdout is closed (%s); stopping", exc)
                 return 0
@@ -286,7 +302,7 @@ def _fixed(token: str) -> TokenSource:
 def _safe_json(line: bytes) -> object:
     """``line`` decoded, or ``None``: called from the handler that must not fail itself."""
     try:
-        return json.loads(line)
+        return _read_json(line)
     except (ValueError, RecursionError):
         return None
 

@@ -8,7 +8,10 @@ Rules:
   * Every tool accepts ``conversationId`` and ``memoryContext``. The result always carries the
     ``conversationId`` (generated when missing) and, when there is a context (or a search
     query), ``relevant_memories``: the top one or two active memories, collapsed by
-    ``dedupe_key``, repeated on later calls of the same conversation.
+    ``dedupe_key``, repeated on later calls of the same conversation while they stay active
+    (each read again, so a deleted or archived one drops out and purged text is not repeated).
+  * Every argument is checked by the strict redactor before any handler runs, so a value no
+    UTF-8 text can hold is refused naming its field, with nothing written.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from local_store import Store, ValidationError
+from local_store import NotFoundError, Store, ValidationError
 from local_store.records import (
     MAX_CONTENT_CHARS,
     MAX_KEY_CHARS,
@@ -391,6 +394,10 @@ class Surfacer:
             raise ValidationError("name", f"unknown tool {strip_private(name)[:80]!r}")
         if not isinstance(args, Mapping):
             raise ValidationError("arguments", "must be a JSON object")
+        # A lone surrogate (JSON spells one "\ud800") in an argument the store does not read
+        # strictly (conversationId, an id, realms) failed as an internal error, after the
+        # write in conversationId's case: the strict redactor refuses it here, naming it.
+        strip_json_object(args)
         params = dict(args)
         conversation = params.pop("conversationId", None)
         context = params.pop("memoryContext", None)
@@ -413,19 +420,44 @@ class Surfacer:
     async def _surface(self, store: Store, conversation: str, hint: str | None,
                        found: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
         """Top direct matches for the hint (or from a search's own answer), newest first,
-        merged with what this conversation already surfaced."""
-        known = self._seen.pop(conversation, [])
+        merged with what this conversation already surfaced, each read again (``_current``).
+        The list is taken and written back with no await in between: a parallel call of the
+        same conversation keeps what it added, and sees what this one surfaced."""
         if found is None and hint and hint.strip():
             answer = await store.recall({"query": hint, "limit": 8, "expand_hops": 0})
             found = msgspec.to_builtins(answer.memories)
-        if found:
-            fresh = [{"id": m["id"], "subject": m["title"] or m["memory_type"],
-                      "summary": m["content_preview"].splitlines()[0][:160] if
-                      m["content_preview"] else ""}
-                     for m in found if not m["fallback"] and m["via"] is None][:SURFACE_TOP]
-            ids = {m["id"] for m in known}
-            known = ([m for m in fresh if m["id"] not in ids] + known)[:SURFACE_TOP * 2]
+        fresh = [_brief(m) for m in found or ()
+                 if not m["fallback"] and m["via"] is None][:SURFACE_TOP]
+        now: dict[str, dict[str, Any] | None] = {m["id"]: m for m in fresh}
+        now.update(await _current(store, [m["id"] for m in self._seen.get(conversation, ())
+                                          if m["id"] not in now]))
+        kept = [now.get(m["id"], m) for m in self._seen.pop(conversation, [])]
+        known = [m for m in kept if m is not None]
+        shown = {m["id"] for m in known}
+        known = ([m for m in fresh if m["id"] not in shown] + known)[:SURFACE_TOP * 2]
         self._seen[conversation] = known
         while len(self._seen) > MAX_CONVERSATIONS:
             self._seen.popitem(last=False)
         return known
+
+
+def _brief(memory: Mapping[str, Any]) -> dict[str, Any]:
+    preview = memory["content_preview"]
+    return {"id": memory["id"], "subject": memory["title"] or memory["memory_type"],
+            "summary": preview.splitlines()[0][:160] if preview else ""}
+
+
+async def _current(store: Store, ids: list[str]) -> dict[str, dict[str, Any] | None]:
+    """Each memory as the store holds it now, or ``None`` where recall would no longer find
+    it (deleted, archived, invalidated): a hard delete purges the text, which must not keep
+    being served from this cache. At most ``SURFACE_TOP * 2`` ids, each a primary-key read."""
+    briefs: dict[str, dict[str, Any] | None] = {}
+    for memory_id in ids:
+        try:
+            memory = await store.get(memory_id)
+        except NotFoundError:
+            briefs[memory_id] = None
+            continue
+        active = memory["status"] != "archived" and memory["invalid_at"] is None
+        briefs[memory_id] = _brief(memory) if active else None
+    return briefs

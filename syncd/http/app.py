@@ -94,7 +94,8 @@ async def errors_middleware(request: web.Request,
     except ValidationError as exc:
         return error_response(422, exc.code, exc.message, exc.field)
     except StoreError as exc:
-        return error_response(STORE_STATUS.get(exc.code, 500), exc.code, exc.message)
+        return error_response(STORE_STATUS.get(exc.code, 500), exc.code, exc.message,
+                              getattr(exc, "field", None))  # not found: the id's argument
     except KeeperStopped as exc:
         return error_response(503, "stopping", str(exc))
     except web.HTTPRequestEntityTooLarge:

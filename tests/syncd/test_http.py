@@ -45,6 +45,17 @@ async def test_save_query_get_delete_round_trip(daemon: Daemon) -> None:
     assert status == 404 and isinstance(err, dict) and err["error"]["code"] == "not_found"
 
 
+async def test_a_rest_not_found_names_the_argument_that_named_the_id(daemon: Daemon) -> None:
+    """As MCP's tool errors do: the field was null, the argument only the message's prefix."""
+    status, saved, _ = await daemon.call("POST", "/v1/agent/memory/tools/save_memory",
+                                         json={"content": "judge me"})
+    assert status == 200 and isinstance(saved, dict)
+    status, err, _ = await daemon.call("POST", "/v1/agent/memory/tools/memory_judge", json={
+        "memory_id": saved["node_id"], "target_id": "memory:nope", "verdict": "related"})
+    assert status == 404 and isinstance(err, dict), err
+    assert (err["error"]["code"], err["error"]["field"]) == ("not_found", "target_id")
+
+
 async def test_export_changes_import(daemon: Daemon) -> None:
     await daemon.call("POST", "/v1/agent/memory/tools/save_memory",
                       json={"content": "one", "realm": "a"})

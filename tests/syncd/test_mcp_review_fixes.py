@@ -1,6 +1,9 @@
 """Review fixes in the MCP and HTTP layer: bodies too deep to decode, valid JSON msgspec refuses,
 the ``MCP-Protocol-Version`` header, an unknown tool route, the ``conversationId`` cap, field
-names in msgspec errors, and no ``<private>`` text echoed in an error or a log line (P7).
+names in msgspec errors, no ``<private>`` text echoed in an error or a log line (P7); then a
+lone surrogate in any tool argument, surfaced memories read again (and not lost to parallel
+calls), strict JSON through the stdio bridge, recall on a closed store, null ids, and the
+field of a not-found error.
 
 Real stores, real aiohttp servers on port 0, a real ``syncd mcp`` subprocess; no mocks.
 """
@@ -35,6 +38,7 @@ from syncd.mcp import (
 from syncd.mcp_stdio import _safe_json
 from syncd.tools import Surfacer
 from tests.syncd.conftest import TOKEN, Daemon
+from tests.syncd.test_mcp_stdio import bridge_argv, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE = 60.0
@@ -364,3 +368,184 @@ async def test_hub_refusal_log_does_not_echo_a_private_path(
         await store.close()
     assert "refused GET /v1/agent/x[redacted]" in caplog.text
     assert CANARY not in caplog.text
+
+
+# ---------------------------------------------------------------------- every argument is text
+
+
+@pytest.mark.parametrize(("name", "arguments", "field"), [
+    ("save_memory", b'{"content":"kept out","conversationId":"c\\ud800"}', "conversationId"),
+    ("update_memory_status", b'{"memory_id":"a\\ud800","status":"active"}', "memory_id"),
+    ("memory_search", b'{"query":"x","realms":["r\\ud800"]}', "realms"),
+    ("list_memories", b'{"memoryContext":"\\udc00"}', "memoryContext"),
+])
+async def test_a_lone_surrogate_in_any_argument_is_refused_before_the_tool_runs(
+        server: McpServer, store: Store, name: str, arguments: bytes, field: str) -> None:
+    """Arguments the store does not read strictly reached the handler: a conversationId was
+    saved with, then failed encoding the result (-32603, the memory written); an id or a realm
+    failed in SQLite as an ``internal`` tool error with no field."""
+    await store.save({"content": "already here"})
+    before = await store.dump()
+    raw = await server.handle_bytes(
+        b'{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"%s","arguments":%s}}'
+        % (name.encode(), arguments))
+    assert raw is not None
+    answer = json.loads(raw)
+    assert answer["id"] == 9 and answer["result"]["isError"] is True, answer
+    error = answer["result"]["structuredContent"]["error"]
+    assert (error["code"], error["field"]) == ("invalid", field), error
+    assert "surrogate" in error["message"]
+    assert await store.dump() == before
+
+
+async def test_http_mcp_refuses_a_lone_surrogate_conversation_id_writing_nothing(
+        daemon: Daemon) -> None:
+    status, answer = await post(daemon, "/mcp/v1", (
+        b'{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"save_memory",'
+        b'"arguments":{"content":"written anyway","conversationId":"\\udc00"}}}'))
+    assert status == 200 and answer["id"] == 7 and answer["result"]["isError"] is True, answer
+    assert answer["result"]["structuredContent"]["error"]["field"] == "conversationId"
+    assert (await daemon.store.list_memories({}))["rows"] == []
+
+
+# ---------------------------------------------------------------------- surfaced memories
+
+
+async def surfaced_in(server: McpServer, conversation: str, **extra: str) -> list[Any]:
+    result = await tool_result(server, "list_memories", {"conversationId": conversation,
+                                                         **extra})
+    assert result["isError"] is False, result
+    surfaced: list[Any] = result["structuredContent"].get("relevant_memories", [])
+    return surfaced
+
+
+async def test_surfaced_memories_are_repeated_only_while_active_and_as_stored_now(
+        server: McpServer, store: Store) -> None:
+    """The conversation's cache was repeated as it was: a hard-deleted memory's purged text,
+    an archived or a superseded memory kept being surfaced, an edited one with its old text."""
+    texts = ["zebra-canary-4411 launch codes", "zebra archive plan", "zebra rollout plan v1",
+             "zebra on-call rota: Ann"]
+    purged, archived, superseded, edited = [
+        await store.save({"content": text, "topic_key": f"t{i}"}) for i, text in enumerate(texts)]
+    for memory, text in zip((purged, archived, superseded, edited), texts, strict=True):
+        found = await tool_result(server, "memory_search", {
+            "query": text, "conversationId": memory["node_id"]})
+        assert found["structuredContent"]["relevant_memories"][0]["id"] == memory["node_id"]
+
+    await store.delete(purged["node_id"], hard=True)
+    await store.update_status(archived["node_id"], "archived")
+    newer = await store.save({"content": "zebra rollout plan v2"})
+    await store.judge(newer["node_id"], superseded["node_id"], "supersedes")
+    await store.save({"content": "zebra on-call rota: Bo", "topic_key": "t3"})
+
+    for memory in (purged, archived, superseded):
+        later = await surfaced_in(server, memory["node_id"])
+        assert memory["node_id"] not in {m["id"] for m in later}, later
+        assert "zebra-canary-4411" not in json.dumps(later)
+    [rota] = await surfaced_in(server, edited["node_id"])
+    assert rota["id"] == edited["node_id"] and rota["summary"] == "zebra on-call rota: Bo"
+
+
+async def test_parallel_calls_of_one_conversation_keep_what_was_surfaced(
+        server: McpServer) -> None:
+    """``_surface`` popped the conversation's list, awaited a recall, then wrote it back: a
+    call of the same conversation meanwhile answered without the surfaced memories, and one of
+    the two writes was lost."""
+    await tool_result(server, "save_memory", {"content": "alpha deploy uses blue green rollout"})
+    first = await tool_result(server, "memory_search", {"query": "alpha deploy rollout",
+                                                        "conversationId": "conv-p"})
+    surfaced = {m["id"] for m in first["structuredContent"]["relevant_memories"]}
+    assert surfaced
+    for _ in range(20):
+        answers = await asyncio.gather(
+            surfaced_in(server, "conv-p", memoryContext="alpha deploy rollout"),
+            surfaced_in(server, "conv-p"))
+        for answer in answers:
+            assert surfaced <= {m["id"] for m in answer}, answer
+
+
+# ---------------------------------------------------------------------- stdio: JSON only
+
+
+async def test_stdio_bridge_writes_only_json_for_non_finite_ids_without_a_daemon(
+        tmp_path: Path) -> None:
+    """The bridge read lines with a plain ``json.loads`` (NaN accepted) and echoed the id into
+    its -32000 error: ``"id":NaN`` (or ``Infinity`` for 1e400) on stdout is not JSON."""
+    token_file = tmp_path / "api-token"
+    token_file.write_text(TOKEN + "\n")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, *bridge_argv(f"http://127.0.0.1:{free_port()}", token_file,
+                                     "--initialize-wait", "0"),
+        cwd=REPO, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(
+            b'{"jsonrpc":"2.0","id":NaN,"method":"ping"}\n'
+            b'{"jsonrpc":"2.0","id":1e400,"method":"ping"}\n'
+            b'{"jsonrpc":"2.0","id":3,"method":"ping"}\n'), DEADLINE)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0
+
+    def strict(name: str) -> object:
+        raise AssertionError(f"{name} on stdout: not JSON")
+
+    answers = [json.loads(line, parse_constant=strict) for line in out.splitlines()]
+    assert [(a["id"], a["error"]["code"]) for a in answers] == [
+        (None, PARSE_ERROR), (None, -32000), (3, -32000)], answers
+
+
+# ---------------------------------------------------------------------- closed store
+
+
+async def test_recall_tools_on_a_closed_store_answer_store_closed(store: Store) -> None:
+    """Recall ran on the closed store's shut-down thread pool: RuntimeError "cannot schedule
+    new futures after shutdown", an ``internal`` error where every other tool says
+    ``store_closed``."""
+    server = McpServer(store, Surfacer())
+    await store.save({"content": "hello world"})
+    await store.close()
+    for name, arguments in (("memory_search", {"query": "hello"}),
+                            ("recall_memory", {"query": "hello"}),
+                            ("verify_memory", {"content": "hello world"}),
+                            ("list_memories", {"memoryContext": "hello"})):
+        result = await tool_result(server, name, arguments)
+        error = result["structuredContent"]["error"]
+        assert error["code"] == "store_closed", (name, error)
+
+
+# ---------------------------------------------------------------------- ids and fields
+
+
+async def test_a_request_with_a_null_id_is_an_invalid_request(
+        server: McpServer, store: Store) -> None:
+    """MCP: "Unlike base JSON-RPC, the ID MUST NOT be null." It was answered (and run) as any
+    request, with an answer the client cannot match to it."""
+    before = await store.dump()
+    for method, params in (("ping", None), ("tools/call", {
+            "name": "save_memory", "arguments": {"content": "not saved"}})):
+        raw = await server.handle_bytes(rpc(None, method, params))
+        assert raw is not None
+        answer = json.loads(raw)
+        assert answer["id"] is None and answer["error"]["code"] == INVALID_REQUEST, answer
+        assert "result" not in answer
+    assert await store.dump() == before
+
+
+async def test_a_not_found_error_names_the_argument_that_named_the_id(
+        server: McpServer, store: Store) -> None:
+    """The field was null; the argument's name was only the message's prefix."""
+    saved = await store.save({"content": "judge me"})
+    missing = "memory:nope"
+    for name, arguments, field in (
+            ("memory_judge", {"memory_id": saved["node_id"], "target_id": missing,
+                              "verdict": "related"}, "target_id"),
+            ("memory_judge", {"memory_id": missing, "target_id": saved["node_id"],
+                              "verdict": "related"}, "memory_id"),
+            ("get_memory", {"memory_id": missing}, "memory_id"),
+            ("delete_memory", {"memory_id": missing}, "memory_id")):
+        result = await tool_result(server, name, arguments)
+        error = result["structuredContent"]["error"]
+        assert (error["code"], error["field"]) == ("not_found", field), (name, error)

@@ -114,8 +114,17 @@ async def errors_middleware(request: web.Request,
 
 def shown_path(request: web.Request, limit: int = 200) -> str:
     """The request's path fit for a message or a log line: redacted (a path can hold an id or a
-    name the client chose, so a ``<private>`` span), then shortened."""
-    return strip_private(request.path)[:limit]
+    name the client chose, so a ``<private>`` span), control characters escaped (a decoded
+    ``%0a`` would otherwise start a forged log line: a newline is shown as ``\\n``), then
+    shortened."""
+    return _CONTROL.sub(_escaped, strip_private(request.path))[:limit]
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # C0, DEL, C1, line separators
+
+
+def _escaped(found: re.Match[str]) -> str:
+    return found.group().encode("unicode_escape").decode("ascii")  # "\n" → "\\n"
 
 
 async def read_json(request: web.Request) -> Any:

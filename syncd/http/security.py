@@ -1,16 +1,17 @@
 """The local API's guards, in the order they run (RELIABILITY L1–L7). Each answers before any
 handler runs, so a refused request can never change the store.
 
-1. Host allow-list (DNS rebinding): ``localhost``, ``127.0.0.1``, ``[::1]`` (any port) plus
-   configured names; anything else → 421.
+1. Host allow-list (DNS rebinding): ``localhost``, ``127.0.0.1``, ``[::1]`` (any port
+   1–65535) plus configured names; anything else → 421.
 2. Browser requests from other origins: an ``Origin`` that is not exactly this server's
    (scheme, host and port: a page of another local program on another port is foreign too),
    ``null``, or ``Sec-Fetch-Site: cross-site`` → 403. No response ever carries ``Access-Control-Allow-*``.
 3. Bearer token on every route but the data-free ``/healthz``, ``/`` and ``/static/*`` (and
    ``/ui/login``, whose one-time code is the credential), compared in constant time; a token in
    the query string is refused outright (it leaks into logs and history) → 401. Instead of the
-   token, a browser may present the web page's session cookie (``web.py``: own origin only,
-   CSRF token on writes).
+   token, a browser may present the web page's session cookie together with the session's key
+   in ``X-CSRF-Token`` on every request (``web.py``: own origin only; the cookie alone is
+   nothing, since the browser also sends it to other servers on this host, whatever their port).
 4. Writes must be ``application/json`` → 415; bodies over the limit → 413 (aiohttp enforces
    ``client_max_size`` while reading, so memory stays bounded).
 """
@@ -18,7 +19,6 @@ handler runs, so a refused request can never change the store.
 from __future__ import annotations
 
 import hmac
-import re
 from collections.abc import Awaitable, Callable, Iterable
 
 from aiohttp import web
@@ -26,7 +26,7 @@ from aiohttp import web
 from syncd.config import LOOPBACK_HOST_NAMES
 from syncd.http import web as web_pages
 from syncd.http.errors import error_response
-from syncd.http.web import SESSION_KEY, check_session_request, own_origin, session_of
+from syncd.http.web import SESSION_KEY, check_session_request, own_origin, session_of, split_host
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -36,16 +36,13 @@ TOKEN_QUERY_KEYS = frozenset({"token", "access_token", "api_key", "apikey", "aut
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
-_HOST = re.compile(r"(\[[^\]]*\]|[^:\[\]]*)(?::(\d{1,5}))?")
-
-
 def host_name(header: str) -> str:
     """``Host`` without its port: ``[::1]:7777`` → ``[::1]``, ``localhost:1`` → ``localhost``.
     Anything else after the name (``[::1]evil.com``, ``localhost:7777@evil.com``, a port that is
-    not digits) is returned whole, so it matches no allowed name."""
+    not digits or not 1–65535) is returned whole, so it matches no allowed name."""
     header = header.strip().lower()
-    found = _HOST.fullmatch(header)
-    return found.group(1) if found else header
+    found = split_host(header)
+    return found[0] if found else header
 
 
 def guards(token: str, extra_hosts: Iterable[str] = ()) -> web.middleware:  # type: ignore[valid-type]

@@ -5,7 +5,10 @@ Rules:
     ``/healthz``; the page shows nothing until it has a session.
   * Login is a one-time URL: ``syncd open`` asks ``POST /ui/login-codes`` (bearer) for a code —
     32 random bytes, single use, valid ``CODE_TTL_SECS`` — and prints (or opens)
-    ``/ui/login?code=…``. Visiting it swaps the code for a session and redirects to ``/``.
+    ``/ui/login?code=…``. Visiting it swaps the code for a session and redirects to
+    ``/#key=<the session's key>``: a fragment never reaches a server (nor, with
+    ``Referrer-Policy: no-referrer``, another site); the page moves it into the tab's
+    ``sessionStorage`` and takes it out of the address bar at once.
   * A session is a random id in a cookie named after the daemon's port (cookies ignore ports:
     another daemon on this host must not overwrite it): ``HttpOnly`` (page scripts cannot read
     it), ``SameSite=Strict`` (other sites' pages cannot send it), ``Path=/``. Sessions live in
@@ -14,11 +17,20 @@ Rules:
   * Each token keeps at most ``MAX_SESSIONS_PER_TOKEN`` sessions: one more ends that token's
     oldest, never another token's (the daemon has one token; a hub has many, and its page keeps
     its sessions in the hub's store, shared by every hub process: ``syncd/hub/app.py``).
-  * A session authenticates a request like the bearer token. A write made with it (any method
-    but GET/HEAD) must carry ``X-CSRF-Token`` equal to the session's token (which only the
-    page can read, from ``GET /ui/session``), and an ``Origin``, when sent, must be exactly
+  * A session has two secrets, and a request needs both: the cookie, and the session's key
+    (``csrf``) in ``X-CSRF-Token`` on EVERY request, reads included (compared in constant
+    time). The cookie alone is nothing: cookies ignore ports (RFC 6265 §8.5), so the browser
+    also sends it to any other server on this host (a dev server, a container's port), which
+    can replay it without ``Origin``/``Sec-Fetch-Site``. The key is handed out only with the
+    login (in the redirect's fragment here; in ``POST /ui/login``'s answer on a hub), never
+    for a cookie: ``GET /ui/session`` answers a cookie without the right key with the same
+    401 as no session, and never includes the key. An ``Origin``, when sent, must be exactly
     this daemon's own origin, port included. The Host allow-list, the JSON-only rule and the
     absence of CORS headers (``security.py``) hold for the page as for every other client.
+  * The cookie's name comes from the ``Host`` header's port, parsed here (``split_host``),
+    never through ``request.url``, which raises on a port it cannot build a URL with: a
+    ``Host`` whose port is not 1–65535 has no session (and, on the daemon, is refused by the
+    allow-list first).
   * Page responses carry a ``Content-Security-Policy`` that allows only this origin's own
     files, and may not be framed.
 """
@@ -28,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -122,37 +135,77 @@ PAGE_KIND = web.AppKey("page_kind", str)  # "daemon" or "hub": which views the p
 SESSION_KEY = web.RequestKey("session", Session)  # the Session a request was authenticated by
 
 
-def cookie_name(request: web.Request) -> str:
-    port = request.url.port or (443 if request.url.scheme == "https" else 80)
+_HOST = re.compile(r"(\[[^\]]*\]|[^:\[\]]*)(?::(\d{1,5}))?")
+
+
+def split_host(header: str) -> tuple[str, int | None] | None:
+    """A ``Host`` header as its name and port: ``[::1]:7777`` → ``("[::1]", 7777)``,
+    ``localhost`` → ``("localhost", None)``; None for anything else (``[::1]evil.com``,
+    ``localhost:7777@evil.com``, a port that is not digits or not 1–65535)."""
+    found = _HOST.fullmatch(header.strip())
+    if found is None:
+        return None
+    if found.group(2) is None:
+        return found.group(1), None
+    port = int(found.group(2))
+    return (found.group(1), port) if 1 <= port <= 65535 else None
+
+
+def cookie_name(request: web.Request) -> str | None:
+    """The session cookie's name for this server's port; None for a ``Host`` whose port is
+    not 1–65535 or that is not a host name and port at all (rules: no session then)."""
+    found = split_host(request.host)
+    if found is None:
+        return None
+    port = found[1] or (443 if _scheme(request) == "https" else 80)
     return f"syncd_session_{port}"
+
+
+def session_cookie(request: web.Request) -> str | None:
+    """The session id the browser sent, if any."""
+    name = cookie_name(request)
+    return request.cookies.get(name) if name is not None else None
 
 
 def session_of(request: web.Request) -> tuple[str | None, Session | None]:
     sessions = request.app.get(SESSIONS)
     if sessions is None:
         return None, None
-    sid = request.cookies.get(cookie_name(request))
+    sid = session_cookie(request)
     return sid, sessions.find(sid)
 
 
 def check_session_request(request: web.Request, session: Session) -> web.Response | None:
-    """403 unless a cookie-authenticated request comes from this daemon's own page: its
+    """403 unless a cookie-authenticated request comes from this server's own page: its
     ``Origin`` (when sent) is exactly ours, ``Sec-Fetch-Site`` (when sent) is same-origin or a
-    typed URL, and a write carries the CSRF token (rules)."""
+    typed URL, and it carries the session's key, whatever its method (rules: the cookie alone
+    also reaches other servers on this host)."""
+    foreign = foreign_request(request)
+    if foreign is not None:
+        return foreign
+    if not has_key(request, session):
+        return error_response(403, "csrf", f"a session request needs the {CSRF_HEADER} header: "
+                              "the key the page got when it logged in")
+    return None
+
+
+def foreign_request(request: web.Request) -> web.Response | None:
+    """403 for a request another origin's page made (``Origin``, ``Sec-Fetch-Site``)."""
     origin = request.headers.get("Origin")
     if origin is not None and origin != own_origin(request):
         return error_response(403, "forbidden_origin", "a session request from another origin")
     if request.headers.get("Sec-Fetch-Site", "same-origin").lower() not in ("same-origin",
                                                                            "none"):
         return error_response(403, "forbidden_origin", "a session request from another site")
-    if request.method in SAFE_METHODS:
-        return None
-    given = request.headers.get(CSRF_HEADER, "")
-    if not given or not hmac.compare_digest(given.encode("utf-8", "surrogateescape"),
-                                            session.csrf.encode()):
-        return error_response(403, "csrf", f"a session write needs the {CSRF_HEADER} header "
-                              "from GET /ui/session")
     return None
+
+
+def has_key(request: web.Request, session: Session) -> bool:
+    """Whether ``X-CSRF-Token`` is the session's key (constant time; bytes that are not
+    UTF-8 arrive as surrogate escapes and compare as those bytes)."""
+    given = request.headers.get(CSRF_HEADER, "")
+    return bool(given) and hmac.compare_digest(given.encode("utf-8", "surrogateescape"),
+                                               session.csrf.encode())
 
 
 # ---------------------------------------------------------------------- handlers
@@ -169,15 +222,17 @@ _FILES: dict[str, bytes] = {}  # read once, off the event loop
 
 
 async def _static(name: str) -> web.Response:
+    """A file of ``syncd/web/static/``, else a 404: a name with a path, a leading dot, an
+    unknown suffix or a NUL (which the file system cannot even look up) is never read."""
     suffix = Path(name).suffix
-    if "/" in name or name.startswith(".") or suffix not in STATIC_TYPES:
+    if "/" in name or "\x00" in name or name.startswith(".") or suffix not in STATIC_TYPES:
         raise HttpError(404, "not_found", f"no static file {strip_private(name)[:80]!r}")
     body = _FILES.get(name)
     if body is None:
         try:
             body = await asyncio.to_thread(
                 resources.files("syncd.web").joinpath("static", name).read_bytes)
-        except (FileNotFoundError, IsADirectoryError):
+        except (OSError, ValueError):  # missing, a directory, a name the OS refuses
             raise HttpError(404, "not_found",
                             f"no static file {strip_private(name)[:80]!r}") from None
         _FILES[name] = body
@@ -199,13 +254,19 @@ async def login(request: web.Request) -> web.StreamResponse:
         return web.Response(status=401, headers=PAGE_HEADERS, content_type="text/plain",
                             text="This login link is used up or expired. Run `syncd open` "
                                  "for a new one.\n")
-    response = web.Response(status=303, headers={"Location": "/", **PAGE_HEADERS})
-    set_session_cookie(request, response, found[0])
+    sid, session = found  # the key goes in the fragment, which no server ever sees (rules)
+    response = web.Response(status=303, headers={"Location": f"/#key={session.csrf}",
+                                                 **PAGE_HEADERS})
+    set_session_cookie(request, response, sid)
     return response
 
 
 def set_session_cookie(request: web.Request, response: web.StreamResponse, sid: str) -> None:
-    response.set_cookie(cookie_name(request), sid, path="/", httponly=True, samesite="Strict",
+    name = cookie_name(request)
+    if name is None:  # the daemon's allow-list refuses such a Host first; a hub answers 400
+        raise HttpError(400, "bad_host", "the Host header is not a host name and a port "
+                        "1-65535")
+    response.set_cookie(name, sid, path="/", httponly=True, samesite="Strict",
                         max_age=SESSION_TTL_SECS, secure=_scheme(request) == "https")
 
 
@@ -216,19 +277,22 @@ def own_origin(request: web.Request) -> str:
 
 def _scheme(request: web.Request) -> str:
     forwarded = request.headers.get("X-Forwarded-Proto", "").strip().lower()
-    return forwarded if forwarded in ("http", "https") else request.url.scheme
+    return forwarded if forwarded in ("http", "https") else request.scheme  # not request.url
 
 
 async def session_info(request: web.Request) -> web.Response:
-    """Public (the page asks before it has a session): the CSRF token of this browser's
+    """Public (the page asks before it knows whether it has a session): this browser's
     session, or a 401 that says which login this server offers."""
     return session_answer(request, session_of(request)[1])
 
 
 def session_answer(request: web.Request, session: Session | None) -> web.Response:
-    """``GET /ui/session``'s answer for the browser's session, however it was found."""
-    if session is not None and (refused := check_session_request(request, session)):
+    """``GET /ui/session``'s answer for the browser's session, however it was found: a cookie
+    without its key is no session (rules), and the key is never in the answer."""
+    if session is not None and (refused := foreign_request(request)):
         return refused
+    if session is not None and not has_key(request, session):
+        session = None
     kind = request.app.get(PAGE_KIND, "daemon")
     if session is None:  # the page learns which login to offer: `syncd open`, or a hub token
         how = "sign in with a hub token" if kind == "hub" else "run `syncd open`"
@@ -236,7 +300,7 @@ def session_answer(request: web.Request, session: Session | None) -> web.Respons
                                             "message": f"no browser session; {how}"},
                                   "kind": kind}, status=401)
     left = max(0.0, session.expires - time.monotonic())
-    body = {"csrf": session.csrf, "expires_in": int(left), "kind": kind, "role": session.role}
+    body = {"expires_in": int(left), "kind": kind, "role": session.role}
     if session.name is not None:
         body["name"] = session.name
     return web.json_response(body, headers={"Cache-Control": "no-store"})
@@ -251,7 +315,8 @@ async def logout(request: web.Request) -> web.StreamResponse:
 def logged_out(request: web.Request) -> web.Response:
     """``POST /ui/logout``'s answer, once the session has ended: the cookie is deleted."""
     response = web.json_response({"ok": True})
-    response.del_cookie(cookie_name(request), path="/")
+    if (name := cookie_name(request)) is not None:
+        response.del_cookie(name, path="/")
     return response
 
 

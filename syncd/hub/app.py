@@ -18,8 +18,9 @@ Rules:
   * Everything the hub persists goes through a ``HubStore`` (``store.py``): SQLite in one
     process, or PostgreSQL behind several processes. A database that cannot be reached is a
     ``503`` with ``Retry-After``, never a ``500``.
-  * The web page signs in with a hub token (``POST /ui/login``). Its sessions are kept by the
-    ``HubStore`` too (``PageSessions``), so any hub process serves a signed-in browser; the
+  * The web page signs in with a hub token (``POST /ui/login``), whose answer is the only place
+    the session's key (``csrf``) is handed out: every request of the page carries it, since
+    the cookie alone is no session (``web.py``). Its sessions are kept by the ``HubStore`` too (``PageSessions``), so any hub process serves a signed-in browser; the
     token is looked up again (by its hash) on every request, so revoking it ends its sessions,
     and each token keeps at most ``MAX_SESSIONS_PER_TOKEN`` (``web.py``), its own oldest ending.
   * The hub is a network service: no Host allow-list (it sits behind a reverse proxy that
@@ -67,9 +68,9 @@ from syncd.http.web import (
     SESSION_TTL_SECS,
     Session,
     check_session_request,
-    cookie_name,
     digest,
     own_origin,
+    session_cookie,
     set_session_cookie,
 )
 from syncd.hub.store import (
@@ -142,8 +143,8 @@ class PageSessions:
 
     async def find(self, request: web.Request) -> tuple[str | None, Session | None]:
         """The cookie's session id and its session, with its token's name and role as they are
-        now; a session whose token was revoked ends here."""
-        sid = request.cookies.get(cookie_name(request))
+        now; a session whose token was revoked ends here. (Its key is checked by the caller.)"""
+        sid = session_cookie(request)
         if not sid:
             return None, None
         now = self._clock()
@@ -364,7 +365,9 @@ async def status(request: web.Request) -> web.Response:
 
 async def page_login(request: web.Request) -> web.Response:
     """The hub's page logs in with a hub token (there is no `syncd open` on a server): the
-    token becomes a session cookie with the token's role; the page never keeps the token."""
+    token becomes a session cookie with the token's role, and the answer holds the session's
+    key, which the page keeps in its tab and sends on every request (``web.py``); the page
+    never keeps the token."""
     origin = request.headers.get("Origin")
     if origin is not None and origin != own_origin(request):
         raise HttpError(403, "forbidden_origin", "a login from another origin")
@@ -389,7 +392,7 @@ async def page_session(request: web.Request) -> web.Response:
 
 
 async def page_logout(request: web.Request) -> web.Response:
-    await request.app[PAGE_SESSIONS].end(request.cookies.get(cookie_name(request)))
+    await request.app[PAGE_SESSIONS].end(session_cookie(request))
     return web_pages.logged_out(request)
 
 

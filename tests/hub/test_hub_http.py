@@ -111,7 +111,9 @@ async def test_the_web_pages_session_can_ask_for_an_entitlement(served: Served) 
         async with s.post(served.url + "/ui/login", data=msgspec.json.encode(
                 {"token": served.read}), headers={"Content-Type": "application/json"}) as r:
             assert r.status == 200
-        async with s.get(served.url + "/v1/agent/entitlement?device_id=d1") as r:
+            key = (await r.json())["csrf"]  # the page sends its session's key on every request
+        async with s.get(served.url + "/v1/agent/entitlement?device_id=d1",
+                         headers={"X-CSRF-Token": key}) as r:
             body = await r.json()
             assert r.status == 200, body
     assert body["claims"]["sub"] == "r" and body["claims"]["device_id"] == "d1"

@@ -96,7 +96,9 @@ async def test_a_database_from_before_page_sessions_gains_them_and_keeps_its_tok
         async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
             async with http.post(url + "/ui/login", json={"token": "syncd_old"}) as resp:
                 assert resp.status == 200, await resp.text()
-            async with http.get(url + "/ui/session") as resp:  # the jar sends the cookie
+                key = (await resp.json())["csrf"]  # the page sends it with the cookie
+            async with http.get(url + "/ui/session",  # the jar sends the cookie
+                                headers={"X-CSRF-Token": key}) as resp:
                 assert resp.status == 200 and (await resp.json())["name"] == "old"
     finally:
         await runner.cleanup()

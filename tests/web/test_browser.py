@@ -10,6 +10,9 @@
    can neither read the API with the browser's session nor change anything through it; the
    session cookie is HttpOnly and SameSite=Strict; without a session the page shows only how
    to log in.
+3. The session's key (the login's ``#key=`` fragment) leaves the address bar at once and stays
+   in the tab: a reload keeps the session, reads and writes work; a new tab typed by hand has
+   only the cookie, which reads nothing, so that tab asks to log in again.
 """
 
 from __future__ import annotations
@@ -102,9 +105,12 @@ async def page_for(browser: Browser, *, expected: tuple[int, ...] = ()) -> Async
 async def log_in(stack: Stack, page: Page) -> None:
     from playwright.async_api import expect
     await page.goto(await stack.login_url())
-    assert page.url == stack.url + "/", page.url  # the 303 to / dropped the code from the URL
+    # the 303 dropped the code from the URL, and the page took the key out of the fragment
+    assert page.url == stack.url + "/", page.url
     await expect(page.locator("#tabs")).to_be_visible()
     await expect(page.locator("#logged-out")).to_be_hidden()
+    kept = await page.evaluate("() => [location.href, Object.values(sessionStorage)]")
+    assert kept[0] == stack.url + "/" and len(kept[1]) == 1 and len(kept[1][0]) >= 32, kept
 
 
 async def shot(page: Page, directory: Path, name: str, min_bytes: int = 5000) -> Path:
@@ -429,3 +435,55 @@ async def test_without_a_session_the_page_only_says_how_to_log_in(
         assert response is not None and response.status == 401
         assert "used up or expired" in await page.content()
 
+
+
+async def test_a_reload_keeps_the_session_and_a_new_tab_asks_to_log_in_again(
+        browser: Browser, stack: Stack) -> None:
+    from playwright.async_api import expect
+    await stack.tool("save_memory", content="The staging database restarts at 03:00.",
+                     title="staging restarts", realm="ops")
+    async with page_for(browser) as (page, errors, _):
+        await log_in(stack, page)
+        key = (await page.evaluate("() => Object.values(sessionStorage)"))[0]
+        assert key not in await page.evaluate("() => document.cookie + location.href")
+
+        async def works() -> None:  # a read and a write, each with the key
+            await page.click('#tabs a[data-tab="search"]')
+            await page.fill("#q", "staging database restarts")
+            await page.click("#search-submit")
+            await expect(page.locator(".hit .hit-title").first).to_have_text("staging restarts")
+            await page.click('#tabs a[data-tab="settings"]')
+            weight = page.locator("#s-w_keyword")
+            value = "0.35" if await weight.input_value() != "0.35" else "0.4"
+            await weight.fill(value)
+            await page.click("#settings-save")
+            await expect(page.locator("#settings-message")).to_have_text("Saved.")
+            assert (await stack.ok("GET", "/v1/agent/memory/settings"))["w_keyword"] == float(
+                value)
+
+        await works()
+        await page.reload()  # the same tab: the key is still in its sessionStorage
+        await expect(page.locator("#tabs")).to_be_visible()
+        await expect(page.locator("#logged-out")).to_be_hidden()
+        await works()
+
+        # a tab typed by hand shares the cookie but not the key: it is logged out
+        other = await page.context.new_page()
+        await other.goto(stack.url + "/#/search")
+        await expect(other.locator("#logged-out")).to_be_visible()
+        await expect(other.locator("#logged-out-message")).to_have_text(
+            "Not logged in — run syncd open in a terminal")
+        await expect(other.locator("#tabs")).to_be_hidden()
+        statuses = await other.evaluate("""async () => [
+            (await fetch("/ui/session")).status,
+            (await fetch("/v1/agent/memory/settings")).status,
+            (await fetch("/v1/agent/memory/settings", {method: "PUT", body: "{}",
+              headers: {"Content-Type": "application/json"}})).status]""")
+        assert statuses == [401, 403, 403], statuses
+        assert "staging" not in await other.content()
+        await other.close()
+
+        await page.reload()  # the first tab is still logged in
+        await expect(page.locator("#tabs")).to_be_visible()
+        await works()
+        assert not errors, errors

@@ -8,10 +8,19 @@
 //     no inline event handlers, no style attributes in the HTML.
 //   * Memory text never goes through innerHTML: every piece of data is set as textContent
 //     (h() below), so a memory holding <script> shows as text.
-//   * The page authenticates with the HttpOnly session cookie; writes carry X-CSRF-Token (from
-//     GET /ui/session) and Content-Type: application/json.
+//   * The page authenticates with the HttpOnly session cookie AND the session's key, sent as
+//     X-CSRF-Token on every request, reads included: the cookie alone is refused, because the
+//     browser also sends it to every other server on this host, whatever its port. Writes also
+//     carry Content-Type: application/json.
+//   * The key is handed out only at login: the daemon's login redirects to /#key=<key> (a
+//     fragment never reaches a server), the hub's POST /ui/login answers it. The page keeps it
+//     in this tab's sessionStorage (a reload keeps it; a duplicated tab gets a copy; a new tab
+//     typed by hand has none and asks to log in again) and removes it from the address bar and
+//     history at once (history.replaceState). It is forgotten on logout, a 401, or a 403
+//     "csrf" (another tab logged in again, so the cookie now belongs to a newer session).
 //   * On a hub, the token typed into the sign-in form is sent once (POST /ui/login) and then
-//     dropped: never stored (no localStorage, sessionStorage or script-set cookie).
+//     dropped: never stored (no localStorage, sessionStorage or script-set cookie). Only the
+//     session's key is stored, in sessionStorage, as above.
 "use strict";
 
 (() => {
@@ -37,7 +46,7 @@
     kind: "daemon",  // "daemon" or "hub": from GET /ui/session (its 401 says it too)
     role: null,  // a hub session's token role: read, write or admin
     name: null,  // a hub session's token name, when known
-    csrf: null,
+    csrf: null,  // the session's key (rules): from the login, kept in sessionStorage
     lastMemory: null,
     settings: null,
     searchSeq: 0,
@@ -206,9 +215,9 @@
   async function api(method, path, body, {keepSession = false} = {}) {
     const headers = {Accept: "application/json"};
     const init = {method, headers, credentials: "same-origin", cache: "no-store"};
+    if (state.csrf) headers["X-CSRF-Token"] = state.csrf;  // every request (rules)
     if (method !== "GET" && method !== "HEAD") {
       headers["Content-Type"] = "application/json";
-      headers["X-CSRF-Token"] = state.csrf || "";
       init.body = JSON.stringify(body === undefined ? {} : body);
     }
     let response;
@@ -232,10 +241,11 @@
       if (response.status === 401 && data && (data.kind === "hub" || data.kind === "daemon")) {
         state.kind = data.kind;  // which login this server offers
       }
-      if (response.status === 401 && !keepSession &&
+      const stale = response.status === 403 && err.code === "csrf";  // another tab's login
+      if ((response.status === 401 || stale) && !keepSession &&
           (state.csrf || document.body.dataset.session !== "")) {  // once, with its reason
-        loggedOut(state.csrf ? err.message || "the session ended" : null);
-      }
+        loggedOut(state.csrf ? (!stale && err.message) || "the session ended" : null);
+      }  // loggedOut() forgets the key; a keepSession caller's own flow does that
       throw new ApiError(response.status, err.code || "http_" + response.status,
         err.message || `HTTP ${response.status}`, err.field);
     }
@@ -251,7 +261,44 @@
 
   // ------------------------------------------------------------------ session and routing
 
+  const KEY_ITEM = "syncd-session-key";
+  const KEY_FRAGMENT = "#key=";
+
+  /** The session's key (rules): from the login redirect's fragment, which then leaves the
+   * address bar and history, else from this tab's sessionStorage; null when neither has one. */
+  function takeKey() {
+    if (location.hash.startsWith(KEY_FRAGMENT)) {
+      const key = location.hash.slice(KEY_FRAGMENT.length);
+      history.replaceState(null, "", location.pathname + location.search);
+      keepKey(key);
+    }
+    try {
+      return sessionStorage.getItem(KEY_ITEM) || state.csrf;
+    } catch (exc) {
+      return state.csrf;  // storage disabled: this page load only
+    }
+  }
+
+  function keepKey(key) {
+    state.csrf = key || null;
+    try {
+      if (key) sessionStorage.setItem(KEY_ITEM, key);
+    } catch (exc) {
+      // storage disabled: the key lives as long as this page
+    }
+  }
+
+  function forgetKey() {
+    state.csrf = null;
+    try {
+      sessionStorage.removeItem(KEY_ITEM);
+    } catch (exc) {
+      // nothing was stored
+    }
+  }
+
   async function boot() {
+    state.csrf = takeKey();  // before any await: the key leaves the URL at once
     fillTypeSelect();
     $("#search-form").addEventListener("submit", runSearch);
     $("#sync-now").addEventListener("click", syncNow);
@@ -280,7 +327,6 @@
     state.kind = session.kind === "hub" ? "hub" : "daemon";
     state.role = session.role || null;
     state.name = session.name || null;
-    state.csrf = session.csrf;
     loggedIn();
   }
 
@@ -303,7 +349,7 @@
 
   /** No session (or it ended: ``message`` says why). A hub shows its token form. */
   function loggedOut(message) {
-    state.csrf = null;
+    forgetKey();
     document.body.dataset.session = "";
     for (const el of document.querySelectorAll(".view")) el.hidden = true;
     $("#booting").hidden = true;
@@ -367,7 +413,7 @@
     input.value = "";  // the session cookie stands for it now
     showMessage(msg, "");
     state.kind = "hub";
-    state.csrf = answer.csrf;
+    keepKey(answer.csrf);
     state.role = answer.role || null;
     state.name = answer.name || null;
     loggedIn();

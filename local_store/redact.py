@@ -181,19 +181,56 @@ def _refuse_surrogates(text: str, field: str) -> None:
 def strip_private_json_text(text: str, field: str = "body") -> str:
     """Redact a field that holds JSON text (provenance, props, source_uris, mentions).
 
-    JSON text is decoded first and every string in it (keys included) is redacted on its own —
-    a tag may hide behind escapes (``\\u003cprivate>``, ``<\\u0070rivate>``,
-    ``<\\/private>`` all decode to one), and a literal closer in one string must not hide
-    the structure before it, which would leave the text no longer JSON and an escaped span
-    after it unread. The text is re-encoded when something changed — or when an object
-    repeats a key: decoding keeps only the last, so an earlier one could hide a tag the
-    comparison never sees; the re-encoded text drops it, as any JSON reader would. Text that
-    is not JSON is redacted as plain text (its escapes are not tags). Nothing else about the
-    text is judged here (any depth, escaped lone surrogates): it is refused, naming
-    ``field``, only when too deep for Python to decode at all.
+    One pass (``_json_text_pass``) redacts the raw text, then, if it may hide a tag behind
+    JSON escapes (any backslash: ``\\u003cprivate>``, ``<\\u0070rivate>``, ``<\\/private>``
+    all decode to a tag), decodes it, redacts every string inside and re-encodes it when
+    something changed — or when an object repeats a key: decoding keeps only the last, so an
+    earlier one could hide a tag the comparison never sees; the re-encoded text drops it, as
+    any JSON reader would. Text that is not JSON keeps its literal escapes, which are not tags.
+
+    Passes repeat until one changes nothing, so the result is a fixed point: a replica that
+    redacts a hub's stored text again keeps it as it is (the content hash stays the hub's), and
+    a raw pass that turned text which was not JSON into JSON has its escapes read too.
+    Nothing else about the text is judged here (any depth, escaped lone surrogates): it is
+    refused, naming ``field``, only when too deep for Python to decode at all.
     """
+    for _ in range(MAX_JSON_TEXT_PASSES):
+        out = _json_text_pass(text, field)
+        if out == text:
+            return out
+        text = out
+    raise ValidationError(field, "holds <private> spans that redaction does not settle")
+
+
+MAX_JSON_TEXT_PASSES = 4  # text that is not JSON, made JSON by a raw pass: 3 passes settle it
+
+
+def _json_text_pass(text: str, field: str) -> str:
+    """One redaction pass of ``strip_private_json_text``. When the raw pass breaks text that
+    was JSON (a literal closer in one string hides the structure before it, and an escaped
+    span after it would go unread), the strings of the original are redacted instead."""
     if "<" not in text and "\\" not in text:
         return text  # neither a tag nor an escape that could spell one
+    out = strip_private(text) if "<" in text else text
+    if out != text and _decode(out, field) is None and _decode(text, field) is not None:
+        out = text
+    elif "\\" not in out:
+        return out
+    decoded = _decode(out, field)
+    if decoded is None:
+        return out
+    parsed, repeated = decoded
+    cleaned = _strip_json(parsed, 0, field, strict=False)
+    if cleaned == parsed and not repeated:
+        return out
+    encoded = json.dumps(cleaned, ensure_ascii=False, separators=(",", ":"))
+    # a lone surrogate spelled as an escape stays one: no UTF-8 text can hold it raw
+    return encoded if encoded.isascii() or is_text(encoded) else json.dumps(
+        cleaned, separators=(",", ":"))
+
+
+def _decode(text: str, field: str) -> tuple[object, bool] | None:
+    """``text`` decoded, and whether an object in it repeats a key; None if it is not JSON."""
     repeated = False
 
     def pairs(items: list[tuple[str, object]]) -> dict[str, object]:
@@ -203,18 +240,11 @@ def strip_private_json_text(text: str, field: str = "body") -> str:
         return found
 
     try:
-        parsed = json.loads(text, object_pairs_hook=pairs)
-        cleaned = _strip_json(parsed, 0, field, strict=False)
+        return json.loads(text, object_pairs_hook=pairs), repeated
     except RecursionError:  # deeper than Python's stack: cannot be checked, so not kept
         raise ValidationError(field, "is JSON nested too deeply to check") from None
     except ValueError:
-        return strip_private(text) if "<" in text else text
-    if cleaned == parsed and not repeated:
-        return text
-    text = json.dumps(cleaned, ensure_ascii=False, separators=(",", ":"))
-    # a lone surrogate spelled as an escape stays one: no UTF-8 text can hold it raw
-    return text if text.isascii() or is_text(text) else json.dumps(
-        cleaned, separators=(",", ":"))
+        return None
 
 
 def holds_lone_surrogate(value: object) -> bool:

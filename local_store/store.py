@@ -88,7 +88,7 @@ from local_store.views import (
     wire_embeddings,
     wire_nodes,
 )
-from local_store.writes import Vector, Writer, props_json
+from local_store.writes import Vector, Writer, chunks, marks, props_json
 from protocol.hlc import HybridClock
 from protocol.query import QueryRequest, QueryResponse
 from protocol.rows import EdgeRow, NodeRow
@@ -835,6 +835,19 @@ class Store:
                                   "ORDER BY id", (mid, mid))
         node["edges"] = [edge_view(dict(zip(EDGE_ALL, e, strict=True))) for e in edges]
         return node
+
+    async def active_briefs(self, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Title, type and preview of each of ``ids`` that recall's default filters would still
+        find (live, not archived, not invalidated), in one query; others are left out."""
+        found: dict[str, dict[str, Any]] = {}
+        for chunk in chunks(list(ids)):
+            for mid, title, kind, preview in await self._fetch(
+                    "SELECT id, title, memory_type, content_preview FROM memories WHERE "
+                    "deleted = 0 AND status <> 'archived' AND invalid_at IS NULL AND id IN "
+                    f"({marks(chunk)})", chunk):
+                found[mid] = {"id": mid, "title": title, "memory_type": kind,
+                              "content_preview": preview}
+        return found
 
     async def list_memories(self, args: Mapping[str, object] | None = None) -> dict[str, Any]:
         """``list_memories``: newest first; invalidated and deleted excluded; archived unless asked."""

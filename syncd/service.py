@@ -115,14 +115,15 @@ def render_systemd(paths: Paths, command: list[str] | None = None) -> str:
         # "-": a directory missing at start is skipped rather than failing the unit
         unit = unit.replace("\nReadWritePaths=", "\nReadWritePaths=" + _systemd_word(
             f"-{paths.socket_dir}") + " ", 1)
-    if any(_in_tmp(path) for path in (paths.data_dir, paths.config)):
+    if any(_in_tmp(path) for path in (paths.data_dir, paths.config, paths.socket_dir)
+           if path is not None):
         unit = unit.replace("\nPrivateTmp=yes\n", "\n" + PRIVATE_TMP_OFF)
     return unit
 
 
-PRIVATE_TMP_OFF = ("# Off here: the data directory or the config file is under /tmp or /var/tmp, "
-                   "which a\n# private /tmp would hide from the daemon (it would start an empty "
-                   "store there).\nPrivateTmp=no\n")
+PRIVATE_TMP_OFF = ("# Off here: the data directory, the config file or the unix socket is under "
+                   "/tmp or /var/tmp,\n# which a private /tmp would hide (an empty store, a "
+                   "socket no client can reach).\nPrivateTmp=no\n")
 
 
 def _in_tmp(path: Path) -> bool:

@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from local_store import NotFoundError, Store, ValidationError
+from local_store import Store, ValidationError
 from local_store.records import (
     MAX_CONTENT_CHARS,
     MAX_KEY_CHARS,
@@ -450,14 +450,8 @@ def _brief(memory: Mapping[str, Any]) -> dict[str, Any]:
 async def _current(store: Store, ids: list[str]) -> dict[str, dict[str, Any] | None]:
     """Each memory as the store holds it now, or ``None`` where recall would no longer find
     it (deleted, archived, invalidated): a hard delete purges the text, which must not keep
-    being served from this cache. At most ``SURFACE_TOP * 2`` ids, each a primary-key read."""
-    briefs: dict[str, dict[str, Any] | None] = {}
-    for memory_id in ids:
-        try:
-            memory = await store.get(memory_id)
-        except NotFoundError:
-            briefs[memory_id] = None
-            continue
-        active = memory["status"] != "archived" and memory["invalid_at"] is None
-        briefs[memory_id] = _brief(memory) if active else None
-    return briefs
+    being served from this cache. At most ``SURFACE_TOP * 2`` ids, read in one query."""
+    if not ids:
+        return {}
+    found = await store.active_briefs(ids)
+    return {mid: _brief(found[mid]) if mid in found else None for mid in ids}

@@ -15,8 +15,11 @@ import json
 import secrets
 from pathlib import Path
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from local_store import HashingEmbedder, Store
-from local_store.redact import strip_private_json_text
+from local_store.redact import has_private_tag, strip_private_json_text
 from protocol.rows import EdgeRow, NodeRow
 from protocol.timestamp import format_ns
 
@@ -95,3 +98,65 @@ async def test_a_kyma_edge_tombstone_with_a_stray_closer_in_props_stays_deleted(
     finally:
         await store.close()
     assert got["edges"] == [], got["edges"]  # a tombstone: no live edge
+
+
+def not_json_until_redacted(c: str) -> str:
+    """Not JSON as sent (an unescaped quote inside the literal span); a raw redaction makes it
+    ``{"a":"\\u003cprivate>C\\u003c/private>","b":"[redacted]"}``, whose escapes must be read
+    too (found by the review of this change: the first version stopped after the raw pass)."""
+    return '{"a":"\\u003cprivate>' + c + '\\u003c/private>","b":"<private>"x"</private>"}'
+
+
+def strings_of(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [*value, *(s for v in value.values() for s in strings_of(v))]
+    if isinstance(value, list):
+        return [s for v in value for s in strings_of(v)]
+    return []
+
+
+def test_text_a_raw_pass_makes_json_has_its_escaped_spans_read() -> None:
+    c = canary()
+    out = strip_private_json_text(not_json_until_redacted(c), "provenance")
+    assert c not in out and c not in json.dumps(json.loads(out)), out
+
+
+async def test_a_hub_and_a_replica_keep_one_text_and_hash_for_one_version(
+        tmp_path: Path) -> None:
+    """The replica redacts the hub's stored text again: it must keep it as it is, or the two
+    hold different provenance and content hashes for the same (updated_at, origin)."""
+    v = format_ns(1_780_000_000_000_000_000)
+    mid = "memory:00000000-0000-4000-8000-000000000002"
+    held: list[str | None] = []
+    for name, provenance in (("hub", not_json_until_redacted(canary())), ("replica", None)):
+        store = await Store.open(tmp_path / name, embedder=HashingEmbedder())
+        try:
+            await store.apply([NodeRow(id=mid, content="remote", updated_at=v,
+                                       provenance=provenance or held[0])], [], model="m")
+            nodes, _ = await store.export()
+            held.append(nodes[0].provenance)  # the content hash is of these values
+        finally:
+            await store.close()
+    assert held[0] == held[1] and "CANARY" not in (held[0] or ""), held
+
+
+FRAGMENTS = ['{"a":"', '","b":"', '"}', '"', "<private>", "</private>", "<PRIVATE >",
+             "\\u003cprivate>", "\\u003c/private>", "<\\/private>", "\\\"", "x", "C", "[", "]",
+             ",", ":", "{", "}", " ", "\\u00e9", "é"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(FRAGMENTS), max_size=14))
+def test_json_text_redaction_is_a_fixed_point_and_leaves_no_tag(parts: list[str]) -> None:
+    """Any mix of JSON structure, literal and escaped tags: the result redacts to itself, holds
+    no tag as text, and, when it is JSON, no tag in any string (keys included)."""
+    out = strip_private_json_text("".join(parts), "props")
+    assert strip_private_json_text(out, "props") == out
+    assert not has_private_tag(out)
+    try:
+        decoded = json.loads(out)
+    except ValueError:
+        return
+    assert not any(has_private_tag(text) for text in strings_of(decoded)), out

@@ -90,6 +90,10 @@ def test_a_data_dir_under_tmp_turns_the_private_tmp_off(tmp_path: Path) -> None:
         path = tmp_path / "syncd.service"
         path.write_text(unit)
         analyze_verify(path)
+    # a socket there would be bound in the unit's own /tmp, where no client can reach it
+    unit = render_systemd(Paths(config=Path.home() / ".config/syncd/config.toml", data_dir=home,
+                                log_dir=home, socket_dir=Path("/tmp")))
+    assert "PrivateTmp=no" in unit.splitlines() and "PrivateTmp=yes" not in unit
 
 
 def test_the_units_leave_the_socket_dir_writable_and_outwait_the_drain(tmp_path: Path) -> None:

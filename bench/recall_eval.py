@@ -100,7 +100,9 @@ async def evaluate(embedder_name: str, by_kind: bool) -> None:
                 for mode in MODES:
                     t = time.perf_counter()
                     res = await store.recall({"query": q["query"], "realms": q.get("realms", []),
-                                              "limit": 10}, mode=mode)  # type: ignore[arg-type]
+                                              "limit": 10, "include_invalidated": q.get(
+                                                  "include_invalidated", False)},
+                                             mode=mode)  # type: ignore[arg-type]
                     latency[mode].append((time.perf_counter() - t) * 1000)
                     got = [m.id for m in res.memories if not m.fallback]
                     row = stats[mode].setdefault(q["kind"], [])

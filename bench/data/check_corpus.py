@@ -21,6 +21,8 @@ Exits 1 (after listing every problem) when a rule is broken. The rules:
     every relevant item and in no other memory or entity;
   - current: a relevant memory is the new side of a supersession, none is an old side, and the
     old side shares a word with the query (so it is a real trap);
+  - history: as current, asked with ``include_invalidated`` (so the superseded memory is
+    ranked too, and the trap can fire: without it every mode's default filter drops it);
   - realm: has a realm filter, and some memory outside the filter shares >= 2 words with it;
   - graph: each relevant item shares <= 1 word with the query but is joined by an edge to a
     non-relevant seed sharing >= 2 words with it;
@@ -36,7 +38,7 @@ from pathlib import Path
 MEMORY_TYPES = ("fact", "decision", "preference", "learning", "summary", "procedure")
 EDGE_TYPES = {"REFERENCES", "RELATES_TO", "DEPENDS_ON"}
 KINDS = ("paraphrase", "identifier", "path", "current", "realm", "graph", "nonsense", "keyword",
-         "heldout")
+         "heldout", "history")
 KIND_MIN = {"paraphrase": 35, "identifier": 20, "path": 15, "current": 15, "realm": 15,
             "graph": 10, "nonsense": 20, "heldout": 60}
 NO_ANSWER = ("nonsense", "heldout")  # the kinds whose queries have no relevant memory
@@ -255,7 +257,7 @@ def main() -> int:
         if not isinstance(qrealms, list) or any(r not in realms for r in qrealms):
             err(f"{label}: realms {qrealms!r} must be known realms")
             continue
-        sig = (text, tuple(sorted(qrealms)))
+        sig = (text, tuple(sorted(qrealms)), bool(q.get("include_invalidated")))
         if sig in seen_q:
             err(f"{label}: duplicate query text with the same realm filter")
         seen_q.add(sig)
@@ -299,7 +301,7 @@ def main() -> int:
                 others = [k for k in scope if k not in rel and n in raw_of(k)]
                 if others:
                     err(f"{label}: {n!r} also occurs in non-relevant {others}")
-        elif kind == "current":
+        elif kind in ("current", "history"):
             if not any(k in old_of_new for k in rel):
                 err(f"{label}: no relevant key is the new side of a supersession")
             if any(k in olds for k in rel):

@@ -18,6 +18,7 @@ from local_store import HashingEmbedder, Store, StoreClosedError, ValidationErro
 from local_store.embed import Vectors
 from protocol.rows import NodeRow
 from protocol.timestamp import format_ns
+from tests.conftest import FakeWall
 
 
 async def ids(store: Store, query: str, **kw: object) -> list[str]:
@@ -70,17 +71,23 @@ async def test_limit_is_clamped_and_defaults_from_settings(store: Store) -> None
     assert len(await ids(store, "widgets", limit=500)) == 12
 
 
+async def mysql_then_postgres(store: Store, clock: FakeWall) -> tuple[Any, Any, str]:
+    """"we use mysql for billing", superseded two hours later by postgres: the old and new
+    memories, and an instant between them."""
+    old = await store.save({"content": "we use mysql for billing"})
+    clock.advance(3600)
+    between = format_ns(clock.now_ns)
+    clock.advance(3600)
+    new = await store.save({"content": "we use postgres for billing"})
+    await store.judge(new["id"], old["id"], "supersedes")
+    return old, new, between
+
+
 async def test_invalidated_and_as_of(tmp_path: Path, wall: object) -> None:
-    from tests.conftest import FakeWall
     clock = FakeWall()
     store = await Store.open(tmp_path, wall=clock)
     try:
-        old = await store.save({"content": "we use mysql for billing"})
-        clock.advance(3600)
-        between = format_ns(clock.now_ns)
-        clock.advance(3600)
-        new = await store.save({"content": "we use postgres for billing"})
-        await store.judge(new["id"], old["id"], "supersedes")
+        old, new, between = await mysql_then_postgres(store, clock)
         assert await ids(store, "mysql billing") == [new["node_id"]]
         got = await ids(store, "mysql billing", include_invalidated=True)
         assert set(got) == {new["node_id"], old["node_id"]}

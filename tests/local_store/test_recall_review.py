@@ -18,7 +18,7 @@ from local_store.records import MAX_TAGS
 from protocol.rows import NodeRow
 from protocol.timestamp import format_ns
 from tests.conftest import FakeWall
-from tests.local_store.test_recall import ids
+from tests.local_store.test_recall import ids, mysql_then_postgres
 
 STAMP = format_ns(1_780_000_000_000_000_000)
 
@@ -72,12 +72,7 @@ async def test_memory_current_at_as_of_is_not_penalised(tmp_path: Path) -> None:
     clock = FakeWall()
     store = await Store.open(tmp_path, wall=clock, embedder=HashingEmbedder())
     try:
-        old = await store.save({"content": "we use mysql for billing"})
-        clock.advance(3600)
-        between = format_ns(clock.now_ns)
-        clock.advance(3600)
-        new = await store.save({"content": "we use postgres for billing"})
-        await store.judge(new["id"], old["id"], "supersedes")
+        old, _, between = await mysql_then_postgres(store, clock)
         res = await store.recall({"query": "mysql billing", "as_of": between})
         assert [m.id for m in res.memories] == [old["node_id"]]
         assert res.memories[0].components is not None

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,21 @@ async def start_laptop(name: str, data_dir: Path, url: str, token: str, *,
                         **kwargs)
     await engine.start()
     return Laptop(name, data_dir, store, engine)
+
+
+@contextlib.asynccontextmanager
+async def two_laptops(root: Path, url: str, token: str,
+                      **options: Any) -> AsyncIterator[tuple[Laptop, Laptop]]:
+    """Laptops ``a`` and ``b`` (data in ``root/a``, ``root/b``) on one plane, closed after."""
+    a = await start_laptop("a", root / "a", url, token, **options)
+    try:
+        b = await start_laptop("b", root / "b", url, token, **options)
+        try:
+            yield a, b
+        finally:
+            await b.close()
+    finally:
+        await a.close()
 
 
 async def live_contents(store: Store) -> dict[str, tuple[Any, ...]]:

@@ -15,7 +15,7 @@ import pytest
 
 from local_store import NotFoundError, Store
 from local_store.writes import bare_tombstone, tombstone_props
-from tests.sync.harness import Hub, Laptop, start_laptop
+from tests.sync.harness import Hub, Laptop, two_laptops
 from tests.sync.test_kyma_plane import KymaLike, kyma  # noqa: F401 (fixture)
 
 REPO = "default::repo:x"
@@ -48,9 +48,7 @@ async def test_an_edge_tombstone_reaches_the_other_laptop_through_kyma(
         kyma: tuple[KymaLike, str], tmp_path: Path) -> None:  # noqa: F811
     """A soft delete's edge tombstone arrives as a tombstone, the edge's reason kept."""
     plane, url = kyma
-    a = await start_laptop("a", tmp_path / "a", url, "token")
-    b = await start_laptop("b", tmp_path / "b", url, "token")
-    try:
+    async with two_laptops(tmp_path, url, "token") as (a, b):
         m = (await a.store.save({"content": "the deploy script lives in repo x",
                                  "references": [REPO]}))["node_id"]
         other = (await a.store.save({"content": "deploys run from the ci box"}))["node_id"]
@@ -72,17 +70,12 @@ async def test_an_edge_tombstone_reaches_the_other_laptop_through_kyma(
             report = await laptop.sync()
             assert report.ok and (report.pushed_nodes, report.pushed_edges) == (0, 0), report
         assert await edge_rows(a.store) == held_a and await edge_rows(b.store) == held_b
-    finally:
-        await a.close()
-        await b.close()
 
 
 async def test_a_hard_deletes_edge_tombstone_holds_no_reason_through_kyma(
         kyma: tuple[KymaLike, str], tmp_path: Path) -> None:  # noqa: F811
     plane, url = kyma
-    a = await start_laptop("a", tmp_path / "a", url, "token")
-    b = await start_laptop("b", tmp_path / "b", url, "token")
-    try:
+    async with two_laptops(tmp_path, url, "token") as (a, b):
         m = (await a.store.save({"content": "rotate the vault key"}))["node_id"]
         other = (await a.store.save({"content": "the vault key rotates weekly"}))["node_id"]
         await a.store.judge(other, m, "conflicts", "reason canary 5521")
@@ -94,18 +87,13 @@ async def test_a_hard_deletes_edge_tombstone_holds_no_reason_through_kyma(
         assert held == (await edge_rows(a.store))[eid] and held[0] == 1
         assert bare_tombstone(held[1]) and "canary" not in held[1]
         assert "canary 5521" not in json.dumps(plane.edges[-1])
-    finally:
-        await a.close()
-        await b.close()
 
 
 async def test_edge_tombstones_are_the_same_row_on_every_replica_through_the_hub(
         hub: Hub, tmp_path: Path) -> None:
     """Through the syncd hub (both cursors), with anti-entropy every pass: the replicas hold
     the same edge rows and repair nothing."""
-    a = await start_laptop("a", tmp_path / "a", hub.url, hub.token, anti_entropy_secs=0)
-    b = await start_laptop("b", tmp_path / "b", hub.url, hub.token, anti_entropy_secs=0)
-    try:
+    async with two_laptops(tmp_path, hub.url, hub.token, anti_entropy_secs=0) as (a, b):
         m = (await a.store.save({"content": "the staging cluster is in eu-west-1",
                                  "references": [REPO]}))["node_id"]
         other = (await b.store.save({"content": "staging moved to eu-central-1"}))["node_id"]
@@ -121,9 +109,6 @@ async def test_edge_tombstones_are_the_same_row_on_every_replica_through_the_hub
             report = await laptop.sync()
             assert report.ok and report.requeued == 0, report
             assert (report.pushed_nodes, report.pushed_edges) == (0, 0), report
-    finally:
-        await a.close()
-        await b.close()
 
 
 async def test_a_soft_delete_keeps_the_reason_and_a_hard_one_purges_it(store: Store) -> None:

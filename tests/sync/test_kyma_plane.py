@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 
 from protocol.rows import EDGE_COLUMNS, NODE_EXPORT_COLUMNS
-from tests.sync.harness import start_laptop
+from tests.sync.harness import start_laptop, two_laptops
 
 
 class KymaLike:
@@ -84,9 +84,7 @@ async def test_deletes_reach_the_other_laptop_through_a_plane_that_drops_extensi
         kyma: tuple[KymaLike, str], tmp_path: Path) -> None:
     """A soft and a hard delete arrive as Kyma's soft delete; nothing comes back to life."""
     plane, url = kyma
-    a = await start_laptop("a", tmp_path / "a", url, "token")
-    b = await start_laptop("b", tmp_path / "b", url, "token")
-    try:
+    async with two_laptops(tmp_path, url, "token") as (a, b):
         kept = (await a.store.save({"content": "the staging cluster is in eu-west-1"}))["node_id"]
         soft = (await a.store.save({"content": "deploys freeze on Fridays"}))["node_id"]
         hard = (await a.store.save({"content": "the old vault password rotates weekly"}))[
@@ -111,9 +109,6 @@ async def test_deletes_reach_the_other_laptop_through_a_plane_that_drops_extensi
             assert (await laptop.sync()).ok
         assert {r["id"] for r in (await a.store.list_memories())["rows"]} == {kept}
         assert {r["id"] for r in (await b.store.list_memories())["rows"]} == {kept}
-    finally:
-        await a.close()
-        await b.close()
 
 
 async def test_an_edge_the_plane_holds_several_rows_of_is_compared_by_its_latest(

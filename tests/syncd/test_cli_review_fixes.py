@@ -455,6 +455,16 @@ def test_an_importance_that_is_not_a_finite_number_is_a_usage_error(
     assert "Traceback" not in done.stderr
 
 
+
+@pytest.mark.parametrize("value", ["0", "-5", "nan", "inf", "soon"])
+def test_a_sync_timeout_that_is_not_a_positive_finite_number_is_a_usage_error(
+        tmp_path: Path, value: str) -> None:
+    """Refused before any request, naming the option (no daemon runs here)."""
+    done = syncd_cli(tmp_path, "--data-dir", str(tmp_path / "data"), "sync", "--timeout", value)
+    assert done.returncode == 2 and "--timeout" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "data" / "memory.db").exists()
+
+
 # --- sync: a pass that outlasts the client's wait ----------------------------------------------
 
 @contextlib.asynccontextmanager

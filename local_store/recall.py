@@ -47,6 +47,7 @@ from local_store.ranking import (
     score_syncd,
     tokenize,
 )
+from local_store.reader import RowMemo
 from local_store.records import MAX_TAGS, MEMORY_TYPES, parse_timestamp
 from local_store.vectors import nearest_rows
 from protocol.query import (
@@ -190,11 +191,13 @@ class Recall:
     thread meanwhile, awaited only when the semantic leg needs them."""
 
     def __init__(self, fetch: Fetch, semantic: Semantic | Future[Semantic | None] | None,
-                 settings: MemorySettings, now_ns: Callable[[], int] = time.time_ns) -> None:
+                 settings: MemorySettings, now_ns: Callable[[], int] = time.time_ns,
+                 memo: RowMemo | None = None) -> None:
         self._fetch = fetch
         self._semantic_source = semantic
         self._settings = settings
         self._now_ns = now_ns
+        self._memo = memo  # rows read by earlier recalls, on the same connection and thread
 
     @property
     def _semantic(self) -> Semantic | None:
@@ -215,6 +218,8 @@ class Recall:
             hops = 0
         filters = filters_from(request)
         tokens = tokenize(request.query)
+        if self._memo is not None:
+            self._memo.fresh()
         cands: dict[str, Candidate] = {}
         best_cosine, strict_hit = -1.0, False
         # The keyword leg goes first: its hits tell the semantic leg which rows it may skip.
@@ -345,14 +350,25 @@ class Recall:
 
     def _rows_for(self, ids: list[str], where: str,
                   params: list[object]) -> dict[str, dict[str, Any]]:
-        """The rows of these ids that pass the filters (filtering and hydrating in one query)."""
-        out: dict[str, dict[str, Any]] = {}
-        for start in range(0, len(ids), 500):
-            chunk = ids[start:start + 500]
+        """The rows of these ids that pass the filters (filtering and hydrating in one query),
+        from the memo when an earlier recall with the same filters read them."""
+        memo = self._memo.rows(where, params) if self._memo is not None else {}
+        missing = [mid for mid in ids if mid not in memo]
+        read: dict[str, tuple[Any, ...] | None] = dict.fromkeys(missing)
+        for start in range(0, len(missing), 500):
+            chunk = missing[start:start + 500]
             for r in self._fetch(f"SELECT {ROW_SQL} FROM memories m WHERE {where} "
                                  f"AND m.id IN ({','.join('?' * len(chunk))})",
                                  [*params, *chunk]):
-                out[r[0]] = dict(zip(ROW_COLUMNS, r, strict=True))
+                read[r[0]] = tuple(r)
+        if self._memo is not None:
+            memo.update(read)
+            self._memo.added(len(read))
+        out: dict[str, dict[str, Any]] = {}
+        for mid in ids:
+            r = read[mid] if mid in read else memo[mid]
+            if r is not None:
+                out[mid] = dict(zip(ROW_COLUMNS, r, strict=True))
         return out
 
     def _keyword_leg(self, tokens: list[str], filters: Filters, mode: Mode,

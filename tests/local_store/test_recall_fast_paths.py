@@ -21,7 +21,7 @@ import numpy as np
 
 from local_store import HashingEmbedder, Store, db
 from local_store.ranking import Candidate
-from local_store.reader import SyncReader
+from local_store.reader import RowMemo, SyncReader
 from local_store.recall import (
     CAND_K,
     FIRST_SAMPLE,
@@ -139,6 +139,7 @@ async def test_shortcuts_answer_as_the_straightforward_computation(tmp_path: Pat
     rng = random.Random(5)
     store = await Store.open(tmp_path, embedder=HashingEmbedder())
     reader = SyncReader(tmp_path / db.DB_FILENAME)
+    memo = RowMemo(reader.fetch)  # warm across requests of every filter and mode
     statements: Counter[str] = Counter()
 
     def fetch(sql: str, params: Any) -> list[Any]:
@@ -155,6 +156,9 @@ async def test_shortcuts_answer_as_the_straightforward_computation(tmp_path: Pat
                 slow = run(Straightforward(reader.fetch, semantic, store.settings, lambda: NOW),
                            request, mode)
                 assert fast == slow, (request, mode)
+                remembered = run(Recall(reader.fetch, semantic, store.settings, lambda: NOW,
+                                        memo=memo), request, mode)
+                assert remembered == slow, ("memo", request, mode)
                 statements["ranked by FTS5"] = ranked  # count the fast path's fallbacks only
                 compared += bool(slow.memories)
         return compared
@@ -168,3 +172,4 @@ async def test_shortcuts_answer_as_the_straightforward_computation(tmp_path: Pat
         await store.close()
     assert compared > 150  # most answers are not empty
     assert statements["ranked by FTS5"] > 0  # ties at the keyword cut did occur
+    assert memo.held > 0

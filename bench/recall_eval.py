@@ -6,7 +6,8 @@ vector-only, the control plane's exact algorithm, and syncd's default — and pr
 recall@10, MRR (over queries with relevant memories) and the nonsense-query false-hit rate
 (share of nonsense queries that return any memory not marked as a fallback) — for the
 ``nonsense`` queries, on which syncd's match gates were tuned (``local_store/recall.py``), and
-apart for the ``heldout`` ones, written after the tuning and never used for it.
+apart for the ``heldout`` ones, written after the tuning and never used for it (39 of them, and
+19 paraphrases, by a session that never saw the recall code).
 
     .venv/bin/python bench/recall_eval.py [--embedder minilm|hashing] [--by-kind]
 """

@@ -1,7 +1,8 @@
 """The ``syncd`` command line.
 
 Exit codes: 0 ok · 1 the request failed (the message says why) · 2 usage or configuration
-error · 75 temporary failure (daemon not running, data dir in use, port taken).
+error · 75 temporary failure (daemon not running or answering 503 as it stops, data dir in
+use, port taken).
 """
 
 from __future__ import annotations
@@ -234,7 +235,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return EXIT_TEMPFAIL
     except ClientError as exc:
         print(f"syncd: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        # 503: stopping, or its store closing — the same command works once it runs again
+        return EXIT_TEMPFAIL if exc.status == 503 else EXIT_FAILED
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:

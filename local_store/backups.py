@@ -99,12 +99,15 @@ def restore(data_dir: Path, source: Path, *, wall: float | None = None) -> Resto
             _copy(source, incoming)  # through SQLite: a WAL beside the backup comes along
             resync = _mark_queued(incoming)
             db.fsync(incoming)
-            replaced = _move_aside(target, wall if wall is not None else time.time())
+            replaced, linked = _move_aside(target, wall if wall is not None else time.time())
             try:
                 os.replace(incoming, target)
             except OSError:
-                if replaced is not None:  # put the store back where it was
-                    os.replace(replaced, target)
+                if replaced is not None:  # the store stays (or is put back) where it was
+                    if linked:
+                        replaced.unlink()
+                    else:
+                        os.replace(replaced, target)
                 raise
             db.fsync(data_dir)
         except (OSError, sqlite3.Error) as exc:
@@ -189,16 +192,23 @@ def _copy(source: Path, dest: Path) -> None:
         reader.close()
 
 
-def _move_aside(target: Path, wall: float) -> Path | None:
-    """Rename the database to ``memory.db.replaced-<UTC time>``; None when there was none.
+def _move_aside(target: Path, wall: float) -> tuple[Path | None, bool]:
+    """Keep the database as ``memory.db.replaced-<UTC time>``: (that path, whether it is a
+    hard link to ``memory.db``, which the caller's rename then replaces); None when there
+    was none.
+
+    A hard link leaves ``memory.db`` in place until the restored copy takes its name in one
+    rename: a crash in between leaves the old store where the daemon looks (both names then
+    stay one file), where two renames left none, and the daemon started on a new empty store.
+    Where the file system has no hard links, the database is renamed (the old way).
 
     Its WAL is checkpointed into it first (closing the last connection then removes the WAL
-    and ``-shm``), so a crash between the renames can never leave a WAL beside a database it
-    does not belong to. A database too damaged to checkpoint moves with its side files."""
+    and ``-shm``), so a crash can never leave a WAL beside a database it does not belong to. A
+    database too damaged to checkpoint moves with its side files."""
     if not target.exists():
         for suffix in SIDE_FILES:  # a WAL without its database belongs to nothing
             target.with_name(target.name + suffix).unlink(missing_ok=True)
-        return None
+        return None, False
     with contextlib.suppress(sqlite3.Error):
         conn = sqlite3.connect(target)
         try:
@@ -215,7 +225,11 @@ def _move_aside(target: Path, wall: float) -> Path | None:
         side = target.with_name(target.name + suffix)
         with contextlib.suppress(FileNotFoundError):
             os.replace(side, aside.with_name(aside.name + suffix))
-    os.replace(target, aside)
-    return aside
+    try:
+        os.link(target, aside)
+    except OSError:  # no hard links here (some network and FUSE file systems)
+        os.replace(target, aside)
+        return aside, False
+    return aside, True
 
 

@@ -253,3 +253,31 @@ async def test_a_backup_is_one_private_file(tmp_path: Path) -> None:
     assert await asyncio.to_thread(backup, data, out / "b.db") == 1
     assert await asyncio.to_thread(lambda: sorted(p.name for p in out.iterdir())) == ["b.db"]
     assert (await asyncio.to_thread((out / "b.db").stat)).st_mode & 0o777 == 0o600
+
+
+def test_a_crash_as_the_restored_copy_takes_its_place_leaves_a_store_in_place(
+        tmp_path: Path) -> None:
+    """kill -9 of a real restore just before its last rename (an audit hook sends the signal
+    on the rename of the restored copy to ``memory.db``): ``memory.db`` must still be there,
+    and be the old store. Two renames — the old store aside, then the copy in — left no
+    ``memory.db`` in between, and a daemon started after the crash made a new, empty one."""
+    data, copy = tmp_path / "data", tmp_path / "backup.db"
+    crash_after_saving(data, ["in the backup"])
+    assert backup(data, copy) == 1
+    crash_after_saving(data, ["written after the backup"])
+    code = textwrap.dedent(f"""
+        import os, signal, sys
+        from pathlib import Path
+        from local_store.backups import restore
+        def hook(event, args):
+            if (event == "os.rename" and str(args[0]).endswith(".restoring")
+                    and str(args[1]).endswith("memory.db")):
+                os.kill(os.getpid(), signal.SIGKILL)
+        sys.addaudithook(hook)
+        restore(Path({str(data)!r}), Path({str(copy)!r}))
+    """)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, timeout=60, check=False)
+    assert done.returncode == -9  # it died at the rename, as meant
+    assert (data / "memory.db").is_file()
+    assert asyncio.run(contents(data)) == ["in the backup", "written after the backup"]

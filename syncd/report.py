@@ -85,7 +85,9 @@ def _sync_lines(sync: dict[str, Any]) -> list[str]:
             "last_success", "last_error", "cursor", "outbox", "clock_offset_ms",
             "consecutive_failures", "auth_blocked")] + [
         f"    {key:20} {', '.join(rows)}" for key in ("skipped_rows", "too_large_rows")
-        if (rows := sync.get(key))] + _auth_hint(sync)
+        if (rows := sync.get(key))] + [
+        f"    {'clock_refused':20} {refused}"
+        for refused in [sync.get("clock_offset_refused")] if refused] + _auth_hint(sync)
 
 
 def _auth_hint(sync: dict[str, Any]) -> list[str]:

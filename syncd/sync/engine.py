@@ -7,12 +7,16 @@ Rules:
     in one transaction (``Store.pull``). A page with a row that cannot be applied does not
     advance the cursor; after ``BAD_ROW_PASSES`` passes with the same failure the cursor moves
     past it and the rows are reported as skipped, so one poisoned row cannot stall sync forever.
+    A row that does not even fit the row schema (``plane.decode_changes``) counts the same.
+  * A pass ends with an error, never loops, when the plane's paging does not advance: a
+    ``changes`` page with ``has_more`` whose ``until`` is not after the ``since`` it answered
+    (its rows are applied first), or an ``export`` ``next_cursor`` already walked.
   * Push stages the outbox (local edits older than half the overlap window are re-stamped at
     push time, after the pull; repairs keep their versions — see ``local_store/replica.py``),
     packs batches under ``push_batch_bytes``, halves a batch on 413, clears entries only on 2xx
-    with no errors (per row when the plane reports rows), and stops the pass on any other
-    failure. A row the plane refuses even alone (413) stays queued and is skipped for the rest
-    of the pass.
+    with no errors (per row when the plane reports rows; nothing when a row error names no
+    row of the batch), and stops the pass on any other failure. A row the plane refuses even
+    alone (413) stays queued and is skipped for the rest of the pass.
   * Nothing is re-stamped in a pass whose pull stopped short: re-stamped, a stale local edit
     would beat a delete the pull has not reached yet (R12). Queued versions old enough to need
     it stay queued until a pull completes; recent ones are pushed as they are.
@@ -20,9 +24,11 @@ Rules:
     large) is not ok: it reports ``held_back`` and why, without backing off (the plane
     answered).
   * Clock: each response's ``Date`` (and a plane's ``until``) estimates this machine's offset to
-    the plane; an offset over ``OFFSET_MIN_NS`` is applied to every later stamp. Queued edits
-    stamped while the clock ran beyond the drift bound are stamped again when staged, after
-    the version each replaced (``local_store/replica.py``).
+    the plane; an offset over ``OFFSET_MIN_NS`` is applied to every later stamp, one over
+    ``MAX_OFFSET_NS`` is refused (a broken ``Date``, not a clock: applied, it would stamp past
+    year 9999 and every write would fail), reported, and never stored — nor restored at start.
+    Queued edits stamped while the clock ran beyond the drift bound are stamped again when
+    staged, after the version each replaced (``local_store/replica.py``).
   * A store restored from a backup with a non-empty outbox (``restored_outbox``, set by
     ``restore``) runs anti-entropy before its first push: the outbox may hold versions this
     install superseded after the backup, and a hub leaves its own later versions out of
@@ -33,8 +39,8 @@ Rules:
     cleared only in the transaction that re-queues what the plane lacks, so a failed pass
     cannot forget the reset, and a cursor-less pull does not count as a bootstrap meanwhile.
   * Errors: 401/403 stop and block scheduled passes until a manual run; other failures back
-    off exponentially (capped, jittered, at least ``Retry-After`` up to the cap). A cursor is never reset
-    because of a transient error.
+    off exponentially (capped, jittered, at least ``Retry-After`` up to the cap — a value too
+    large for a float is the cap). A cursor is never reset because of a transient error.
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ from syncd.sync.plane import (
     PlaneClient,
     PlaneError,
     TooLarge,
+    UnreadableRow,
 )
 
 log = logging.getLogger("syncd.sync")
@@ -74,6 +81,11 @@ FIRST_PAGE_ROWS = 250  # small, so applying starts early while the next page str
 STAGE_ROWS = 2000
 BAD_ROW_PASSES = 3
 OFFSET_MIN_NS = 2_000_000_000  # Date has 1 s resolution: smaller offsets are noise
+# Beyond this an offset is a broken Date header, not a clock: a laptop that far off could not
+# reach a plane over TLS (a certificate lives at most 398 days). The HLC's drift guard
+# (``max_drift_ns``, 5 minutes) bounds remote stamps, not offsets: real clocks a day or more
+# off must still be corrected (R9, R10).
+MAX_OFFSET_NS = 400 * 86_400 * 1_000_000_000
 BACKOFF_BASE_SECS = 1.0
 BACKOFF_CAP_SECS = 600.0
 LOG_EVERY_SECS = 60.0
@@ -120,6 +132,7 @@ class PassReport:
     reset: str | None = None
     future_rows: int = 0
     clock_rewound: bool = False
+    clock_refused: str | None = None  # an absurd offset estimate, not applied
     requests: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
@@ -145,6 +158,7 @@ class SyncStatus:
     gated: str | None = None
     next_attempt_in_secs: float = 0.0
     clock_offset_ms: float = 0.0
+    clock_offset_refused: str | None = None  # the last absurd offset estimate, not applied
     future_rows: int = 0
     drift_rejections: int = 0
     egress_refusals: int = 0
@@ -171,10 +185,15 @@ class SyncEngine:
         self._last_log = 0.0
 
     async def start(self) -> None:
-        """Restore the clock offset learnt by an earlier run (before the first pass)."""
+        """Restore the clock offset learnt by an earlier run (before the first pass). An
+        absurd one (stored by a version without the bound) is dropped: applied, every stamp
+        would fail; dropping it also pulls back an HLC it had dragged ahead."""
         state = await self.store.sync_state()
         offset = int(state.get("clock_offset_ns", "0") or 0)
-        if offset:
+        if abs(offset) > MAX_OFFSET_NS:
+            self._refuse_offset(offset, "the stored clock offset")
+            await self.store.correct_clock(0)
+        elif offset:
             await self.store.correct_clock(offset)
             self.status.clock_offset_ms = offset / 1e6
 
@@ -262,8 +281,9 @@ class SyncEngine:
             return
         delay = min(BACKOFF_CAP_SECS, BACKOFF_BASE_SECS * 2 ** (status.consecutive_failures - 1))
         delay = random.uniform(delay / 2, delay)
-        if exc.retry_after is not None and math.isfinite(exc.retry_after):
-            # honoured up to the cap: a plane's "come back in 30 years" must not end sync
+        if exc.retry_after is not None and not math.isnan(exc.retry_after):
+            # honoured up to the cap: a plane's "come back in 30 years" must not end sync, and
+            # one too long for a float (inf) is no less a request for the longest pause
             delay = max(delay, min(exc.retry_after, BACKOFF_CAP_SECS))
         self._not_before = time.monotonic() + delay
         status.next_attempt_in_secs = round(delay, 3)
@@ -309,11 +329,11 @@ class SyncEngine:
         reset = False
         cursor = state.get("cursor")
         cursor_was_empty = cursor is None
-        fetch = asyncio.ensure_future(self._fetch_page(self._since(cursor, state.get("feed")),
-                                                       FIRST_PAGE_ROWS))
+        asked = self._since(cursor, state.get("feed"))  # the since of the page in flight
+        fetch = asyncio.ensure_future(self._fetch_page(asked, FIRST_PAGE_ROWS))
         try:
             while True:
-                page = await fetch
+                page, unreadable = await fetch
                 report.pull_pages += 1
                 await self._estimate_offset(report, page.until if page.feed != "ingest" else None)
                 suspicion = self._reset_suspected(state, cursor, page.until, page.store_id)
@@ -321,14 +341,21 @@ class SyncEngine:
                     log.warning("control plane reset suspected (%s): full resync", suspicion)
                     report.reset, reset, cursor_was_empty = suspicion, True, False
                     await self.store.set_sync_state(RESET_STATE)
-                    state, cursor = _after_reset(state), None
+                    state, cursor, asked = _after_reset(state), None, None
                     fetch = asyncio.ensure_future(self._fetch_page(None, FIRST_PAGE_ROWS))
                     continue
-                if page.has_more:
+                stuck = page.has_more and not _advances(asked, page.until)
+                if page.has_more and not stuck:
+                    asked = page.until
                     fetch = asyncio.ensure_future(self._fetch_page(page.until))
-                if not await self._apply_page(report, state, page):
+                if not await self._apply_page(report, state, page, unreadable):
                     report.pull_stopped = True
                     return reset
+                if stuck:  # asking again would get this page again, forever
+                    raise PlaneError(
+                        f"changes: the plane's cursor does not advance: asked since "
+                        f"{asked!r}, it answered until {page.until!r} with has_more; "
+                        f"pull stopped there")
                 cursor, state = page.until, {**state, "cursor": page.until}
                 if not page.has_more:
                     if cursor_was_empty and RESYNC not in state and not report.pull_problems:
@@ -340,30 +367,37 @@ class SyncEngine:
                 fetch.cancel()
             await asyncio.gather(fetch, return_exceptions=True)
 
-    async def _fetch_page(self, since: str | None, limit: int = PAGE_ROWS) -> ChangesResponse:
+    async def _fetch_page(self, since: str | None, limit: int = PAGE_ROWS,
+                          ) -> tuple[ChangesResponse, list[UnreadableRow]]:
         """An ingest-feed hub leaves out this replica's own versions (a plane ignores the
         parameter, and already-held rows are skipped cheaply when they come back)."""
         self._admit()
-        return await self.client.changes(since, self.options.realm, limit,
-                                         self.store.replica_id)
+        unreadable: list[UnreadableRow] = []
+        page = await self.client.changes(since, self.options.realm, limit,
+                                         self.store.replica_id, unreadable=unreadable)
+        return page, unreadable
 
     async def _apply_page(self, report: PassReport, state: dict[str, str],
-                          page: ChangesResponse) -> bool:
-        """Apply one page with its cursor; False when the cursor must not move past it."""
+                          page: ChangesResponse, unreadable: list[UnreadableRow]) -> bool:
+        """Apply one page with its cursor; False when the cursor must not move past it. Rows
+        that could not be read hold the cursor as rows the store refuses do (R5)."""
         new_state: dict[str, str | None] = {
             "cursor": page.until, "feed": page.feed or "", "plane_store_id": page.store_id}
-        if not page.memory_nodes and not page.memory_edges and all(
+        if not page.memory_nodes and not page.memory_edges and not unreadable and all(
                 state.get(k) == v for k, v in new_state.items()):
             return True  # nothing new and nothing to record: no write transaction
+        if unreadable:
+            del new_state["cursor"]
         result = await self.store.pull(page.memory_nodes, page.memory_edges,
                                        model=self._plane_model(state), state=new_state,
                                        until=page.until)
         report.pulled_nodes += result.applied_nodes
         report.pulled_edges += result.applied_edges
         report.future_rows += len(result.beyond_drift)
-        if result.problems:
-            report.pull_problems += len(result.problems)
-            if not self._give_up_on(result.problems):
+        problems: list[Any] = [*unreadable, *result.problems]
+        if problems:
+            report.pull_problems += len(problems)
+            if not self._give_up_on(problems):
                 return False
             await self.store.set_sync_state({"cursor": page.until})
         return True
@@ -430,6 +464,9 @@ class SyncEngine:
             except ValueError:
                 pass
         offset = server - midpoint
+        if abs(offset) > MAX_OFFSET_NS:
+            report.clock_refused = self._refuse_offset(offset, "the plane's Date header")
+            return
         offset = offset if abs(offset) >= OFFSET_MIN_NS else 0
         if offset == 0 and self.store.clock.offset_ns == 0:
             return
@@ -438,6 +475,16 @@ class SyncEngine:
         if await self.store.correct_clock(offset):  # marks what it stamped ahead (replica.py)
             report.clock_rewound = True
         self.status.clock_offset_ms = offset / 1e6
+
+    def _refuse_offset(self, offset: int, source: str) -> str:
+        """Report an absurd offset estimate (status, a rate-limited warning) without applying
+        it: the clock keeps the offset it had, and local writes keep working."""
+        days = offset / 86_400e9
+        why = (f"{source} puts this clock {days:+,.0f} days off the plane's, beyond the "
+               f"{MAX_OFFSET_NS // 86_400_000_000_000} days believable: offset not applied")
+        self.status.clock_offset_refused = why
+        self._warn("%s", why)
+        return why
 
     # ------------------------------------------------------------------ push
 
@@ -497,9 +544,16 @@ class SyncEngine:
         node_entries = [e for e, _ in batch if e[0] == "node"]
         edge_entries = [e for e, _ in batch if e[0] == "edge"]
         refused: set[tuple[str, int]] = set()
-        if result.errors:
+        if result.errors or result.row_errors:
             if not result.row_errors:  # the plane's all-or-nothing: keep every entry
                 raise PlaneError(f"import reported errors: {'; '.join(result.errors)[:300]}")
+            sizes = {"node": len(node_entries), "edge": len(edge_entries)}
+            stray = [r for r in result.row_errors if not 0 <= r.index < sizes.get(r.kind, 0)]
+            if stray:  # which rows the plane refused is unknown: keep every entry
+                raise PlaneError(
+                    f"import reported a row error for {stray[0].kind} {stray[0].index}, no row "
+                    f"of this batch ({sizes['node']} nodes, {sizes['edge']} edges): nothing "
+                    f"acknowledged: {stray[0].message[:200]}")
             refused = {(r.kind, r.index) for r in result.row_errors}
             report.push_row_errors += len(refused)
         accepted = [e for i, e in enumerate(node_entries) if ("node", i) not in refused]
@@ -508,7 +562,8 @@ class SyncEngine:
         report.pushed_nodes += sum(1 for e in accepted if e[0] == "node")
         report.pushed_edges += sum(1 for e in accepted if e[0] == "edge")
         if refused:
-            raise PlaneError(f"import refused {len(refused)} rows: {result.errors[0][:200]}")
+            said = result.errors or [r.message for r in result.row_errors or ()]
+            raise PlaneError(f"import refused {len(refused)} rows: {said[0][:200]}")
 
     # ------------------------------------------------------------------ anti-entropy
 
@@ -532,6 +587,7 @@ class SyncEngine:
         remote_nodes: dict[str, str] = {}
         remote_edges: dict[str, str] = {}
         cursor: str | None = None
+        walked: set[str] = set()  # the cursors of this walk: one met again is a loop
         while True:
             self._admit()
             page = await self.client.export(self.options.realm, PAGE_ROWS, cursor)
@@ -541,7 +597,11 @@ class SyncEngine:
             remote_versions(page.memory_nodes, page.memory_edges, (remote_nodes, remote_edges))
             if not page.has_more or page.next_cursor is None:
                 break
+            if page.next_cursor in walked:
+                raise PlaneError(f"export: the plane's next_cursor {page.next_cursor!r} was "
+                                 f"already walked: anti-entropy stopped")
             cursor = page.next_cursor
+            walked.add(cursor)
         requeued = await self.store.requeue_unseen(
             remote_nodes, remote_edges, realm=self.options.realm,
             state={"anti_entropy_ns": str(self._wall()), RESYNC: None, RESTORED_OUTBOX: None})
@@ -554,6 +614,17 @@ class SyncEngine:
 def _after_reset(state: dict[str, str]) -> dict[str, str]:
     """The state a reset leaves: cursor and plane identity gone, what was learnt kept."""
     return {k: v for k, v in state.items() if k not in RESET_STATE} | {RESYNC: "1"}
+
+
+def _advances(since: str | None, until: str) -> bool:
+    """Whether ``until`` is after ``since``: compared as instants (the plane's AutoSi strings
+    do not sort with canonical ones), or, when either is not a timestamp, by being new."""
+    if not since:
+        return True
+    try:
+        return parse_ns(until) > parse_ns(since)
+    except ValueError:
+        return until != since
 
 
 def _held_back(report: PassReport) -> str | None:

@@ -8,6 +8,9 @@ Rules:
     with its ``Retry-After``, truncated or malformed JSON — back off and retry), ``Rejected``
     (any other 4xx — surfaced in status and the log; retried with the same capped backoff
     as a transient failure, since a plane fixed by its operator should be used again).
+  * A ``changes`` page read with ``unreadable`` costs only its bad rows when some of them do
+    not fit the row schema (RELIABILITY R5): they come back as ``UnreadableRow``s, the rest as
+    rows. A body that is not JSON, or whose envelope is wrong, is still ``Transient``.
   * Every outbound body passes the egress guard: one with a JSON string that still holds a
     ``<private`` opener — as the redactor defines it, so ``<privateKey>`` is not one (P2) — is
     refused before it is sent (RELIABILITY P6) and counted.
@@ -26,11 +29,13 @@ from typing import Any, TypeVar
 import aiohttp
 import msgspec
 
-from local_store.redact import contains_private_marker
+from local_store.redact import contains_private_marker, strip_private
 from protocol.rows import (
     ChangesResponse,
+    EdgeRow,
     ExportBody,
     ImportResult,
+    NodeRow,
     changes_decoder,
     export_decoder,
     import_result_decoder,
@@ -39,6 +44,7 @@ from protocol.settings import MemorySettings, settings_decoder
 
 T = TypeVar("T")
 IMPORT_PATH = "/v1/agent/memory/import"
+CHANGES_PATH = "/v1/agent/memory/changes"
 # JSON's string token (RFC 8259 §7), not a tag rule: the guard decodes each string and asks
 # the redactor's own ``contains_private_marker``.
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*+"')
@@ -79,6 +85,18 @@ class Rejected(PlaneError):
 
 class EgressRefused(PlaneError):
     kind = "egress_refused"
+
+
+@dataclass(slots=True)
+class UnreadableRow:
+    """A ``changes`` row that does not fit the row schema; shaped as the store's
+    ``RowProblem`` so the engine holds the cursor for it the same way (R5)."""
+
+    kind: str
+    index: int  # in the page's array
+    id: str | None
+    field: str | None
+    message: str
 
 
 @dataclass(slots=True)
@@ -132,7 +150,10 @@ class PlaneClient:
         return self._session
 
     async def changes(self, since: str | None, realm: str | None, limit: int | None,
-                      exclude_origin: str | None = None) -> ChangesResponse:
+                      exclude_origin: str | None = None, *,
+                      unreadable: list[UnreadableRow] | None = None) -> ChangesResponse:
+        """With ``unreadable``, rows that do not fit the row schema go there and the rest of
+        the page is returned (R5); without it, such a row fails the page (``Transient``)."""
         params = {"since": since or ""}
         if exclude_origin is not None:
             params["exclude_origin"] = exclude_origin
@@ -140,7 +161,11 @@ class PlaneClient:
             params["realm"] = realm
         if limit is not None:
             params["limit"] = str(limit)
-        return await self._get("/v1/agent/memory/changes", params, changes_decoder)
+        if unreadable is None:
+            return await self._get(CHANGES_PATH, params, changes_decoder)
+        page, rows = decode_changes(await self._request("GET", CHANGES_PATH, params, None))
+        unreadable.extend(rows)
+        return page
 
     async def export(self, realm: str | None, limit: int | None,
                      cursor: str | None) -> ExportBody:
@@ -213,6 +238,52 @@ class PlaneClient:
         if status in (408, 425, 429) or status >= 500:
             raise Transient(detail, status, retry_after)
         raise Rejected(detail, status)
+
+
+def decode_changes(data: bytes) -> tuple[ChangesResponse, list[UnreadableRow]]:
+    """A ``changes`` body, and its rows that are not rows. The typed decode runs first (the
+    fast path); only when it fails validation is the body decoded generically and converted
+    row by row, so one row of a wrong type costs only itself, not the page (R5).
+
+    A ``null`` inside an ``embedding`` — how the plane's JSON writer emits a NaN or an
+    infinity — makes its row unreadable like any other wrong type, not a row with no vector:
+    the store refuses a non-finite vector as a bad row too (``local_store.apply``), so one
+    rule covers both, and the row is skipped after ``BAD_ROW_PASSES`` and reported."""
+    try:
+        return changes_decoder.decode(data), []
+    except msgspec.ValidationError:
+        pass  # valid JSON so far: read it row by row below
+    except msgspec.DecodeError as exc:
+        raise Transient(f"{CHANGES_PATH}: malformed response: {exc}") from None
+    try:  # a truncated body can fail validation before its syntax error is reached
+        raw = msgspec.json.decode(data, type=dict[str, Any])
+        nodes = msgspec.convert(raw.pop("memory_nodes", []), list[Any])
+        edges = msgspec.convert(raw.pop("memory_edges", []), list[Any])
+        page = msgspec.convert(raw, ChangesResponse)
+    except msgspec.DecodeError as exc:  # ValidationError included: the envelope is wrong
+        raise Transient(f"{CHANGES_PATH}: malformed response: {exc}") from None
+    unreadable: list[UnreadableRow] = []
+    page.memory_nodes = _convert_rows("node", nodes, NodeRow, unreadable)
+    page.memory_edges = _convert_rows("edge", edges, EdgeRow, unreadable)
+    return page, unreadable
+
+
+_AT_FIELD = re.compile(r" - at `\$\.(\w+)")
+
+
+def _convert_rows(kind: str, raw: list[Any], row_type: type[T],
+                  unreadable: list[UnreadableRow]) -> list[T]:
+    rows: list[T] = []
+    for index, item in enumerate(raw):
+        try:
+            rows.append(msgspec.convert(item, row_type))
+        except msgspec.ValidationError as exc:
+            row_id = item.get("id") if isinstance(item, dict) else None
+            where = _AT_FIELD.search(str(exc))
+            unreadable.append(UnreadableRow(
+                kind, index, strip_private(row_id) if isinstance(row_id, str) else None,
+                where.group(1) if where else None, str(exc)))
+    return rows
 
 
 def _holds_private(body: bytes) -> bool:

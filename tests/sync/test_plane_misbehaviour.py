@@ -1,0 +1,259 @@
+"""The sync client against a plane that answers in surprising ways: each answer here used to
+wedge sync, crash a pass, or lose data. Each test drives a real ``SyncEngine`` + ``Store``
+(``tests.sync.harness.start_laptop``) against a small scriptable aiohttp plane on a loopback
+port.
+
+What each test guards:
+  * ``changes`` with ``has_more`` and an ``until`` that does not advance ends the pass with an
+    error after applying the page, instead of asking for the same page forever.
+  * ``export`` with ``has_more`` and a ``next_cursor`` already walked ends the pass with an
+    error, instead of walking the same page forever.
+  * One ``changes`` row of a wrong type (a ``null`` in its embedding is how the plane writes a
+    NaN) costs only itself (R5): the rest of the page applies, the push still runs, and the row
+    is skipped after ``BAD_ROW_PASSES`` and reported.
+  * A ``Date`` header in year 9999 is refused as a clock offset and reported; local writes keep
+    working, also after a restart over such an offset stored by an earlier version.
+  * A ``Retry-After`` too large for a float is honoured as the backoff cap, not ignored.
+  * An import answer with a row error that names no row of the batch acknowledges nothing:
+    the plane refused something, and the client cannot tell what."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from syncd.sync.engine import BACKOFF_CAP_SECS, BAD_ROW_PASSES
+from tests.sync.harness import start_laptop
+
+UNTIL = "2026-01-01T00:00:00+00:00"
+PASS_LIMIT_SECS = 10  # a pass that loops on the plane's paging never ends: fail, not hang
+YEAR_NS = 365 * 86_400 * 10**9
+
+
+def node(i: int, ts: str = "2025-06-01T00:00:00+00:00", **extra: Any) -> dict[str, Any]:
+    """A node row as the plane's ``changes`` serialises it (NULL columns omitted)."""
+    row: dict[str, Any] = {
+        "id": f"memory:00000000-0000-4000-8000-{i:012d}", "labels": "Memory",
+        "realm": "default", "memory_type": "fact", "content": f"plane row {i}",
+        "content_preview": f"plane row {i}", "tags": "", "importance": 0.5,
+        "status": "active", "embedding": [0.0] * 384, "created_at": ts, "updated_at": ts,
+        "valid_at": ts}
+    row.update(extra)
+    return row
+
+
+class Plane:
+    """Each route answers with what its handler returns (a dict → JSON, or a Response)."""
+
+    def __init__(self) -> None:
+        self.changes: Callable[[web.Request], Any] = lambda r: {
+            "since": r.query.get("since", ""), "until": UNTIL,
+            "memory_nodes": [], "memory_edges": []}
+        self.export: Callable[[web.Request], Any] = lambda r: {
+            "memory_nodes": [], "memory_edges": []}
+        self.imp: Callable[[web.Request, Any], Any] = lambda r, body: {
+            "applied_nodes": len(body["memory_nodes"]),
+            "applied_edges": len(body["memory_edges"]), "errors": []}
+        self.calls: list[str] = []
+        self.imports: list[Any] = []
+
+    def app(self) -> web.Application:
+        def route(name: str, fn: Callable[[], Callable[..., Any]],
+                  ) -> Callable[[web.Request], Any]:
+            async def handler(request: web.Request) -> web.StreamResponse:
+                self.calls.append(name)
+                args: tuple[Any, ...] = ()
+                if name == "import":
+                    body = await request.json()
+                    self.imports.append(body)
+                    args = (body,)
+                out = fn()(request, *args)
+                return out if isinstance(out, web.StreamResponse) else web.json_response(out)
+            return handler
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_get("/v1/agent/memory/changes", route("changes", lambda: self.changes))
+        app.router.add_get("/v1/agent/memory/export", route("export", lambda: self.export))
+        app.router.add_get("/v1/agent/memory/settings", route("settings", lambda: lambda r: {}))
+        app.router.add_post("/v1/agent/memory/import", route("import", lambda: self.imp))
+        return app
+
+
+@contextlib.asynccontextmanager
+async def serving(plane: Plane) -> AsyncIterator[str]:
+    runner = web.AppRunner(plane.app())
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+async def held_ids(store: Any) -> set[str]:
+    return {r["id"] for r in (await store.list_memories())["rows"]}
+
+
+async def test_changes_with_an_until_that_does_not_advance_ends_the_pass(
+        tmp_path: Path) -> None:
+    """Every page says ``has_more`` with the same ``until``: the pull asked for it again and
+    again, holding the single-flight lock forever. The page's rows still apply."""
+    row = node(1)
+    plane = Plane()
+    plane.changes = lambda r: {"since": r.query.get("since", ""), "until": UNTIL,
+                               "memory_nodes": [row], "memory_edges": [], "has_more": True}
+    async with serving(plane) as url:
+        laptop = await start_laptop("a", tmp_path / "a", url, "tok")
+        try:
+            report = await asyncio.wait_for(laptop.sync(), PASS_LIMIT_SECS)
+            assert not report.ok
+            assert report.error is not None and UNTIL in report.error, report.error
+            assert plane.calls.count("changes") == 2  # the second answer shows it is stuck
+            assert row["id"] in await held_ids(laptop.store)
+            assert laptop.engine.status.last_error == report.error
+        finally:
+            await laptop.close()
+
+
+async def test_export_with_a_next_cursor_already_walked_ends_the_pass(tmp_path: Path) -> None:
+    """Every export page says ``has_more`` with the same ``next_cursor``: anti-entropy walked
+    it about a thousand times a second, forever."""
+    plane = Plane()
+    plane.export = lambda r: {"memory_nodes": [], "memory_edges": [], "has_more": True,
+                              "next_cursor": "page-2"}
+    async with serving(plane) as url:
+        laptop = await start_laptop("a", tmp_path / "a", url, "tok", anti_entropy_secs=0)
+        try:
+            report = await asyncio.wait_for(laptop.sync(), PASS_LIMIT_SECS)
+            assert not report.ok
+            assert report.error is not None and "page-2" in report.error, report.error
+            assert plane.calls.count("export") == 2
+        finally:
+            await laptop.close()
+
+
+@pytest.mark.parametrize("bad", [{"embedding": [None] * 384}, {"importance": "high"}],
+                         ids=["null-in-embedding", "wrong-type"])
+async def test_one_row_of_a_wrong_type_does_not_stall_pull_and_push(
+        tmp_path: Path, bad: dict[str, Any]) -> None:
+    """msgspec refused the whole page for one row (``Expected float, got null``), as a
+    transient error: nothing applied and the push never ran, every pass, forever. Now the
+    row holds the cursor like a row the store refuses, and is skipped after
+    ``BAD_ROW_PASSES`` passes (R5)."""
+    good, poisoned = node(1), node(2, **bad)
+    body = json.dumps({"since": "", "until": UNTIL, "memory_nodes": [good, poisoned],
+                       "memory_edges": []})
+    plane = Plane()
+    plane.changes = lambda r: web.Response(text=body, content_type="application/json")
+    async with serving(plane) as url:
+        laptop = await start_laptop("a", tmp_path / "a", url, "tok")
+        try:
+            await laptop.store.save({"content": "written on the laptop"})
+            first = await laptop.sync()
+            assert first.pull_stopped and first.pull_problems, first.error
+            assert good["id"] in await held_ids(laptop.store)
+            assert plane.imports, "the local edit was never pushed"
+            assert (await laptop.store.sync_state()).get("cursor") is None  # held
+            for _ in range(BAD_ROW_PASSES - 1):
+                await laptop.sync()
+            assert (await laptop.store.sync_state()).get("cursor") == UNTIL
+            skipped = laptop.engine.status.skipped_rows
+            assert len(skipped) == 1 and poisoned["id"] in skipped[0], skipped
+            assert poisoned["id"] not in await held_ids(laptop.store)
+            assert await laptop.store.outbox_depth() == 0
+            assert (await laptop.sync()).ok
+        finally:
+            await laptop.close()
+
+
+async def test_a_date_header_in_year_9999_is_refused_and_local_writes_keep_working(
+        tmp_path: Path) -> None:
+    """The engine stored an ~8000-year clock offset from such a header: the pass raised
+    ``TimestampError`` (a traceback, not a reported error) and every later local save failed,
+    also after a restart, which restored the offset."""
+    plane = Plane()
+    plane.changes = lambda r: web.json_response(
+        {"since": "", "until": UNTIL, "memory_nodes": [], "memory_edges": []},
+        headers={"Date": "Fri, 31 Dec 9999 23:59:59 GMT"})
+    async with serving(plane) as url:
+        laptop = await start_laptop("a", tmp_path / "a", url, "tok")
+        try:
+            report = await laptop.sync()
+            assert report.ok, report.error
+            assert report.clock_refused is not None
+            assert laptop.engine.status.clock_offset_refused == report.clock_refused
+            assert laptop.store.clock.offset_ns == 0
+            assert laptop.engine.status.clock_offset_ms == 0
+            saved = await laptop.store.save({"content": "a note after the pass"})
+            assert (await laptop.store.get(saved["node_id"]))["updated_at"] < "2200"
+            # as an earlier version left it: the absurd offset stored, restored at start
+            await laptop.store.set_sync_state({"clock_offset_ns": str(8000 * YEAR_NS)})
+        finally:
+            await laptop.close()
+        again = await start_laptop("a", tmp_path / "a", url, "tok")
+        try:
+            assert again.store.clock.offset_ns == 0
+            assert again.engine.status.clock_offset_refused is not None
+            saved = await again.store.save({"content": "a note after the restart"})
+            assert (await again.store.get(saved["node_id"]))["updated_at"] < "2200"
+            assert (await again.store.sync_state())["clock_offset_ns"] == "0"
+        finally:
+            await again.close()
+
+
+async def test_a_retry_after_too_large_for_a_float_is_capped_not_ignored(
+        tmp_path: Path) -> None:
+    """``Retry-After`` is ``1*DIGIT`` (RFC 9110): 400 digits parse to ``inf``, which the engine
+    skipped, retrying after ~1 s a plane that asked for the longest pause."""
+    plane = Plane()
+    plane.changes = lambda r: web.Response(status=429, text="slow down",
+                                           headers={"Retry-After": "9" * 400})
+    async with serving(plane) as url:
+        laptop = await start_laptop("a", tmp_path / "a", url, "tok")
+        try:
+            report = await laptop.sync()
+            assert report.error_kind == "transient"
+            assert laptop.engine.status.next_attempt_in_secs == BACKOFF_CAP_SECS
+        finally:
+            await laptop.close()
+
+
+@pytest.mark.parametrize(("errors", "row_error"), [
+    (["nodes[5].embedding: bad"], {"kind": "node", "index": 5}),
+    ([], {"kind": "node", "index": 5}),
+    (["widgets[0]: bad"], {"kind": "widget", "index": 0}),
+], ids=["index-out-of-range", "no-errors", "unknown-kind"])
+async def test_import_row_errors_that_match_no_row_keep_every_entry(
+        tmp_path: Path, errors: list[str], row_error: dict[str, Any]) -> None:
+    """Only the entries whose (kind, index) matched a row error were kept: one matching no
+    row acknowledged every entry, so data the plane refused left the outbox for good."""
+    plane = Plane()
+    plane.imp = lambda r, body: {
+        "applied_nodes": 0, "applied_edges": 0, "errors": errors,
+        "row_errors": [{**row_error, "field": "embedding", "message": "bad"}]}
+    async with serving(plane) as url:
+        laptop = await start_laptop("a", tmp_path / "a", url, "tok")
+        try:
+            await laptop.store.save({"content": "must not be lost"})
+            report = await laptop.sync()
+            assert await laptop.store.outbox_depth() == 1, "a refused push was acknowledged"
+            assert not report.ok
+            assert report.error is not None and "nothing acknowledged" in report.error
+        finally:
+            await laptop.close()
+
+
+def test_syncd_status_names_a_refused_clock_offset() -> None:
+    from syncd.report import _sync_lines
+    why = "the plane's Date header puts this clock +2,914,000 days off the plane's"
+    lines = _sync_lines({"configured": True, "url": "http://plane", "interval_secs": 30,
+                         "clock_offset_refused": why})
+    assert f"    {'clock_refused':20} {why}" in lines
+    assert not any("clock_refused" in line for line in _sync_lines(
+        {"configured": True, "url": "http://plane", "interval_secs": 30}))

@@ -43,8 +43,10 @@ from protocol.rows import (
 from protocol.settings import MemorySettings, settings_decoder
 
 T = TypeVar("T")
+P = TypeVar("P", ChangesResponse, ExportBody)
 IMPORT_PATH = "/v1/agent/memory/import"
 CHANGES_PATH = "/v1/agent/memory/changes"
+EXPORT_PATH = "/v1/agent/memory/export"
 # JSON's string token (RFC 8259 §7), not a tag rule: the guard decodes each string and asks
 # the redactor's own ``contains_private_marker``.
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*+"')
@@ -168,7 +170,10 @@ class PlaneClient:
         return page
 
     async def export(self, realm: str | None, limit: int | None,
-                     cursor: str | None) -> ExportBody:
+                     cursor: str | None, *,
+                     unreadable: list[UnreadableRow] | None = None) -> ExportBody:
+        """As ``changes``: with ``unreadable``, a row that does not fit the row schema costs
+        only itself."""
         params: dict[str, str] = {}
         if realm is not None:
             params["realm"] = realm
@@ -176,7 +181,12 @@ class PlaneClient:
             params["limit"] = str(limit)
         if cursor is not None:
             params["cursor"] = cursor
-        return await self._get("/v1/agent/memory/export", params, export_decoder)
+        if unreadable is None:
+            return await self._get(EXPORT_PATH, params, export_decoder)
+        data = await self._request("GET", EXPORT_PATH, params, None)
+        page, rows = decode_rows(data, export_decoder, ExportBody, EXPORT_PATH)
+        unreadable.extend(rows)
+        return page
 
     async def entitlement(self, device_id: str) -> tuple[str, int | None]:
         """An entitlement token for this device, and the server's clock (``Date``) in s."""
@@ -241,27 +251,33 @@ class PlaneClient:
 
 
 def decode_changes(data: bytes) -> tuple[ChangesResponse, list[UnreadableRow]]:
-    """A ``changes`` body, and its rows that are not rows. The typed decode runs first (the
-    fast path); only when it fails validation is the body decoded generically and converted
-    row by row, so one row of a wrong type costs only itself, not the page (R5).
+    """A ``changes`` body, and its rows that are not rows (``decode_rows``)."""
+    return decode_rows(data, changes_decoder, ChangesResponse, CHANGES_PATH)
+
+
+def decode_rows(data: bytes, decoder: msgspec.json.Decoder[P], page_type: type[P],
+                path: str) -> tuple[P, list[UnreadableRow]]:
+    """A page (``changes`` or ``export``), and its rows that are not rows. The typed decode
+    runs first (the fast path); only when it fails validation is the body decoded generically
+    and converted row by row, so one row of a wrong type costs only itself, not the page (R5).
 
     A ``null`` inside an ``embedding`` — how the plane's JSON writer emits a NaN or an
     infinity — makes its row unreadable like any other wrong type, not a row with no vector:
     the store refuses a non-finite vector as a bad row too (``local_store.apply``), so one
     rule covers both, and the row is skipped after ``BAD_ROW_PASSES`` and reported."""
     try:
-        return changes_decoder.decode(data), []
+        return decoder.decode(data), []
     except msgspec.ValidationError:
         pass  # valid JSON so far: read it row by row below
     except msgspec.DecodeError as exc:
-        raise Transient(f"{CHANGES_PATH}: malformed response: {exc}") from None
+        raise Transient(f"{path}: malformed response: {exc}") from None
     try:  # a truncated body can fail validation before its syntax error is reached
         raw = msgspec.json.decode(data, type=dict[str, Any])
         nodes = msgspec.convert(raw.pop("memory_nodes", []), list[Any])
         edges = msgspec.convert(raw.pop("memory_edges", []), list[Any])
-        page = msgspec.convert(raw, ChangesResponse)
+        page = msgspec.convert(raw, page_type)
     except msgspec.DecodeError as exc:  # ValidationError included: the envelope is wrong
-        raise Transient(f"{CHANGES_PATH}: malformed response: {exc}") from None
+        raise Transient(f"{path}: malformed response: {exc}") from None
     unreadable: list[UnreadableRow] = []
     page.memory_nodes = _convert_rows("node", nodes, NodeRow, unreadable)
     page.memory_edges = _convert_rows("edge", edges, EdgeRow, unreadable)

@@ -11,6 +11,8 @@ What each test guards:
   * One ``changes`` row of a wrong type (a ``null`` in its embedding is how the plane writes a
     NaN) costs only itself (R5): the rest of the page applies, the push still runs, and the row
     is skipped after ``BAD_ROW_PASSES`` and reported.
+  * The same row in an ``export`` page costs only itself too: named once in status, and the
+    laptop's own copy of that id is not pushed over it.
   * A ``Date`` header in year 9999 is refused as a clock offset and reported; local writes keep
     working, also after a restart over such an offset stored by an earlier version.
   * A ``Retry-After`` too large for a float is honoured as the backoff cap, not ignored.
@@ -26,9 +28,11 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from aiohttp import web
 
+from protocol.rows import NodeRow
 from syncd.sync.engine import BACKOFF_CAP_SECS, BAD_ROW_PASSES
 from tests.sync.harness import start_laptop
 
@@ -168,6 +172,32 @@ async def test_one_row_of_a_wrong_type_does_not_stall_pull_and_push(
             assert poisoned["id"] not in await held_ids(laptop.store)
             assert await laptop.store.outbox_depth() == 0
             assert (await laptop.sync()).ok
+        finally:
+            await laptop.close()
+
+
+async def test_an_export_row_of_a_wrong_type_costs_only_itself(tmp_path: Path) -> None:
+    """The same row in the plane's export failed all of anti-entropy, every pass it was due
+    (and a restored store runs it before its first push). Now the rest applies, the row is
+    named once in status, and the laptop's own copy of that id is not pushed over a version
+    nobody here could read."""
+    good, poisoned = node(1), node(2, embedding=[None] * 384)
+    body = json.dumps({"memory_nodes": [good, poisoned], "memory_edges": []})
+    plane = Plane()
+    plane.export = lambda r: web.Response(text=body, content_type="application/json")
+    async with serving(plane) as url:
+        laptop = await start_laptop("a", tmp_path / "a", url, "tok", anti_entropy_secs=0)
+        try:
+            mine = node(2, ts="2025-01-01T00:00:00+00:00", content="the laptop's older copy")
+            await laptop.store.apply([msgspec.convert(mine, NodeRow)], [], model="m")
+            for _ in range(2):
+                report = await asyncio.wait_for(laptop.sync(), PASS_LIMIT_SECS)
+                assert report.ok and report.anti_entropy, report.error
+            assert good["id"] in await held_ids(laptop.store)
+            skipped = laptop.engine.status.skipped_rows
+            assert len(skipped) == 1 and poisoned["id"] in skipped[0], skipped
+            pushed = [n["id"] for body in plane.imports for n in body["memory_nodes"]]
+            assert poisoned["id"] not in pushed, pushed
         finally:
             await laptop.close()
 

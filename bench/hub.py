@@ -69,7 +69,7 @@ from bench.store import Clock, pct, synthetic_rows  # noqa: E402
 from local_store import HashingEmbedder, Store  # noqa: E402
 from protocol.rows import ChangesResponse, NodeRow  # noqa: E402
 from syncd.sync.engine import SyncEngine, SyncOptions  # noqa: E402
-from syncd.sync.plane import PlaneClient  # noqa: E402
+from syncd.sync.plane import PlaneClient, UnreadableRow  # noqa: E402
 from tests.pgserver import PgServer, PgServerError, find_bindir  # noqa: E402
 
 IMPORTERS = 6
@@ -534,8 +534,10 @@ class CountingPlane(PlaneClient):
     fetched = 0
 
     async def changes(self, since: str | None, realm: str | None, limit: int | None,
-                      exclude_origin: str | None = None) -> ChangesResponse:
-        page = await super().changes(since, realm, limit, exclude_origin)
+                      exclude_origin: str | None = None, *,
+                      unreadable: list[UnreadableRow] | None = None) -> ChangesResponse:
+        page = await super().changes(since, realm, limit, exclude_origin,
+                                     unreadable=unreadable)
         self.fetched += len(page.memory_nodes)
         return page
 

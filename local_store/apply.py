@@ -5,7 +5,9 @@ Rules:
     ``(updated_at, origin, content_hash)`` beats the local one (``merge.wins``).
   * Remote text is redacted like local text (the plane does not redact imports, RELIABILITY P5),
     and the preview is recomputed from the redacted content.
-  * One bad row is reported (index, id, field, message) and skipped; the rest apply.
+  * One bad row is reported (index, id, field, message) and skipped; the rest apply. A text
+    no UTF-8 can hold (a lone surrogate), an importance that is not a number or is an integer
+    beyond float range, are such rows: the batch never fails for one row.
   * A vector of the receiving store's own model must be of that model's width (``dim``), as the
     plane requires of every row (contract §4.4): another width is a bad row naming
     ``embedding``. Vectors of another model (a plane's, pulled) keep the width they came with.
@@ -36,13 +38,19 @@ from local_store.errors import ValidationError
 from local_store.floats import float32_rows
 from local_store.merge import NODE_HASHED, hash_values, hashed_values, wins
 from local_store.records import (
+    DEFAULT_IMPORTANCE,
     MEMORY_TYPES,
     STATUSES,
     parse_timestamp,
     preview,
     refuse_private_id,
 )
-from local_store.redact import strip_private, strip_private_json_text
+from local_store.redact import (
+    is_text,
+    refuse_lone_surrogate,
+    strip_private,
+    strip_private_json_text,
+)
 from local_store.writes import Row, Vector, Writer
 from protocol.rows import EdgeRow, NodeRow, edge_id
 from protocol.timestamp import format_ns
@@ -80,6 +88,7 @@ def _text(value: object, name: str) -> str | None:
         return None
     if not isinstance(value, str):
         raise ValidationError(name, f"must be a string, got {type(value).__name__}")
+    refuse_lone_surrogate(value, name)
     return strip_private(value) if "<" in value else value
 
 
@@ -100,8 +109,9 @@ def node_from_wire(wire: NodeRow, key: WireKey | None = None) -> Row:
     texts = _NODE_TEXT_ATTRS(wire)
     row: Row = dict(zip(_NODE_TEXT, texts, strict=True))
     row["id"] = mid.strip()
-    try:  # one join tells whether every text is a string without a "<" (the common case)
-        clean = "<" not in "".join([value for value in texts if value is not None])
+    try:  # one join tells whether every text is a string without a "<" and UTF-8 can hold
+        joined = "".join([value for value in texts if value is not None])  # (the common case)
+        clean = "<" not in joined and (joined.isascii() or is_text(joined))
     except TypeError:
         clean = False
     if not clean:
@@ -109,6 +119,7 @@ def node_from_wire(wire: NodeRow, key: WireKey | None = None) -> Row:
             if value is not None:
                 if value.__class__ is not str:
                     raise ValidationError(name, f"must be a string, got {type(value).__name__}")
+                refuse_lone_surrogate(value, name)
                 if "<" in value and name != "provenance":  # JSON text: redacted below
                     row[name] = strip_private(value)
     if row["provenance"] is not None:
@@ -136,9 +147,9 @@ def node_from_wire(wire: NodeRow, key: WireKey | None = None) -> Row:
     row["content_preview"] = preview(content)
     row["tags"] = row["tags"] or ""
     importance = wire.importance
-    if importance is None or not math.isfinite(importance):
-        importance = 0.5
-    row["importance"] = min(1.0, max(0.0, float(importance)))
+    if importance.__class__ is not float or not math.isfinite(importance):
+        importance = _wire_importance(importance)
+    row["importance"] = min(1.0, max(0.0, importance))
     row["origin"] = _text(wire.origin, "origin") or ""
     row["deleted"] = 1 if wire.deleted else 0
     row["local_seq"] = 0
@@ -147,6 +158,21 @@ def node_from_wire(wire: NodeRow, key: WireKey | None = None) -> Row:
     row["content_hash"] = key[1] if key is not None and _hash_alike(values, key[0]) else (
         hash_values(values))
     return row
+
+
+def _wire_importance(value: object) -> float:
+    """A remote importance that is not a finite float: absent, NaN or infinite is the default;
+    an integer is its float; anything else (a string, an integer beyond float range) is a bad
+    row."""
+    if value is None:
+        return DEFAULT_IMPORTANCE
+    if not isinstance(value, int | float):
+        raise ValidationError("importance", f"must be a number, got {type(value).__name__}")
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ValidationError("importance", "must be a finite number") from None
+    return number if math.isfinite(number) else DEFAULT_IMPORTANCE
 
 
 def _hash_alike(values: tuple[object, ...], wire: tuple[object, ...]) -> bool:
@@ -182,7 +208,7 @@ def wire_key(wire: NodeRow) -> WireKey | None:
         if values[_IMPORTANCE] is not None:
             values[_IMPORTANCE] = float(values[_IMPORTANCE])
         return tuple(values), hash_values(values)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # a lone surrogate is a UnicodeEncodeError
         return None
 
 
@@ -262,6 +288,7 @@ def edge_from_wire(wire: EdgeRow) -> Row:
     if props is not None:  # JSON text: its strings are redacted, not its raw characters
         if not isinstance(props, str):
             raise ValidationError("props", f"must be a string, got {type(props).__name__}")
+        refuse_lone_surrogate(props, "props")
         props = strip_private_json_text(props, "props")
     deleted = bool(wire.deleted) or _props_say_deleted(props)
     return {
@@ -275,8 +302,13 @@ def edge_from_wire(wire: EdgeRow) -> Row:
 
 
 def safe_id(value: object) -> str | None:
-    """An id as it may appear in an error report: never with private content in it."""
-    return strip_private(value) if isinstance(value, str) else None
+    """An id as it may appear in an error report: never with private content in it, and
+    always text a report can be encoded in (a lone surrogate is spelled ``\\ud800``)."""
+    if not isinstance(value, str):
+        return None
+    if not value.isascii() and not is_text(value):
+        value = value.encode("utf-8", "backslashreplace").decode()
+    return strip_private(value)
 
 
 def _props_say_deleted(props: str | None) -> bool:

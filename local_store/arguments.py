@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import msgspec
 
 from local_store.errors import ValidationError
 from local_store.records import optional_str, parse_memory_type, required_str
-from local_store.redact import strip_private
+from local_store.redact import refuse_lone_surrogate, strip_private
 from protocol.query import QueryRequest
 
 
@@ -21,15 +22,61 @@ def int_arg(args: Mapping[str, object], name: str, default: int, low: int, high:
     return min(high, max(low, value))
 
 
+def query_request(request: object) -> QueryRequest:
+    """A recall's arguments as a ``QueryRequest`` (decoded as the plane's serde does), checked
+    and redacted (``redact_request``); arguments that are not an object are ``body``."""
+    if not isinstance(request, QueryRequest):
+        if not isinstance(request, Mapping):
+            raise ValidationError("body", "must be a JSON object")
+        try:
+            request = msgspec.convert(dict(request), QueryRequest)
+        except msgspec.ValidationError as exc:
+            raise ValidationError(msgspec_field(str(exc)), str(exc)) from None
+    return redact_request(request)
+
+
+def joined_strings(items: list[object], label: str) -> str:
+    """A list of strings, comma-joined (a session summary's ``files``…). Each item must be a
+    string: another value would be stored as its Python repr (``None``, ``{'path': …}``)."""
+    texts: list[str] = []
+    for index, item in enumerate(items):
+        if not isinstance(item, str):
+            raise ValidationError(f"{label}[{index}]",
+                                  f"must be a string, got {type(item).__name__}")
+        texts.append(item)
+    return ", ".join(texts)
+
+
 def redact_request(request: QueryRequest) -> QueryRequest:
-    """Recall input passes the redactor too: it reaches the embedder, SQL and debug logs."""
+    """Recall input passes the redactor too: it reaches the embedder, SQL and debug logs.
+    What no query can hold is refused, naming the field: text with a lone surrogate (no UTF-8
+    text, so neither SQLite nor PostgreSQL, can hold it) and an ``importance_min`` that is not
+    a finite number (NaN compares false with every importance: the recall would silently find
+    nothing)."""
+    low = request.importance_min
+    if low is not None and not _finite(low):
+        raise ValidationError("importance_min", "must be a finite number")
     return msgspec.structs.replace(
-        request, query=strip_private(request.query),
-        realms=[strip_private(r) for r in request.realms],
-        tags=[strip_private(t) for t in request.tags],
-        memory_type=None if request.memory_type is None else strip_private(request.memory_type),
-        as_of=None if request.as_of is None else strip_private(request.as_of),
-        space_agent=None if request.space_agent is None else strip_private(request.space_agent))
+        request, query=_redacted(request.query, "query"),
+        realms=[_redacted(r, f"realms[{i}]") for i, r in enumerate(request.realms)],
+        tags=[_redacted(t, f"tags[{i}]") for i, t in enumerate(request.tags)],
+        memory_type=_redacted(request.memory_type, "memory_type"),
+        as_of=_redacted(request.as_of, "as_of"),
+        space_agent=_redacted(request.space_agent, "space_agent"))
+
+
+def _redacted(text: str | None, field: str) -> str | None:
+    if text is None:
+        return None
+    refuse_lone_surrogate(text, field)
+    return strip_private(text)
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except (TypeError, OverflowError):  # a struct built in Python: an int beyond float range
+        return False
 
 
 def msgspec_field(message: str) -> str:
@@ -62,7 +109,8 @@ def parse_links(value: object) -> list[tuple[str, str, str | None]]:
         if not isinstance(item, dict):
             raise ValidationError(label, "must be an object")
         target = required_str(item, "target_node_id", label=f"{label}.target_node_id")
-        relation = optional_str(item, "relationship_type") or "RELATES_TO"
-        namespace = optional_str(item, "target_namespace")
+        relation = optional_str(item, "relationship_type",
+                                label=f"{label}.relationship_type") or "RELATES_TO"
+        namespace = optional_str(item, "target_namespace", label=f"{label}.target_namespace")
         out.append((target, relation, namespace))
     return out

@@ -23,6 +23,7 @@ from local_store.errors import ValidationError
 from local_store.redact import (
     REDACTED,
     has_private_tag,
+    refuse_lone_surrogate,
     strip_json_object,
     strip_json_strings,
     strip_private_json_text,
@@ -214,7 +215,8 @@ def normalise_memory_id(value: object, label: str = "memory_id") -> str:
 
 def refuse_private_id(value: str, label: str) -> None:
     """Ids are identity, so they are never rewritten: one holding a private span is refused
-    (without echoing it)."""
+    (without echoing it), as is one no UTF-8 text (nor SQLite) can hold: a lone surrogate."""
+    refuse_lone_surrogate(value, label)
     if _private(value):
         raise ValidationError(label, "must not contain <private> content")
 
@@ -288,12 +290,34 @@ def json_text(value: object, label: str) -> str | None:
     if isinstance(value, str):
         return strip_private_json_text(value, label)
     if isinstance(value, dict | list):
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+        return strict_json(value, label)
     raise ValidationError(label, "must be an object or a JSON string")
 
 
-def stamp_provenance(given: object, writer: Mapping[str, object]) -> str:
-    """Merge the writer stamp into an object provenance; wrap any other value as the plane does."""
+def strict_json(value: object, label: str) -> str:
+    """Compact JSON text with sorted keys, and always JSON: NaN and Infinity (which Python's
+    ``json`` would write, and every strict reader — the plane's — refuses), keys that do not
+    sort (``{1: …, "b": …}``) and values JSON has no form for are refused, naming the field."""
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True,
+                          allow_nan=False)
+    except (ValueError, TypeError) as exc:  # NaN/Infinity; keys of mixed types; a set, bytes…
+        raise ValidationError(label, f"must be valid JSON: {exc}") from None
+
+
+class _NotJson(ValueError):
+    """A constant Python's ``json`` reads and JSON has not (``NaN``, ``Infinity``)."""
+
+
+def _not_json(name: str) -> object:
+    raise _NotJson(name)
+
+
+def stamp_provenance(given: object, writer: Mapping[str, object],
+                     label: str = "provenance") -> str:
+    """Merge the writer stamp into an object provenance; wrap any other value as the plane does.
+    Text that is JSON only to Python (``NaN``, ``Infinity``) is not JSON: wrapped as text, as
+    the plane's strict parser leaves it."""
     base: dict[str, object]
     if given is None:
         base = {}
@@ -301,17 +325,17 @@ def stamp_provenance(given: object, writer: Mapping[str, object]) -> str:
         base = dict(given)
     elif isinstance(given, str):
         try:
-            parsed = json.loads(given)
+            parsed = json.loads(given, parse_constant=_not_json)
         except RecursionError:
-            raise ValidationError("provenance", "is nested too deeply") from None
-        except ValueError:
+            raise ValidationError(label, "is nested too deeply") from None
+        except ValueError:  # not JSON (NaN and Infinity included, _NotJson): kept as text
             parsed = given
         base = dict(parsed) if isinstance(parsed, dict) else {"value": parsed}
     else:
-        raise ValidationError("provenance", "must be an object or a JSON string")
+        raise ValidationError(label, "must be an object or a JSON string")
     base["writer"] = dict(writer)
-    clean = strip_json_strings(base, "provenance")  # tags may hide behind \u escapes
-    return json.dumps(clean, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+    clean = strip_json_strings(base, label)  # tags may hide behind \u escapes
+    return strict_json(clean, label)
 
 
 # ---------------------------------------------------------------------------- save
@@ -354,7 +378,7 @@ def build_save(raw: Mapping[str, object], writer: Mapping[str, object], *,
         valid_at=parse_timestamp(args.get("valid_at"), f"{p}valid_at"),
         source_session_id=optional_str(args, "source_session_id", label=f"{p}source_session_id"),
         source_run_id=optional_str(args, "source_run_id", label=f"{p}source_run_id"),
-        provenance=stamp_provenance(args.get("provenance"), writer),
+        provenance=stamp_provenance(args.get("provenance"), writer, f"{p}provenance"),
         memory_class=optional_str(args, "memory_class", label=f"{p}memory_class"),
         space=optional_str(args, "space", label=f"{p}space"),
         writer_agent_id=optional_str(args, "writer_agent_id", label=f"{p}writer_agent_id"),

@@ -45,7 +45,8 @@ from collections.abc import Mapping
 from local_store.errors import ValidationError
 
 __all__ = ["MAX_JSON_DEPTH", "REDACTED", "contains_private_marker", "has_private_tag",
-           "holds_lone_surrogate", "is_text", "quoted", "strip_json_object", "strip_json_strings", "strip_private"]
+           "holds_lone_surrogate", "is_text", "quoted", "refuse_lone_surrogate",
+           "strip_json_object", "strip_json_strings", "strip_private"]
 
 REDACTED = "[redacted]"
 MAX_JSON_DEPTH = 64  # nesting of arguments and JSON-text fields; deeper is refused
@@ -138,7 +139,11 @@ def strip_json_strings(value: object, field: str = "body") -> object:
 
 
 def strip_json_object(value: Mapping[str, object]) -> dict[str, object]:
-    """:func:`strip_json_strings` of a request's arguments (each key a field)."""
+    """:func:`strip_json_strings` of a request's arguments (each key a field). Arguments that
+    are not an object are refused as ``body``, as ``save`` refuses them: ``dict()`` would make
+    ``{}`` of a list and fail on anything else with a TypeError."""
+    if not isinstance(value, Mapping):
+        raise ValidationError("body", "must be a JSON object")
     clean = strip_json_strings(dict(value))
     assert isinstance(clean, dict)
     return clean
@@ -151,7 +156,7 @@ def _strip_json(value: object, depth: int, field: str, *, top: bool = False,
     before it was read."""
     if isinstance(value, str):
         if strict:
-            _refuse_surrogates(value, field)
+            refuse_lone_surrogate(value, field)
         return strip_private(value)
     if not isinstance(value, dict | list | tuple):
         return value
@@ -161,7 +166,7 @@ def _strip_json(value: object, depth: int, field: str, *, top: bool = False,
         out = {}
         for key, item in value.items():
             if strict and isinstance(key, str):
-                _refuse_surrogates(key, field)
+                refuse_lone_surrogate(key, field)
             clean = strip_private(key) if isinstance(key, str) else key
             name = field if not top else str(clean) if field == "body" else f"{field}.{clean}"
             out[clean] = _strip_json(item, depth + 1, name, strict=strict)
@@ -170,7 +175,7 @@ def _strip_json(value: object, depth: int, field: str, *, top: bool = False,
     return items if isinstance(value, list) else tuple(items)
 
 
-def _refuse_surrogates(text: str, field: str) -> None:
+def refuse_lone_surrogate(text: str, field: str) -> None:
     """JSON can spell a lone surrogate (``"\\ud800"``), which no UTF-8 text (nor SQLite)
     can hold: refused here, naming the field, rather than failing the write later."""
     if not text.isascii() and not is_text(text):

@@ -32,11 +32,12 @@ from local_store import db, replica
 from local_store.apply import ApplyResult, apply_batch
 from local_store.arguments import (
     int_arg,
+    joined_strings,
     lenient_type,
     like_escape,
     msgspec_field,
     parse_links,
-    redact_request,
+    query_request,
 )
 from local_store.checkpoint import Checkpointer
 from local_store.columns import EDGE_ALL, EDGE_SELECT, NODE_COLUMNS, NODE_SELECT
@@ -393,8 +394,8 @@ class Store:
 
     async def link(self, args: Mapping[str, object]) -> dict[str, Any]:
         """``link_memory_to_entity``: an edge from a memory to any node id (verbatim)."""
-        refuse_private_identity(args)
         clean = strip_json_object(args)
+        refuse_private_identity(args)
         src = normalise_memory_id(clean.get("memory_id"))
         dst = required_str(clean, "target_node_id")
         kind = optional_str(clean, "relationship_type") or "REFERENCES"
@@ -413,11 +414,11 @@ class Store:
         """``ingest_entity``: idempotent per (realm, kind, name) through its topic key, so
         kind and name are identity too: one holding a private span is refused, as other keys
         are."""
+        clean = strip_json_object(args)
         refuse_private_identity(args)
         for key in ("kind", "name"):
             if isinstance(value := args.get(key), str):
                 refuse_private_id(value, key)
-        clean = strip_json_object(args)
         name = required_str(clean, "name", limit=1000)
         kind = optional_str(clean, "kind")
         if kind is not None and ("," in kind or len(kind) > MAX_TAG_CHARS - len("kind:")):
@@ -426,8 +427,10 @@ class Store:
                                   "characters, without commas")
         type_ = optional_str(clean, "type")
         icon = optional_str(clean, "icon")
-        properties = clean.get("properties") or {}
-        if not isinstance(properties, dict):
+        properties = clean.get("properties")
+        if properties is None:
+            properties = {}
+        elif not isinstance(properties, dict):  # "" / 0 / false / [] too: not "no properties"
             raise ValidationError("properties", "must be an object")
         links = parse_links(clean.get("links"))
         realm = parse_realm(clean.get("realm"))
@@ -467,7 +470,7 @@ class Store:
                            ("next_steps", "Next steps"), ("files", "Files")):
             value = clean.get(key)
             if isinstance(value, list):
-                value = ", ".join(str(v) for v in value)
+                value = joined_strings(value, key)
             text = optional_str({key: value}, key, limit=64 * 1024)
             if text:
                 parts.append(f"\n{label}: {text}")
@@ -699,12 +702,7 @@ class Store:
         """Hybrid recall (``POST /v1/agent/memory/query``); ``graph=False`` when gated."""
         if self._closed:  # its thread pools are shut down: say so, as writes and reads do
             raise StoreClosedError("the store is closed")
-        if not isinstance(request, QueryRequest):
-            try:
-                request = msgspec.convert(dict(request), QueryRequest)
-            except msgspec.ValidationError as exc:
-                raise ValidationError(msgspec_field(str(exc)), str(exc)) from None
-        request = redact_request(request)
+        request = query_request(request)
         if request.as_of is not None:
             parse_timestamp(request.as_of, "as_of")
         started = time.perf_counter()
@@ -852,7 +850,7 @@ class Store:
 
     async def list_memories(self, args: Mapping[str, object] | None = None) -> dict[str, Any]:
         """``list_memories``: newest first; invalidated and deleted excluded; archived unless asked."""
-        clean = strip_json_object(args or {})
+        clean = strip_json_object({} if args is None else args)
         limit = int_arg(clean, "limit", LIST_LIMIT_DEFAULT, 1, LIST_LIMIT_MAX)
         offset = int_arg(clean, "offset", 0, 0, 10**9)
         where, params = ["deleted = 0", "invalid_at IS NULL"], []

@@ -12,10 +12,10 @@ Rules:
 4. ``confidence_threshold`` is an f32 in the plane and may arrive as ``0.6000000238418579``.
 5. ``merge_patch`` also refuses a number that is not finite (JSON has none, but Python's
    ``json`` reads ``NaN``; stored, it would come back as ``null`` and no longer decode), an
-   ``rrf_k`` that is not above 0 (``1/(rrf_k + rank)`` with rank 0), a negative count (the
-   plane's are unsigned: its serde refuses them) and a mode outside the plane's enums (HITL
-   ``auto|post_hoc|gate``, dreaming ``full|housekeeping_only|sources``). Decoding stays
-   lenient about modes: a newer plane may add one. ``load_settings`` reads
+   ``rrf_k`` that is not above 0 (``1/(rrf_k + rank)`` with rank 0), a count outside
+   0..2^64-1 (the plane's counts are u64: its serde refuses them) and a mode outside the
+   plane's enums (HITL ``auto|post_hoc|gate``, dreaming ``full|housekeeping_only|sources``).
+   Decoding stays lenient about modes: a newer plane may add one. ``load_settings`` reads
    stored settings that an older syncd let such a value into: each field that does not decode
    falls back to its default, so a store still opens.
 """
@@ -108,10 +108,12 @@ def merge_patch(current: MemorySettings, patch: dict[str, object]) -> MemorySett
 
 HITL_MODES = ("auto", "post_hoc", "gate")
 DREAMING_MODES = ("full", "housekeeping_only", "sources")
+U64_MAX = 2**64 - 1  # the plane's counts are u64
 
 
 def _check_numbers(value: msgspec.Struct, path: str) -> None:
-    """Rule 5, field by field: finite floats, counts not below 0, modes of the plane's enums."""
+    """Rule 5, field by field: finite floats, counts in u64's range, modes of the plane's
+    enums."""
     for name in value.__struct_fields__:
         field, where = getattr(value, name), f"{path}.{name}"
         if isinstance(field, msgspec.Struct):
@@ -120,6 +122,8 @@ def _check_numbers(value: msgspec.Struct, path: str) -> None:
             raise msgspec.ValidationError(f"must be a finite number, got {field!r} - at `{where}`")
         elif isinstance(field, int) and not isinstance(field, bool) and field < 0:
             raise msgspec.ValidationError(f"must be 0 or more, got {field} - at `{where}`")
+        elif isinstance(field, int) and not isinstance(field, bool) and field > U64_MAX:
+            raise msgspec.ValidationError(f"must be at most {U64_MAX}, got {field} - at `{where}`")
         elif isinstance(value, HitlOps) and field not in HITL_MODES:
             raise msgspec.ValidationError(
                 f"must be one of {', '.join(HITL_MODES)}, got {field!r} - at `{where}`")

@@ -104,10 +104,7 @@ def restore(data_dir: Path, source: Path, *, wall: float | None = None) -> Resto
                 os.replace(incoming, target)
             except OSError:
                 if replaced is not None:  # the store stays (or is put back) where it was
-                    if linked:
-                        replaced.unlink()
-                    else:
-                        os.replace(replaced, target)
+                    _put_back(replaced, target, linked)
                 raise
             db.fsync(data_dir)
         except (OSError, sqlite3.Error) as exc:
@@ -204,7 +201,8 @@ def _move_aside(target: Path, wall: float) -> tuple[Path | None, bool]:
 
     Its WAL is checkpointed into it first (closing the last connection then removes the WAL
     and ``-shm``), so a crash can never leave a WAL beside a database it does not belong to. A
-    database too damaged to checkpoint moves with its side files."""
+    database too damaged to checkpoint is renamed with its side files, never linked: its WAL
+    holds commits, and must stay beside the one file it belongs to."""
     if not target.exists():
         for suffix in SIDE_FILES:  # a WAL without its database belongs to nothing
             target.with_name(target.name + suffix).unlink(missing_ok=True)
@@ -221,15 +219,28 @@ def _move_aside(target: Path, wall: float) -> tuple[Path | None, bool]:
         if not aside.exists():
             break
         aside = target.with_name(f"{target.name}.replaced-{stamp}-{n}")
+    if not any(target.with_name(target.name + suffix).exists() for suffix in SIDE_FILES):
+        try:
+            os.link(target, aside)
+            return aside, True
+        except OSError:  # no hard links here (some network and FUSE file systems)
+            pass
     for suffix in SIDE_FILES:
         side = target.with_name(target.name + suffix)
         with contextlib.suppress(FileNotFoundError):
             os.replace(side, aside.with_name(aside.name + suffix))
-    try:
-        os.link(target, aside)
-    except OSError:  # no hard links here (some network and FUSE file systems)
-        os.replace(target, aside)
-        return aside, False
-    return aside, True
+    os.replace(target, aside)
+    return aside, False
+
+
+def _put_back(aside: Path, target: Path, linked: bool) -> None:
+    """Undo ``_move_aside`` after the restored copy could not take ``target``'s name."""
+    if linked:  # ``target`` never left
+        aside.unlink()
+        return
+    os.replace(aside, target)
+    for suffix in SIDE_FILES:
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(aside.with_name(aside.name + suffix), target.with_name(target.name + suffix))
 
 

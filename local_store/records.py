@@ -313,6 +313,15 @@ def _not_json(name: str) -> object:
     raise _NotJson(name)
 
 
+def _json_float(text: str) -> float:
+    """A JSON number beyond float range (``1e400``) reads as infinity, which JSON has not:
+    a strict reader (the plane's) refuses the text, so it is not JSON here either."""
+    number = float(text)
+    if not math.isfinite(number):
+        raise _NotJson(text)
+    return number
+
+
 def stamp_provenance(given: object, writer: Mapping[str, object],
                      label: str = "provenance") -> str:
     """Merge the writer stamp into an object provenance; wrap any other value as the plane does.
@@ -325,7 +334,7 @@ def stamp_provenance(given: object, writer: Mapping[str, object],
         base = dict(given)
     elif isinstance(given, str):
         try:
-            parsed = json.loads(given, parse_constant=_not_json)
+            parsed = json.loads(given, parse_constant=_not_json, parse_float=_json_float)
         except RecursionError:
             raise ValidationError(label, "is nested too deeply") from None
         except ValueError:  # not JSON (NaN and Infinity included, _NotJson): kept as text

@@ -24,9 +24,11 @@ Rules:
     large) is not ok: it reports ``held_back`` and why, without backing off (the plane
     answered).
   * Clock: each response's ``Date`` (and a plane's ``until``) estimates this machine's offset to
-    the plane; an offset over ``OFFSET_MIN_NS`` is applied to every later stamp, one over
-    ``MAX_OFFSET_NS`` is refused (a broken ``Date``, not a clock: applied, it would stamp past
-    year 9999 and every write would fail), reported, and never stored — nor restored at start.
+    the plane; an offset over ``OFFSET_MIN_NS`` is applied to every later stamp. One that puts
+    the plane's clock outside ``PLAUSIBLE_NS`` is refused (a broken ``Date``, not a clock:
+    applied, a Date in year 9999 stamped past what a timestamp holds and every write failed),
+    reported until a sane one comes, and never stored — nor restored at start. This machine's
+    own clock may be any distance off (an RTC reset to 1970): the plane's sane clock corrects it.
     Queued edits stamped while the clock ran beyond the drift bound are stamped again when
     staged, after the version each replaced (``local_store/replica.py``).
   * A store restored from a backup with a non-empty outbox (``restored_outbox``, set by
@@ -81,11 +83,10 @@ FIRST_PAGE_ROWS = 250  # small, so applying starts early while the next page str
 STAGE_ROWS = 2000
 BAD_ROW_PASSES = 3
 OFFSET_MIN_NS = 2_000_000_000  # Date has 1 s resolution: smaller offsets are noise
-# Beyond this an offset is a broken Date header, not a clock: a laptop that far off could not
-# reach a plane over TLS (a certificate lives at most 398 days). The HLC's drift guard
-# (``max_drift_ns``, 5 minutes) bounds remote stamps, not offsets: real clocks a day or more
-# off must still be corrected (R9, R10).
-MAX_OFFSET_NS = 400 * 86_400 * 1_000_000_000
+# The instants a plane's clock is believed to read (its Date, its until): outside them it is a
+# broken header, not a clock. The bound is on the plane's clock, not on the offset: a laptop
+# whose clock reset years back must still be corrected (R9, R10), over http:// too.
+PLAUSIBLE_NS = (parse_ns("2024-01-01T00:00:00Z"), parse_ns("2100-01-01T00:00:00Z"))
 # The version anti-entropy records for an export row it could not read: after every canonical
 # version, so the local copy of that id is not re-queued over a row nobody here has seen.
 UNREAD = "\uffff"
@@ -135,7 +136,7 @@ class PassReport:
     reset: str | None = None
     future_rows: int = 0
     clock_rewound: bool = False
-    clock_refused: str | None = None  # an absurd offset estimate, not applied
+    clock_refused: str | None = None  # an absurd reading of the plane's clock, not applied
     requests: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
@@ -161,7 +162,7 @@ class SyncStatus:
     gated: str | None = None
     next_attempt_in_secs: float = 0.0
     clock_offset_ms: float = 0.0
-    clock_offset_refused: str | None = None  # the last absurd offset estimate, not applied
+    clock_offset_refused: str | None = None  # the plane's clock read absurd: not applied
     future_rows: int = 0
     drift_rejections: int = 0
     egress_refusals: int = 0
@@ -193,8 +194,8 @@ class SyncEngine:
         would fail; dropping it also pulls back an HLC it had dragged ahead."""
         state = await self.store.sync_state()
         offset = int(state.get("clock_offset_ns", "0") or 0)
-        if abs(offset) > MAX_OFFSET_NS:
-            self._refuse_offset(offset, "the stored clock offset")
+        if offset and not _plausible(self._wall() + offset):
+            self._refuse_offset(self._wall() + offset, "the stored clock offset")
             await self.store.correct_clock(0)
         elif offset:
             await self.store.correct_clock(offset)
@@ -467,9 +468,10 @@ class SyncEngine:
             except ValueError:
                 pass
         offset = server - midpoint
-        if abs(offset) > MAX_OFFSET_NS:
-            report.clock_refused = self._refuse_offset(offset, "the plane's Date header")
+        if not _plausible(server):
+            report.clock_refused = self._refuse_offset(server, "the plane's Date header")
             return
+        self.status.clock_offset_refused = None
         offset = offset if abs(offset) >= OFFSET_MIN_NS else 0
         if offset == 0 and self.store.clock.offset_ns == 0:
             return
@@ -479,12 +481,16 @@ class SyncEngine:
             report.clock_rewound = True
         self.status.clock_offset_ms = offset / 1e6
 
-    def _refuse_offset(self, offset: int, source: str) -> str:
-        """Report an absurd offset estimate (status, a rate-limited warning) without applying
-        it: the clock keeps the offset it had, and local writes keep working."""
-        days = offset / 86_400e9
-        why = (f"{source} puts this clock {days:+,.0f} days off the plane's, beyond the "
-               f"{MAX_OFFSET_NS // 86_400_000_000_000} days believable: offset not applied")
+    def _refuse_offset(self, plane_ns: int, source: str) -> str:
+        """Report an absurd reading of the plane's clock (status, a rate-limited warning)
+        without applying it: the clock keeps the offset it had, and local writes keep working."""
+        try:
+            reads = format_ns(plane_ns)
+        except ValueError:  # beyond what a timestamp holds
+            reads = f"{plane_ns} ns after 1970"
+        low, high = (format_ns(bound)[:10] for bound in PLAUSIBLE_NS)
+        why = (f"{source} says the plane's clock reads {reads}, outside {low}..{high}: "
+               "offset not applied")
         self.status.clock_offset_refused = why
         self._warn("%s", why)
         return why
@@ -630,6 +636,10 @@ class SyncEngine:
 def _after_reset(state: dict[str, str]) -> dict[str, str]:
     """The state a reset leaves: cursor and plane identity gone, what was learnt kept."""
     return {k: v for k, v in state.items() if k not in RESET_STATE} | {RESYNC: "1"}
+
+
+def _plausible(plane_ns: int) -> bool:
+    return PLAUSIBLE_NS[0] <= plane_ns < PLAUSIBLE_NS[1]
 
 
 def _advances(since: str | None, until: str) -> bool:

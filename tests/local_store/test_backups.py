@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from local_store import HashingEmbedder, Store, StoreLockedError
+from local_store import HashingEmbedder, Store, StoreLockedError, backups, db
 from local_store.backups import BackupError, backup, restore
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -281,3 +281,112 @@ def test_a_crash_as_the_restored_copy_takes_its_place_leaves_a_store_in_place(
     assert done.returncode == -9  # it died at the rename, as meant
     assert (data / "memory.db").is_file()
     assert asyncio.run(contents(data)) == ["in the backup", "written after the backup"]
+
+
+# A store too damaged to checkpoint keeps its WAL beside it (review of the hard-link restore).
+
+def _store_with_wal_only_row(data_dir: Path) -> None:
+    """memory.db whose last commit lives only in memory.db-wal (as after a crash)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    live = data_dir.parent / "live"
+    live.mkdir()
+    conn = sqlite3.connect(live / db.DB_FILENAME)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA wal_autocheckpoint = 0")
+    conn.execute("CREATE TABLE t (x TEXT)")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.execute("INSERT INTO t VALUES ('committed, in the WAL only')")
+    conn.commit()
+    shutil.copy(live / db.DB_FILENAME, data_dir / db.DB_FILENAME)
+    shutil.copy(live / (db.DB_FILENAME + "-wal"), data_dir / (db.DB_FILENAME + "-wal"))
+    conn.close()
+
+
+async def _backup_file(tmp_path: Path) -> Path:
+    s = await Store.open(tmp_path / "src", embedder=HashingEmbedder())
+    await s.save({"content": "from the backup"})
+    await s.close()
+    dest = tmp_path / "backup.db"
+    await asyncio.to_thread(backups.backup, tmp_path / "src", dest)
+    return dest
+
+
+def _t_rows(path: Path) -> list[str]:
+    conn = sqlite3.connect(path)
+    try:
+        return [r[0] for r in conn.execute("SELECT x FROM t")]
+    finally:
+        conn.close()
+
+
+def _checkpoint_fails(monkeypatch: pytest.MonkeyPatch, target: Path) -> None:
+    """The store is "too damaged to checkpoint" (the case _move_aside names)."""
+    real = sqlite3.connect
+
+    def connect(path: object, *args: object, **kwargs: object) -> sqlite3.Connection:
+        if Path(str(path)) == target:
+            raise sqlite3.DatabaseError("database disk image is malformed")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(backups.sqlite3, "connect", connect)
+
+
+class _Crash(BaseException):
+    pass
+
+
+def _restore_failing_at_the_last_rename(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        failure: BaseException) -> Path:
+    """Restore a backup over a store whose last commit is only in its WAL and which cannot be
+    checkpointed, raising ``failure`` where the restored copy would take ``memory.db``'s name;
+    returns the data dir, the fault hooks removed."""
+    source = asyncio.run(_backup_file(tmp_path))
+    data_dir = tmp_path / "data"
+    _store_with_wal_only_row(data_dir)
+    target = data_dir / db.DB_FILENAME
+    _checkpoint_fails(monkeypatch, target)
+    real_replace = os.replace
+
+    def replace(src: object, dst: object) -> None:
+        if Path(str(dst)) == target and Path(str(src)).name.endswith(".restoring"):
+            raise failure
+        real_replace(src, dst)
+
+    monkeypatch.setattr(backups.os, "replace", replace)
+    try:
+        backups.restore(data_dir, source)
+    finally:
+        monkeypatch.undo()
+    return data_dir
+
+
+def test_restore_crash_after_link_keeps_memory_db_with_its_wal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """_move_aside moved -wal/-shm to the aside name *before* hard-linking: a crash between the
+    link and the rename left memory.db (the old store, where the daemon looks) without the
+    WAL holding its last commits, and that WAL beside the hard link (the same inode), where it
+    is stale as soon as the daemon writes memory.db again."""
+    with pytest.raises(_Crash):  # power lost between the link and the rename
+        _restore_failing_at_the_last_rename(tmp_path, monkeypatch, _Crash())
+    data_dir = tmp_path / "data"
+    target = data_dir / db.DB_FILENAME
+    # A memory.db the daemon will open must not have lost its WAL's commits, and the old
+    # store must still be readable, whole, under some name.
+    if target.exists():
+        assert _t_rows(target) == ["committed, in the WAL only"]
+    (aside,) = [p for p in data_dir.iterdir() if p.name.startswith("memory.db.replaced-")
+                and not p.name.endswith(("-wal", "-shm"))]
+    assert _t_rows(aside) == ["committed, in the WAL only"]
+
+
+def test_failed_restore_keeps_memory_db_with_its_wal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """"In each case nothing in data_dir has changed" (restore's docstring): when the final
+    rename failed, the hard-link path unlinked the aside name but left the old store's WAL
+    moved to ``memory.db.replaced-…-wal``, beside no database; memory.db lost those commits."""
+    with pytest.raises(backups.BackupError):
+        _restore_failing_at_the_last_rename(
+            tmp_path, monkeypatch, OSError(16, "Device or resource busy"))
+    data_dir = tmp_path / "data"
+    assert _t_rows(data_dir / db.DB_FILENAME) == ["committed, in the WAL only"]
+    assert sorted(p.name for p in data_dir.iterdir() if "replaced" in p.name) == []

@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from local_store import Store, ValidationError, apply
+from local_store import HashingEmbedder, Store, ValidationError, apply
 from protocol.rows import EdgeRow, NodeRow
 
 S = "\ud800"  # a lone surrogate: Python's json (the MCP fallback decoder) reads one from "\ud800"
@@ -276,3 +276,18 @@ async def test_apply_reports_a_bad_edge_row_and_applies_the_rest(
     result = await store.apply([], [good, bad], model=store.embedder.model_id)
     assert result.applied_edges == 1
     assert [(p.index, p.field) for p in result.problems] == [(1, field)]
+
+
+async def test_provenance_text_with_a_number_beyond_float_range_is_kept_not_refused(
+        tmp_path: Path) -> None:
+    """``stamp_provenance`` wraps text that is "JSON only to Python" (NaN, Infinity) as text,
+    but ``{"score": 1e400}`` — valid JSON text — parses to ``inf`` through ``json.loads``'s
+    float path (not ``parse_constant``), and ``strict_json`` then refuses the whole save:
+    "provenance: must be valid JSON". Before this change it saved. Either wrap it as text (as
+    the plane's strict parser, which refuses out-of-range numbers, leaves it) or keep it."""
+    s = await Store.open(tmp_path / "data", embedder=HashingEmbedder())
+    try:
+        saved = await s.save({"content": "a note", "provenance": '{"score": 1e400}'})
+        assert saved["saved"]
+    finally:
+        await s.close()

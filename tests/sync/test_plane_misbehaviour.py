@@ -15,6 +15,8 @@ What each test guards:
     laptop's own copy of that id is not pushed over it.
   * A ``Date`` header in year 9999 is refused as a clock offset and reported; local writes keep
     working, also after a restart over such an offset stored by an earlier version.
+  * ``syncd status`` stops naming a refused clock reading once the plane answers sanely, and
+    a laptop clock years off is still corrected by a sane plane (over http:// too).
   * A ``Retry-After`` too large for a float is honoured as the backoff cap, not ignored.
   * An import answer with a row error that names no row of the batch acknowledges nothing:
     the plane refused something, and the client cannot tell what."""
@@ -24,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -235,6 +238,47 @@ async def test_a_date_header_in_year_9999_is_refused_and_local_writes_keep_worki
             assert (await again.store.sync_state())["clock_offset_ns"] == "0"
         finally:
             await again.close()
+
+
+async def test_a_refused_date_is_no_longer_reported_once_the_plane_answers_sanely(
+        tmp_path: Path) -> None:
+    """``status.clock_offset_refused`` is set on one absurd ``Date`` and never cleared: after
+    the plane's clock is fine again, ``syncd status`` keeps printing "clock_refused … offset
+    not applied" until the daemon restarts (and after a restart over an old stored offset,
+    for ever)."""
+    plane = Plane()
+    date = {"value": "Fri, 31 Dec 9999 23:59:59 GMT"}
+    plane.changes = lambda r: web.json_response(
+        {"since": "", "until": UNTIL, "memory_nodes": [], "memory_edges": []},
+        headers={"Date": date["value"]})
+    async with serving(plane) as url:
+        laptop = await start_laptop("a", tmp_path / "a", url, "tok")
+        try:
+            assert (await laptop.sync()).clock_refused is not None
+            date["value"] = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime())
+            report = await laptop.sync()
+            assert report.ok and report.clock_refused is None
+            assert laptop.engine.status.clock_offset_refused is None
+        finally:
+            await laptop.close()
+
+
+async def test_a_clock_years_behind_is_still_corrected_by_an_http_hub(tmp_path: Path) -> None:
+    """A first bound on the offset's size (400 days, "too far off to reach a plane over
+    TLS") also refused a real clock that far off — over http:// (a hub on the LAN) it can
+    reach one: a machine whose RTC reset kept its wrong clock and pushed every edit with a
+    stamp years old. The bound is on the plane's clock instead."""
+    behind = 2 * YEAR_NS
+    plane = Plane()
+    async with serving(plane) as url:
+        laptop = await start_laptop("a", tmp_path / "a", url, "tok",
+                                    wall=lambda: time.time_ns() - behind)
+        try:
+            report = await laptop.sync()
+            assert report.clock_refused is None, report.clock_refused
+            assert abs(laptop.store.clock.offset_ns - behind) < 10 * 10**9
+        finally:
+            await laptop.close()
 
 
 async def test_a_retry_after_too_large_for_a_float_is_capped_not_ignored(

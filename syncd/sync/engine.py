@@ -8,6 +8,8 @@ Rules:
     advance the cursor; after ``BAD_ROW_PASSES`` passes with the same failure the cursor moves
     past it and the rows are reported as skipped, so one poisoned row cannot stall sync forever.
     A row that does not even fit the row schema (``plane.decode_changes``) counts the same.
+  * An ``until`` that is not a timestamp (an empty one included) is not stored: the cursor
+    stays, as Kyma's own client keeps it for an empty one.
   * A pass ends with an error, never loops, when the plane's paging does not advance: a
     ``changes`` page with ``has_more`` whose ``until`` is not after the ``since`` it answered
     (its rows are applied first), or an ``export`` ``next_cursor`` already walked.
@@ -137,6 +139,7 @@ class PassReport:
     future_rows: int = 0
     clock_rewound: bool = False
     clock_refused: str | None = None  # an absurd reading of the plane's clock, not applied
+    cursor_kept: str | None = None  # an ``until`` that is no timestamp, not stored
     requests: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
@@ -348,11 +351,13 @@ class SyncEngine:
                     state, cursor, asked = _after_reset(state), None, None
                     fetch = asyncio.ensure_future(self._fetch_page(None, FIRST_PAGE_ROWS))
                     continue
-                stuck = page.has_more and not _advances(asked, page.until)
+                readable = _is_stamp(page.until)
+                stuck = page.has_more and not (readable and _advances(asked, page.until))
                 if page.has_more and not stuck:
                     asked = page.until
                     fetch = asyncio.ensure_future(self._fetch_page(page.until))
-                if not await self._apply_page(report, state, page, unreadable):
+                if not await self._apply_page(report, state, page, unreadable,
+                                              keep_cursor=not readable):
                     report.pull_stopped = True
                     return reset
                 if stuck:  # asking again would get this page again, forever
@@ -360,7 +365,12 @@ class SyncEngine:
                         f"changes: the plane's cursor does not advance: asked since "
                         f"{asked!r}, it answered until {page.until!r} with has_more; "
                         f"pull stopped there")
-                cursor, state = page.until, {**state, "cursor": page.until}
+                if readable:
+                    cursor, state = page.until, {**state, "cursor": page.until}
+                else:  # as Kyma's own client does with an empty one: the cursor stays
+                    report.cursor_kept = page.until
+                    self._warn("changes: the plane's until %r is not a timestamp: the cursor "
+                               "stays at %r", page.until[:64], cursor)
                 if not page.has_more:
                     if cursor_was_empty and RESYNC not in state and not report.pull_problems:
                         # a bootstrap from the beginning is a full export: no diff due for now
@@ -382,15 +392,17 @@ class SyncEngine:
         return page, unreadable
 
     async def _apply_page(self, report: PassReport, state: dict[str, str],
-                          page: ChangesResponse, unreadable: list[UnreadableRow]) -> bool:
-        """Apply one page with its cursor; False when the cursor must not move past it. Rows
-        that could not be read hold the cursor as rows the store refuses do (R5)."""
+                          page: ChangesResponse, unreadable: list[UnreadableRow], *,
+                          keep_cursor: bool = False) -> bool:
+        """Apply one page with its cursor (without it when ``keep_cursor``: an ``until`` that
+        is no timestamp); False when the cursor must not move past it. Rows that could not be
+        read hold the cursor as rows the store refuses do (R5)."""
         new_state: dict[str, str | None] = {
             "cursor": page.until, "feed": page.feed or "", "plane_store_id": page.store_id}
         if not page.memory_nodes and not page.memory_edges and not unreadable and all(
                 state.get(k) == v for k, v in new_state.items()):
             return True  # nothing new and nothing to record: no write transaction
-        if unreadable:
+        if unreadable or keep_cursor:
             del new_state["cursor"]
         result = await self.store.pull(page.memory_nodes, page.memory_edges,
                                        model=self._plane_model(state), state=new_state,
@@ -403,7 +415,8 @@ class SyncEngine:
             report.pull_problems += len(problems)
             if not self._give_up_on(problems):
                 return False
-            await self.store.set_sync_state({"cursor": page.until})
+            if not keep_cursor:
+                await self.store.set_sync_state({"cursor": page.until})
         return True
 
     def _since(self, cursor: str | None, feed: str | None) -> str | None:
@@ -636,6 +649,14 @@ class SyncEngine:
 def _after_reset(state: dict[str, str]) -> dict[str, str]:
     """The state a reset leaves: cursor and plane identity gone, what was learnt kept."""
     return {k: v for k, v in state.items() if k not in RESET_STATE} | {RESYNC: "1"}
+
+
+def _is_stamp(text: str) -> bool:
+    try:
+        parse_ns(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _plausible(plane_ns: int) -> bool:

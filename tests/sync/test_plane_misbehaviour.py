@@ -6,6 +6,7 @@ port.
 What each test guards:
   * ``changes`` with ``has_more`` and an ``until`` that does not advance ends the pass with an
     error after applying the page, instead of asking for the same page forever.
+  * An ``until`` that is no timestamp (empty, or garbage) is not stored as the cursor.
   * ``export`` with ``has_more`` and a ``next_cursor`` already walked ends the pass with an
     error, instead of walking the same page forever.
   * One ``changes`` row of a wrong type (a ``null`` in its embedding is how the plane writes a
@@ -124,6 +125,39 @@ async def test_changes_with_an_until_that_does_not_advance_ends_the_pass(
             assert plane.calls.count("changes") == 2  # the second answer shows it is stuck
             assert row["id"] in await held_ids(laptop.store)
             assert laptop.engine.status.last_error == report.error
+        finally:
+            await laptop.close()
+
+
+@pytest.mark.parametrize("until", ["", "not a time"], ids=["empty", "garbage"])
+async def test_an_until_that_is_no_timestamp_keeps_the_cursor(tmp_path: Path,
+                                                               until: str) -> None:
+    """The engine stored it as the cursor, and every later pass quietly pulled everything
+    again from the start (Kyma's own client keeps its cursor for an empty ``until``). The
+    page's rows apply; the cursor stays where it was; with ``has_more`` the pass ends instead
+    of asking from the start again and again."""
+    first, second = node(1), node(2)
+    answer = {"until": UNTIL, "rows": [first], "has_more": False}
+    plane = Plane()
+    plane.changes = lambda r: {"since": r.query.get("since", ""), "until": answer["until"],
+                               "memory_nodes": answer["rows"], "memory_edges": [],
+                               "has_more": answer["has_more"]}
+    async with serving(plane) as url:
+        laptop = await start_laptop("a", tmp_path / "a", url, "tok")
+        try:
+            assert (await laptop.sync()).ok
+            answer.update(until=until, rows=[second])
+            report = await laptop.sync()
+            assert report.cursor_kept == until
+            assert (await laptop.store.sync_state())["cursor"] == UNTIL
+            assert second["id"] in await held_ids(laptop.store)
+            answer["has_more"] = True
+            calls = plane.calls.count("changes")
+            report = await asyncio.wait_for(laptop.sync(), PASS_LIMIT_SECS)
+            assert not report.ok and report.error is not None
+            assert "does not advance" in report.error, report.error
+            assert plane.calls.count("changes") - calls == 1
+            assert (await laptop.store.sync_state())["cursor"] == UNTIL
         finally:
             await laptop.close()
 

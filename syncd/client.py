@@ -5,7 +5,7 @@ running" is its own subclass so callers can choose to be silent (hooks) or loud 
 program on the daemon's port (something that is not HTTP, or HTTP that does not answer in
 syncd's JSON) counts as the daemon not running there. A request that got no answer in
 ``timeout`` is not: the daemon took it and may still be working on it. Nor is a connection
-that timed out: a listening socket was there, its process did not take it.
+that timed out: most often a listening socket was there and its process did not take it.
 """
 
 from __future__ import annotations
@@ -112,14 +112,16 @@ class Client:
             return self._not_syncd(f"HTTP {status}, not a syncd error answer")
 
     def _down(self, exc: Exception) -> ClientError:
-        """Nothing listens (refused, reset): not running. A connection that timed out did reach
-        a listening socket that no process took it from in time — a daemon stopped
-        (SIGSTOP) or swamped, whose lock a second one started would only find taken."""
+        """Nothing listens (refused, reset): not running. A connection that timed out most
+        often reached a listening socket that no process took it from in time — a daemon
+        stopped (SIGSTOP) or swamped, whose lock a second one started would only find taken —
+        or, for an address off this machine, nothing answered at all."""
         reason = getattr(exc, "reason", exc)
         if isinstance(reason, TimeoutError):
             return ClientError(f"the daemon at {self.url} did not take the request within "
-                               f"{self.timeout:g} s; it may be stopped or overloaded: its log "
-                               "says why (a second one cannot start while it holds the data dir)")
+                               f"{self.timeout:g} s; it may be stopped, overloaded or out of "
+                               "reach: its log says why (a second one cannot start while it "
+                               "holds the data dir)")
         return DaemonDown(f"syncd daemon is not running at {self.url} ({reason}); start it "
                           "with `syncd run`")
 

@@ -18,7 +18,8 @@ Rules:
     packs batches under ``push_batch_bytes``, halves a batch on 413, clears entries only on 2xx
     with no errors (per row when the plane reports rows; nothing when a row error names no
     row of the batch), and stops the pass on any other failure. A row the plane refuses even
-    alone (413) stays queued and is skipped for the rest of the pass.
+    alone (413), or refuses by a row error, stays queued and is skipped for the rest of the
+    pass, which pushes the rest and ends ``held_back`` (no backoff: the plane answered).
   * Nothing is re-stamped in a pass whose pull stopped short: re-stamped, a stale local edit
     would beat a delete the pull has not reached yet (R12). Queued versions old enough to need
     it stay queued until a pull completes; recent ones are pushed as they are.
@@ -132,6 +133,8 @@ class PassReport:
     push_splits: int = 0
     push_row_errors: int = 0
     push_too_large: list[str] = field(default_factory=list)  # refused alone (413): still queued
+    push_refused: list[str] = field(default_factory=list)  # row errors: still queued
+    push_refusal: str | None = None  # the plane's word on the first of them
     push_held: int = 0  # old queued versions kept back by a short pull: still queued
     anti_entropy: bool = False
     requeued: int = 0
@@ -532,7 +535,8 @@ class SyncEngine:
             if hold:
                 bound = restamp_bound(self.store.clock.physical_ns(), keep)
                 held |= {_label(e) for e, row in rows if needs_restamp(row.updated_at, bound)}
-            skip = held | set(report.push_too_large)  # too large: refused alone once a pass
+            # too large (refused alone) or refused row by row: tried once a pass
+            skip = held | set(report.push_too_large) | set(report.push_refused)
             items = [(e, _encoder.encode(row)) for e, row in rows if _label(e) not in skip]
             for batch in _pack(items, self.options.push_batch_bytes):
                 await self._send(batch, report)
@@ -583,9 +587,14 @@ class SyncEngine:
         await self.store.ack_push(accepted)
         report.pushed_nodes += sum(1 for e in accepted if e[0] == "node")
         report.pushed_edges += sum(1 for e in accepted if e[0] == "edge")
-        if refused:
+        if refused:  # they stay queued; the rest of the outbox still goes (a refused row
+            # first in the outbox must not hold back every row after it, pass after pass)
             said = result.errors or [r.message for r in result.row_errors or ()]
-            raise PlaneError(f"import refused {len(refused)} rows: {said[0][:200]}")
+            report.push_refused += [_label(e) for i, e in enumerate(node_entries)
+                                    if ("node", i) in refused]
+            report.push_refused += [_label(e) for i, e in enumerate(edge_entries)
+                                    if ("edge", i) in refused]
+            report.push_refusal = report.push_refusal or said[0][:200]
 
     # ------------------------------------------------------------------ anti-entropy
 
@@ -683,6 +692,9 @@ def _held_back(report: PassReport) -> str | None:
     if report.push_too_large:
         reasons.append(f"{len(report.push_too_large)} queued rows are too large for the plane "
                        f"even alone and stay queued: {', '.join(report.push_too_large[:5])}")
+    if report.push_refused:
+        reasons.append(f"the plane refused {len(report.push_refused)} queued rows, which stay "
+                       f"queued: {', '.join(report.push_refused[:5])} ({report.push_refusal})")
     return "; ".join(reasons) or None
 
 

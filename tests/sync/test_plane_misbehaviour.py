@@ -19,6 +19,7 @@ What each test guards:
   * ``syncd status`` stops naming a refused clock reading once the plane answers sanely, and
     a laptop clock years off is still corrected by a sane plane (over http:// too).
   * A ``Retry-After`` too large for a float is honoured as the backoff cap, not ignored.
+  * A row the plane refuses first in the outbox does not hold back the rows after it.
   * An import answer with a row error that names no row of the batch acknowledges nothing:
     the plane refused something, and the client cannot tell what."""
 
@@ -365,3 +366,42 @@ def test_syncd_status_names_a_refused_clock_offset() -> None:
     assert f"    {'clock_refused':20} {why}" in lines
     assert not any("clock_refused" in line for line in _sync_lines(
         {"configured": True, "url": "http://plane", "interval_secs": 30}))
+
+
+async def test_a_row_refused_first_in_the_outbox_does_not_hold_back_the_rest(
+        tmp_path: Path) -> None:
+    """A row error ended the pass at the batch that held it: with more than one batch queued,
+    a row the plane keeps refusing (NUL text to a PostgreSQL hub, a wrong-width vector to
+    Kyma) first in the outbox held every later row back, pass after pass, and each failed
+    pass doubled the backoff. Now the refused row stays queued, everything else is pushed,
+    and the pass is ``held_back`` without a backoff."""
+    refused_content = "the plane refuses this one"
+
+    def answer(request: web.Request, body: Any) -> dict[str, Any]:
+        bad = [i for i, n in enumerate(body["memory_nodes"]) if n["content"] == refused_content]
+        return {"applied_nodes": len(body["memory_nodes"]) - len(bad),
+                "applied_edges": len(body["memory_edges"]),
+                "errors": [f"memory_nodes[{i}].content: refused" for i in bad],
+                "row_errors": [{"kind": "node", "index": i, "message": "refused"} for i in bad]}
+
+    plane = Plane()
+    plane.imp = answer
+    async with serving(plane) as url:
+        laptop = await start_laptop("a", tmp_path / "a", url, "tok", push_batch_bytes=4000)
+        try:
+            await laptop.store.save({"content": refused_content})
+            for i in range(12):
+                await laptop.store.save({"content": f"a note the plane takes {i}"})
+            report = await laptop.sync()
+            assert not report.ok and report.error_kind == "held_back", report.error
+            assert len(plane.imports) > 1  # more than one batch
+            assert report.pushed_nodes == 12 and report.push_refused, report
+            assert await laptop.store.outbox_depth() == 1
+            assert laptop.engine.status.next_attempt_in_secs == 0  # no backoff
+            assert "refused 1 queued rows" in (report.error or ""), report.error
+            sent = len(plane.imports)
+            again = await laptop.sync()  # tried again, once
+            assert again.push_refused == report.push_refused
+            assert len(plane.imports) == sent + 1
+        finally:
+            await laptop.close()

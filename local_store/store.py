@@ -351,9 +351,13 @@ class Store:
         mid = normalise_memory_id(memory_id)
         if importance is None:
             raise ValidationError("importance", "is required")
-        value = parse_importance(importance)
+        coerced: dict[str, str] = {}  # a clamp is said, as ``save`` says it
+        value = parse_importance(importance, coerced=coerced)
         await self._write(lambda w: w.mutate(mid, {"importance": value}))
-        return {"ok": True, "memory_id": mid, "importance": value}
+        result: dict[str, Any] = {"ok": True, "memory_id": mid, "importance": value}
+        if coerced:
+            result["coerced"] = coerced
+        return result
 
     async def delete(self, memory_id: object, *, hard: bool = False) -> dict[str, Any]:
         mid = normalise_memory_id(memory_id)

@@ -291,3 +291,16 @@ async def test_provenance_text_with_a_number_beyond_float_range_is_kept_not_refu
         assert saved["saved"]
     finally:
         await s.close()
+
+
+@pytest.mark.parametrize(("given", "stored"), [(1.7, 1.0), (-3, 0.0)])
+async def test_update_importance_says_when_it_clamps(store: Store, given: float,
+                                                     stored: float) -> None:
+    """``save`` reports a clamped importance in ``coerced``; ``update_importance`` clamped
+    silently."""
+    mid = (await store.save({"content": "a note to weigh"}))["node_id"]
+    result = await store.update_importance(mid, given)
+    assert result["importance"] == stored
+    assert result["coerced"] == {"importance": f"importance {given:g} is outside 0..1: "
+                                               f"stored as {stored:g}"}
+    assert "coerced" not in await store.update_importance(mid, 0.4)

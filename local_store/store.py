@@ -535,30 +535,27 @@ class Store:
 
         Returns the rows and the cursor to pass next time (the last seq returned).
         """
-        realm_sql = "" if realm is None else " AND realm = ?"
-        node_rows = await self._fetch(
-            NODE_SELECT + " WHERE local_seq > ?" + realm_sql + " ORDER BY local_seq LIMIT ?",
-            (since_seq, limit) if realm is None else (since_seq, realm, limit))
-        edge_rows = await self._fetch(
-            EDGE_SELECT + " WHERE local_seq > ? ORDER BY local_seq LIMIT ?", (since_seq, limit))
-        seq_index = NODE_COLUMNS.index("local_seq")
-        merged = sorted([(r[seq_index], "n", r) for r in node_rows]
-                        + [(r[EDGE_ALL.index("local_seq")], "e", r) for r in edge_rows],
-                        key=lambda item: item[0])[:limit]
-        cursor = merged[-1][0] if merged else since_seq
-        nodes = await self._wire_nodes([r for _, k, r in merged if k == "n"],
-                                       model or self.embedder.model_id)
-        edges = [wire_edge(dict(zip(EDGE_ALL, r, strict=True))) for _, k, r in merged if k == "e"]
-        return nodes, edges, int(cursor)
+        nodes, edges, cursor, _ = await self.changes_page(since_seq, limit=limit, realm=realm,
+                                                          model=model)
+        return nodes, edges, cursor
 
-    async def any_change_after(self, since_seq: int, realm: str | None = None) -> bool:
-        """Whether ``changes(since_seq, realm=realm)`` would return anything."""
-        realm_sql = "" if realm is None else " AND realm = ?"
-        rows = await self._fetch(
-            "SELECT EXISTS (SELECT 1 FROM memories WHERE local_seq > ?" + realm_sql + ") OR "
-            "EXISTS (SELECT 1 FROM edges WHERE local_seq > ?)",
-            (since_seq, since_seq) if realm is None else (since_seq, realm, since_seq))
-        return bool(rows[0][0])
+    async def changes_page(self, since_seq: int, *, limit: int = 1000, realm: str | None = None,
+                           model: str | None = None,
+                           ) -> tuple[list[NodeRow], list[EdgeRow], int, bool]:
+        """``changes`` and whether anything follows the page, all read from one snapshot (one
+        read transaction on the recall reader's connection): read apart, an import committed
+        between the node and the edge query moved the cursor past nodes never served."""
+        if self._closed:
+            raise StoreClosedError("the store is closed")
+        model = model or self.embedder.model_id
+        read = functools.partial(_changes_page, self._recall_reader.fetch, since_seq, limit,
+                                 realm, model)
+        rows, edge_rows, found, cursor, more = await asyncio.get_running_loop().run_in_executor(
+            self._recall_reader.pool, read)
+        dicts = [dict(zip(NODE_COLUMNS, r, strict=True)) for r in rows]
+        nodes = wire_nodes(dicts, wire_embeddings(found), _width(self.embedder, model))
+        edges = [wire_edge(dict(zip(EDGE_ALL, r, strict=True))) for r in edge_rows]
+        return nodes, edges, cursor, more
 
     async def changes_since(self, since: str | None, realm: str | None = None, *,
                             model: str | None = None, edge_version: str = "updated_at",
@@ -990,6 +987,41 @@ def _open_writer(path: Path, wall: Callable[[], int]) -> tuple[Writer, str]:
     clock = HybridClock(int(values["hlc_node"]), wall=wall,
                         last_ns=int(values.get("hlc_last", "0")))
     return Writer(conn, clock, values["replica_id"]), values["store_id"]
+
+
+def _changes_page(fetch: Callable[[str, Sequence[object]], list[Any]], since_seq: int, limit: int,
+                  realm: str | None, model: str,
+                  ) -> tuple[list[Any], list[Any], list[tuple[str, bytes]], int, bool]:
+    """``Store.changes_page``'s reads, in one read transaction (on the reader's thread): node
+    rows, edge rows, the nodes' ``model`` vectors, the cursor, and whether more follows."""
+    realm_sql = "" if realm is None else " AND realm = ?"
+    fetch("BEGIN", ())
+    try:
+        node_rows = fetch(
+            NODE_SELECT + " WHERE local_seq > ?" + realm_sql + " ORDER BY local_seq LIMIT ?",
+            (since_seq, limit) if realm is None else (since_seq, realm, limit))
+        edge_rows = fetch(
+            EDGE_SELECT + " WHERE local_seq > ? ORDER BY local_seq LIMIT ?", (since_seq, limit))
+        seq_index = NODE_COLUMNS.index("local_seq")
+        merged = sorted([(r[seq_index], "n", r) for r in node_rows]
+                        + [(r[EDGE_ALL.index("local_seq")], "e", r) for r in edge_rows],
+                        key=lambda item: item[0])[:limit]
+        cursor = int(merged[-1][0]) if merged else since_seq
+        nodes = [r for _, kind, r in merged if kind == "n"]
+        ids = [r[NODE_COLUMNS.index("id")] for r in nodes]
+        found: list[tuple[str, bytes]] = []
+        for start in range(0, len(ids), 500):
+            chunk = ids[start:start + 500]
+            found += [(r[0], r[1]) for r in fetch(
+                f"SELECT memory_id, vec FROM vectors WHERE model = ? AND memory_id IN "
+                f"({','.join('?' * len(chunk))})", [model, *chunk])]
+        more = len(merged) == limit and bool(fetch(
+            "SELECT EXISTS (SELECT 1 FROM memories WHERE local_seq > ?" + realm_sql + ") OR "
+            "EXISTS (SELECT 1 FROM edges WHERE local_seq > ?)",
+            (cursor, cursor) if realm is None else (cursor, realm, cursor))[0][0])
+    finally:
+        fetch("COMMIT", ())
+    return nodes, [r for _, kind, r in merged if kind == "e"], found, cursor, more
 
 
 def _settle(into: Future[T], done: Future[T]) -> None:

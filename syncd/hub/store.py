@@ -245,8 +245,7 @@ class SqliteHubStore:
 
     async def export_page(self, cursor: str, *, limit: int, realm: str | None = None) -> Page:
         start = parse_cursor(cursor)
-        nodes, edges, last = await self.store.changes(start, limit=limit, realm=realm)
-        more = len(nodes) + len(edges) == limit and await self.store.any_change_after(last, realm)
+        nodes, edges, last, more = await self.store.changes_page(start, limit=limit, realm=realm)
         return nodes, edges, str(last), more
 
     async def recall(self, request: QueryRequest) -> QueryResponse:

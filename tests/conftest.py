@@ -4,6 +4,7 @@ PostgreSQL server (tests/pgserver.py) with a fresh database per test."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import uuid
@@ -11,10 +12,23 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 from blockbuster import blockbuster_ctx
 
 from local_store import HashingEmbedder, Store
 from tests.pgserver import PgServer, PgServerError, find_bindir
+
+
+@contextlib.asynccontextmanager
+async def serving_app(app: web.Application) -> AsyncIterator[str]:
+    """``app`` served on a loopback port of the system's choosing; yields its URL."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
 
 
 class FakeWall:

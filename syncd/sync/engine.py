@@ -7,7 +7,7 @@ Rules:
     in one transaction (``Store.pull``). A page with a row that cannot be applied does not
     advance the cursor; after ``BAD_ROW_PASSES`` passes with the same failure the cursor moves
     past it and the rows are reported as skipped, so one poisoned row cannot stall sync forever.
-    A row that does not even fit the row schema (``plane.decode_changes``) counts the same.
+    A row that does not even fit the row schema (``plane.decode_rows``) counts the same.
   * An ``until`` that is not a timestamp (an empty one included) is not stored: the cursor
     stays, as Kyma's own client keeps it for an empty one.
   * A pass ends with an error, never loops, when the plane's paging does not advance: a

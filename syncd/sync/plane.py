@@ -163,11 +163,8 @@ class PlaneClient:
             params["realm"] = realm
         if limit is not None:
             params["limit"] = str(limit)
-        if unreadable is None:
-            return await self._get(CHANGES_PATH, params, changes_decoder)
-        page, rows = decode_changes(await self._request("GET", CHANGES_PATH, params, None))
-        unreadable.extend(rows)
-        return page
+        return await self._get_page(CHANGES_PATH, params, changes_decoder, ChangesResponse,
+                                    unreadable)
 
     async def export(self, realm: str | None, limit: int | None,
                      cursor: str | None, *,
@@ -181,12 +178,7 @@ class PlaneClient:
             params["limit"] = str(limit)
         if cursor is not None:
             params["cursor"] = cursor
-        if unreadable is None:
-            return await self._get(EXPORT_PATH, params, export_decoder)
-        data = await self._request("GET", EXPORT_PATH, params, None)
-        page, rows = decode_rows(data, export_decoder, ExportBody, EXPORT_PATH)
-        unreadable.extend(rows)
-        return page
+        return await self._get_page(EXPORT_PATH, params, export_decoder, ExportBody, unreadable)
 
     async def entitlement(self, device_id: str) -> tuple[str, int | None]:
         """An entitlement token for this device, and the server's clock (``Date``) in s."""
@@ -221,6 +213,17 @@ class PlaneClient:
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise Transient(f"{path}: malformed response: {exc}") from None
 
+    async def _get_page(self, path: str, params: dict[str, str],
+                        decoder: msgspec.json.Decoder[P], page_type: type[P],
+                        unreadable: list[UnreadableRow] | None) -> P:
+        """A page of rows; with ``unreadable``, read row by row when a row does not fit."""
+        if unreadable is None:
+            return await self._get(path, params, decoder)
+        data = await self._request("GET", path, params, None)
+        page, rows = decode_rows(data, decoder, page_type, path)
+        unreadable.extend(rows)
+        return page
+
     async def _request(self, method: str, path: str, params: dict[str, str],
                        body: bytes | None) -> bytes:
         session = self._open()
@@ -248,11 +251,6 @@ class PlaneClient:
         if status in (408, 425, 429) or status >= 500:
             raise Transient(detail, status, retry_after)
         raise Rejected(detail, status)
-
-
-def decode_changes(data: bytes) -> tuple[ChangesResponse, list[UnreadableRow]]:
-    """A ``changes`` body, and its rows that are not rows (``decode_rows``)."""
-    return decode_rows(data, changes_decoder, ChangesResponse, CHANGES_PATH)
 
 
 def decode_rows(data: bytes, decoder: msgspec.json.Decoder[P], page_type: type[P],

@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from aiohttp import web
 
 from protocol.rows import NodeRow
 from syncd.sync.engine import BACKOFF_CAP_SECS, BAD_ROW_PASSES
+from tests.conftest import serving_app
 from tests.sync.harness import start_laptop
 
 UNTIL = "2026-01-01T00:00:00+00:00"
@@ -94,15 +95,8 @@ class Plane:
         return app
 
 
-@contextlib.asynccontextmanager
-async def serving(plane: Plane) -> AsyncIterator[str]:
-    runner = web.AppRunner(plane.app())
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+def serving(plane: Plane) -> contextlib.AbstractAsyncContextManager[str]:
+    return serving_app(plane.app())
 
 
 async def held_ids(store: Any) -> set[str]:

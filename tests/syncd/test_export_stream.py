@@ -21,6 +21,7 @@ from protocol.rows import NodeRow
 from syncd.client import Client, ClientError
 from syncd.http.app import EXPORT_HINT
 from syncd.transfer import export_file
+from tests.conftest import serving_app
 from tests.syncd.conftest import TOKEN, Daemon
 
 
@@ -83,13 +84,8 @@ async def cut_short() -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_get("/v1/agent/memory/export", export)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with serving_app(app) as url:
+        yield url
 
 
 async def test_a_body_cut_short_is_an_error_and_never_replaces_the_file(

@@ -75,6 +75,13 @@ class Semantic:
 
     ids: Sequence[str]
     sims: npt.NDArray[np.float32]
+    # The query's distance from the store's vectors over an unseen memory's (``domain.py``);
+    # None for a store too small to fit.
+    strangeness: float | None = None
+
+    @property
+    def off_topic(self) -> bool:
+        return self.strangeness is not None and self.strangeness >= OFF_TOPIC_GATE
 
 CAND_K = 50
 # A backstop, never reached in normal work: the query's future always settles (a refused or
@@ -90,10 +97,16 @@ IMPORTANCE_WEIGHT = 0.3
 # syncd's match rule, in two levels (calibrated on bench/recall_eval.py with MiniLM, where the
 # best cosine of a nonsense query ranged 0.15–0.34 and of a real paraphrase 0.25–0.6, so no
 # single cosine floor separates them; PRIOR-ART: absolute floors are fragile):
-#   * the query matches at all when every query token occurs in some memory (strict FTS hit)
-#     or its best cosine reaches QUERY_COSINE_GATE — otherwise the answer is the fallback;
+#   * the query matches at all when every query token occurs in some memory (strict FTS hit),
+#     or when its best cosine reaches QUERY_COSINE_GATE and it is not off the store's topic:
+#     its strangeness (``domain.py``: distance from the store's vectors over an unseen
+#     memory's) stays below OFF_TOPIC_GATE — otherwise the answer is the fallback;
 #   * then a candidate stays when its relevance reaches CANDIDATE_FLOOR.
+# Real queries' strangeness centres on 1.0; OFF_TOPIC_GATE sits just under the least strange
+# nonsense query that cleared the cosine gate (1.155), chosen before a second blind held-out
+# set was run (bench/recall_eval.py reports it apart).
 QUERY_COSINE_GATE = 0.30
+OFF_TOPIC_GATE = 1.15
 CANDIDATE_FLOOR = 0.15
 # plane mode's keyword leg counts a query's first PLANE_MAX_TOKENS distinct tokens (the plane
 # counts them all): each is looked for in every row that passes the filters.
@@ -229,7 +242,7 @@ class Recall:
             best_cosine = self._semantic_leg(filters, mode, cands, strict_hit)
         self._hydrate(cands, filters, mode)
         if mode == "syncd":
-            if strict_hit or best_cosine >= QUERY_COSINE_GATE:
+            if strict_hit or (best_cosine >= QUERY_COSINE_GATE and not self._off_topic()):
                 cands = {k: c for k, c in cands.items() if _relevance(c) >= CANDIDATE_FLOOR}
             else:
                 cands = {}
@@ -260,7 +273,8 @@ class Recall:
         # The gate looks at the whole store: a realm filter must not make a real query look
         # like nonsense because its realm's best match is weaker.
         best = float(sims.max())
-        if mode == "syncd" and not strict_hit and best < QUERY_COSINE_GATE:
+        if mode == "syncd" and not strict_hit and (best < QUERY_COSINE_GATE
+                                                   or semantic.off_topic):
             return best  # the answer is the fallback: no candidate stays
         where, params = filters.sql()
         if mode == "plane":
@@ -271,6 +285,10 @@ class Recall:
             cand = cands.setdefault(mid, Candidate(mid))
             cand.vec_rank, cand.cosine, cand.row = rank, cos[mid], rows[mid]
         return best
+
+    def _off_topic(self) -> bool:
+        semantic = self._semantic
+        return semantic is not None and semantic.off_topic
 
     def _nearest_allowed(self, sims: npt.NDArray[np.float32], every: Sequence[str], where: str,
                          params: list[object], mode: Mode, cands: dict[str, Candidate],

@@ -98,14 +98,18 @@ IMPORTANCE_WEIGHT = 0.3
 # best cosine of a nonsense query ranged 0.15–0.34 and of a real paraphrase 0.25–0.6, so no
 # single cosine floor separates them; PRIOR-ART: absolute floors are fragile):
 #   * the query matches at all when every query token occurs in some memory (strict FTS hit),
-#     or when its best cosine reaches QUERY_COSINE_GATE and it is not off the store's topic:
-#     its strangeness (``domain.py``: distance from the store's vectors over an unseen
-#     memory's) stays below OFF_TOPIC_GATE — otherwise the answer is the fallback;
+#     or its best cosine reaches QUERY_COSINE_SURE, or its best cosine reaches
+#     QUERY_COSINE_GATE and it is not off the store's topic: its strangeness (``domain.py``:
+#     distance from the store's vectors over an unseen memory's) stays below OFF_TOPIC_GATE —
+#     otherwise the answer is the fallback;
 #   * then a candidate stays when its relevance reaches CANDIDATE_FLOOR.
 # Real queries' strangeness centres on 1.0; OFF_TOPIC_GATE sits just under the least strange
 # nonsense query that cleared the cosine gate (1.155), chosen before a second blind held-out
-# set was run (bench/recall_eval.py reports it apart).
+# set was run (bench/recall_eval.py reports it apart). Short real queries score up to ~1.17
+# ("what did we decide about currencies", best cosine 0.50), so a cosine above any nonsense
+# query's (0.42 at most, of 122) is a match whatever the strangeness.
 QUERY_COSINE_GATE = 0.30
+QUERY_COSINE_SURE = 0.45
 OFF_TOPIC_GATE = 1.15
 CANDIDATE_FLOOR = 0.15
 # plane mode's keyword leg counts a query's first PLANE_MAX_TOKENS distinct tokens (the plane
@@ -242,7 +246,7 @@ class Recall:
             best_cosine = self._semantic_leg(filters, mode, cands, strict_hit)
         self._hydrate(cands, filters, mode)
         if mode == "syncd":
-            if strict_hit or (best_cosine >= QUERY_COSINE_GATE and not self._off_topic()):
+            if strict_hit or self._semantic_match(best_cosine):
                 cands = {k: c for k, c in cands.items() if _relevance(c) >= CANDIDATE_FLOOR}
             else:
                 cands = {}
@@ -273,8 +277,7 @@ class Recall:
         # The gate looks at the whole store: a realm filter must not make a real query look
         # like nonsense because its realm's best match is weaker.
         best = float(sims.max())
-        if mode == "syncd" and not strict_hit and (best < QUERY_COSINE_GATE
-                                                   or semantic.off_topic):
+        if mode == "syncd" and not strict_hit and not self._semantic_match(best):
             return best  # the answer is the fallback: no candidate stays
         where, params = filters.sql()
         if mode == "plane":
@@ -286,9 +289,13 @@ class Recall:
             cand.vec_rank, cand.cosine, cand.row = rank, cos[mid], rows[mid]
         return best
 
-    def _off_topic(self) -> bool:
+    def _semantic_match(self, best: float) -> bool:
+        """Whether the query matches by its vector, its best cosine being ``best`` (syncd's
+        match rule, above)."""
+        if best >= QUERY_COSINE_SURE:
+            return True
         semantic = self._semantic
-        return semantic is not None and semantic.off_topic
+        return best >= QUERY_COSINE_GATE and not (semantic is not None and semantic.off_topic)
 
     def _nearest_allowed(self, sims: npt.NDArray[np.float32], every: Sequence[str], where: str,
                          params: list[object], mode: Mode, cands: dict[str, Candidate],

@@ -66,5 +66,5 @@ def test_bench_recall_eval_prints_every_mode() -> None:
     modes = {line.split()[0]: line.split()[1:] for line in lines
              if line.split() and line.split()[0] in ("keyword", "vector", "plane", "syncd")}
     assert sorted(modes) == ["keyword", "plane", "syncd", "vector"], "\n".join(lines)
-    for values in modes.values():  # recall@5, recall@10, MRR, three false-hit rates, p50
-        assert len(values) == 7 and all(0.0 <= float(v) <= 1.0 for v in values[:6])
+    for values in modes.values():  # recall@5, recall@10, MRR, four false-hit rates, p50
+        assert len(values) == 8 and all(0.0 <= float(v) <= 1.0 for v in values[:7])

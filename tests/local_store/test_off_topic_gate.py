@@ -23,7 +23,7 @@ import pytest
 from local_store import Store
 from local_store.domain import FIT_ROWS, MIN_ROWS, fit_domain, sample_rows
 from local_store.embed_minilm import MiniLMEmbedder
-from local_store.recall import OFF_TOPIC_GATE, QUERY_COSINE_GATE
+from local_store.recall import OFF_TOPIC_GATE, QUERY_COSINE_GATE, QUERY_COSINE_SURE
 from local_store.vectors import VectorIndex
 from protocol.rows import NodeRow
 from protocol.timestamp import format_ns
@@ -164,3 +164,21 @@ async def test_a_paraphrase_and_an_identifier_still_match(
     res = await store.recall({"query": identifier, "limit": 5})
     assert res.fallback is None
     assert [m.id for m in res.memories][:1] == [ids["web-search-debounce"]]
+
+
+async def test_a_short_query_with_a_high_cosine_matches_however_strange(
+        minilm_store: tuple[Store, dict[str, str]]) -> None:
+    """Short real queries sit near the off-topic threshold; a best cosine of QUERY_COSINE_SURE
+    is a match whatever the strangeness. This one has no strict keyword hit either."""
+    store, _ = minilm_store
+    query = "what did we decide about currencies"
+    vector = (await asyncio.to_thread(store.embedder.embed, [query]))[0]
+    strangeness = await asyncio.to_thread(store.index.strangeness, vector)
+    assert strangeness is not None and strangeness >= OFF_TOPIC_GATE
+    assert float(store.index.similarities(vector).max()) >= QUERY_COSINE_SURE
+    strict = await store._fetch("SELECT count(*) FROM memories_fts WHERE memories_fts MATCH "
+                                "'\"decide\" AND \"currencies\"'")
+    assert strict == [(0,)]
+    res = await store.recall({"query": query, "limit": 5})
+    assert res.fallback is None and res.memories
+    assert not any(m.fallback for m in res.memories)

@@ -26,6 +26,7 @@ import json
 import math
 import operator
 import struct
+import threading
 from collections.abc import Iterator
 from concurrent.futures import Executor
 from contextlib import contextmanager
@@ -97,67 +98,81 @@ def node_from_wire(wire: NodeRow, key: WireKey | None = None) -> Row:
 
     ``key`` is ``wire_key(wire)`` when already computed: if normalising left every hashed
     value as the wire had it (the common case), its hash is the row's and is not recomputed.
-    This runs for every pulled row, so it avoids per-field helper calls on the common path.
+    This runs for every pulled row, so it avoids per-field helper calls on the common path,
+    works on locals and builds the row in one dict display (10k rows: 52 against 61 ms
+    filling the dict a key at a time).
     """
     mid = wire.id
     if not isinstance(mid, str) or not mid.strip():
         raise ValidationError("id", "is required and must be a non-empty string")
-    refuse_private_id(mid, "id")
+    if "<" in mid or not mid.isascii():  # else neither a tag nor a lone surrogate is there
+        refuse_private_id(mid, "id")
     updated = parse_timestamp(wire.updated_at, "updated_at")
     if updated is None:
         raise ValidationError("updated_at", "is required")
     texts = _NODE_TEXT_ATTRS(wire)
-    row: Row = dict(zip(_NODE_TEXT, texts, strict=True))
-    row["id"] = mid.strip()
     try:  # one join tells whether every text is a string without a "<" and UTF-8 can hold
         joined = "".join([value for value in texts if value is not None])  # (the common case)
         clean = "<" not in joined and (joined.isascii() or is_text(joined))
     except TypeError:
         clean = False
     if not clean:
-        for name, value in zip(_NODE_TEXT, texts, strict=True):
-            if value is not None:
-                if value.__class__ is not str:
-                    raise ValidationError(name, f"must be a string, got {type(value).__name__}")
-                refuse_lone_surrogate(value, name)
-                if "<" in value and name != "provenance":  # JSON text: redacted below
-                    row[name] = strip_private(value)
-    if row["provenance"] is not None:
-        row["provenance"] = strip_private_json_text(row["provenance"], "provenance")
+        texts = tuple(_redacted_texts(texts))
+    (labels, realm, kind, title, content, tags, status, session, run, superseded_by, provenance,
+     topic_key, memory_class, space, writer_agent) = texts
+    if provenance is not None and ("<" in provenance or "\\" in provenance):
+        provenance = strip_private_json_text(provenance, "provenance")  # (else it is its own)
     raw_created = wire.created_at
     created = updated if raw_created == wire.updated_at else (
         parse_timestamp(raw_created, "created_at") or updated)
-    row["created_at"] = created
     raw_valid = wire.valid_at
-    row["valid_at"] = created if raw_valid is not None and raw_valid == raw_created else (
+    valid = created if raw_valid is not None and raw_valid == raw_created else (
         parse_timestamp(raw_valid, "valid_at"))
-    row["invalid_at"] = parse_timestamp(wire.invalid_at, "invalid_at")
-    row["updated_at"] = updated
-    kind = row["memory_type"]
+    invalid = wire.invalid_at
+    if invalid is not None:
+        invalid = parse_timestamp(invalid, "invalid_at")
     if kind not in MEMORY_TYPES:
         kind = (kind or "").strip().lower()
-        row["memory_type"] = kind if kind in MEMORY_TYPES else "fact"
-    status = row["status"]
+        kind = kind if kind in MEMORY_TYPES else "fact"
     if status not in STATUSES:
         status = (status or "").strip().lower()
-        row["status"] = status if status in STATUSES else "active"
-    row["realm"] = row["realm"] or "default"
-    content = row["content"] or ""
-    row["content"] = content
-    row["content_preview"] = preview(content)
-    row["tags"] = row["tags"] or ""
+        status = status if status in STATUSES else "active"
+    content = content or ""
     importance = wire.importance
     if importance.__class__ is not float or not math.isfinite(importance):
         importance = _wire_importance(importance)
-    row["importance"] = min(1.0, max(0.0, importance))
-    row["origin"] = _text(wire.origin, "origin") or ""
-    row["deleted"] = 1 if wire.deleted else 0
-    row["local_seq"] = 0
-    row["dedupe_key"] = row["source_uris"] = row["mentions"] = row["last_seen"] = None
+    origin = wire.origin
+    if origin is not None:
+        origin = _text(origin, "origin")
+    row: Row = {  # the keys in the order every node row has had them
+        "labels": labels, "realm": realm or "default", "memory_type": kind, "title": title,
+        "content": content, "tags": tags or "", "status": status,
+        "source_session_id": session, "source_run_id": run, "superseded_by": superseded_by,
+        "provenance": provenance, "topic_key": topic_key, "memory_class": memory_class,
+        "space": space, "writer_agent_id": writer_agent, "id": mid.strip(),
+        "created_at": created, "valid_at": valid, "invalid_at": invalid, "updated_at": updated,
+        "content_preview": preview(content), "importance": min(1.0, max(0.0, importance)),
+        "origin": origin or "", "deleted": 1 if wire.deleted else 0, "local_seq": 0,
+        "dedupe_key": None, "source_uris": None, "mentions": None, "last_seen": None,
+    }
     values = hashed_values(row)
     row["content_hash"] = key[1] if key is not None and _hash_alike(values, key[0]) else (
         hash_values(values))
     return row
+
+
+def _redacted_texts(texts: tuple[str | None, ...]) -> list[str | None]:
+    """``node_from_wire``'s texts when some is not clean: each checked, every one but
+    provenance (JSON text, redacted as such by the caller) redacted."""
+    out = list(texts)
+    for index, (name, value) in enumerate(zip(_NODE_TEXT, texts, strict=True)):
+        if value is not None:
+            if value.__class__ is not str:
+                raise ValidationError(name, f"must be a string, got {type(value).__name__}")
+            refuse_lone_surrogate(value, name)
+            if "<" in value and name != "provenance":
+                out[index] = strip_private(value)
+    return out
 
 
 def _wire_importance(value: object) -> float:
@@ -187,6 +202,9 @@ def redacted_text(wire: NodeRow, row: Row) -> bool:
     """Did redaction change the row's text? Then a vector that came with it was computed from
     the private span (by a writer that does not redact, like the plane) and must not be kept.
     (An unredacted text is the wire's own string object, so ``is`` settles the common case.)"""
+    if wire.content is row["content"] and wire.title is row["title"] and (
+            wire.tags is row["tags"]):
+        return False
     for value, kept in ((wire.content, row["content"]), (wire.title, row["title"]),
                         (wire.tags, row["tags"])):
         if value is not None and value is not kept and "<" in value and value != kept:
@@ -212,8 +230,16 @@ def wire_key(wire: NodeRow) -> WireKey | None:
         return None
 
 
-def wire_keys(nodes: list[NodeRow]) -> list[WireKey | None]:
-    return [wire_key(wire) for wire in nodes]
+def wire_keys(nodes: list[NodeRow], stop: threading.Event | None = None,
+              ) -> list[WireKey | None]:
+    """``wire_key`` of each row in order, until ``stop`` is set (looked at every
+    ``HASH_CHUNK`` rows): then of the rows before that point only."""
+    keys: list[WireKey | None] = []
+    for start in range(0, len(nodes), HASH_CHUNK):
+        if stop is not None and stop.is_set():
+            break
+        keys += [wire_key(wire) for wire in nodes[start:start + HASH_CHUNK]]
+    return keys
 
 
 def already_held(wire: NodeRow, key: WireKey | None, current: tuple[str, str, str]) -> bool:
@@ -230,6 +256,7 @@ def already_held(wire: NodeRow, key: WireKey | None, current: tuple[str, str, st
 
 
 HELPER_FROM = 256
+HASH_CHUNK = 256
 _HASHED_ATTRS = operator.attrgetter(*NODE_HASHED)
 _DELETED, _CREATED, _TAGS, _IMPORTANCE = (
     NODE_HASHED.index(name) for name in ("deleted", "created_at", "tags", "importance"))
@@ -330,7 +357,11 @@ def apply_batch(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow],
     ``hasher``, a thread of its own, hashes the wire rows while this thread looks up their
     stored keys: that lookup is one SQLite statement, which runs without the GIL (a 10k-row
     re-apply takes ~20% less time). A batch of fewer than ``HELPER_FROM`` rows is hashed
-    here: handing it over would cost more than it saves.
+    here: handing it over would cost more than it saves. Once the lookup is answered, the
+    hasher stops, and of the rows it had not reached only those the store holds are hashed
+    (``already_held`` needs their key): any other row is normalised anyway, and
+    ``node_from_wire`` hashes it once. Hashing every wire row, a fresh 10k-row apply took
+    ~7 ms longer (126 against 118 ms before its SQL, best of 20); a re-apply is unchanged.
 
     A batch of ``HELPER_FROM`` rows or more runs with Python's cyclic garbage collector paused
     (``gc_paused``): its row dicts and tuples, allocated by the ten thousand and nearly all
@@ -359,10 +390,14 @@ def _apply_batch(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow],
                  model: str, hasher: Executor | None, dim: int | None) -> ApplyResult:
     result = ApplyResult(bound=format_ns(writer.clock.physical_ns() + writer.clock.max_drift_ns))
     ids = [wire.id.strip() if isinstance(wire.id, str) else "" for wire in nodes]
-    hashing = (hasher.submit(wire_keys, nodes)
+    stop = threading.Event()
+    hashing = (hasher.submit(wire_keys, nodes, stop)
                if hasher is not None and len(nodes) >= HELPER_FROM else None)
     known = writer.current_keys("memories", [mid for mid in ids if mid])
-    keys = hashing.result() if hashing is not None else wire_keys(nodes)
+    stop.set()
+    keys = hashing.result() if hashing is not None else []
+    keys += [wire_key(wire) if mid in known else None
+             for wire, mid in zip(nodes[len(keys):], ids[len(keys):], strict=True)]
     stored = set(known)  # before this batch: ids not in it get plain INSERTs
     held = [current is not None and already_held(wire, key, current)
             for wire, mid, key in zip(nodes, ids, keys, strict=True)

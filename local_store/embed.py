@@ -77,5 +77,16 @@ def to_blob(vector: npt.NDArray[np.float32]) -> bytes:
     return np.asarray(vector, dtype="<f4").tobytes()
 
 
+LITTLE_F4 = np.dtype("<f4")
+
+
+def blob_view(vector: npt.NDArray[np.float32]) -> memoryview | bytes:
+    """What ``to_blob`` gives, without the copy when ``vector`` already is contiguous
+    little-endian float32 (SQLite binds the buffer as the same BLOB)."""
+    if vector.dtype == LITTLE_F4 and vector.flags.c_contiguous:
+        return vector.data
+    return to_blob(vector)
+
+
 def from_blob(blob: bytes) -> npt.NDArray[np.float32]:
     return np.frombuffer(blob, dtype="<f4")

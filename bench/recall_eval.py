@@ -178,7 +178,13 @@ def main() -> None:
     parser.add_argument("--by-kind", action="store_true")
     parser.add_argument("--corpus", type=Path, default=ROOT / "bench/data/recall_corpus.json")
     args = parser.parse_args()
-    corpus = json.loads(args.corpus.read_text())
+    try:
+        corpus = json.loads(args.corpus.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        parser.error(f"--corpus: cannot read {args.corpus} as a JSON corpus ({exc})")
+    if not isinstance(corpus, dict) or not {"memories", "queries"} <= corpus.keys():
+        parser.error(f"--corpus: {args.corpus} is not a corpus (an object with "
+                     f"\"memories\" and \"queries\"; bench/data/check_corpus.py checks one)")
     asyncio.run(evaluate(args.embedder, args.by_kind, corpus))
 
 

@@ -194,8 +194,10 @@ class Store:
                                  (model, dim))
         self.index = VectorIndex.from_rows(model, dim, [r[0] for r in rows],
                                            [r[1] for r in rows])
-        # The off-topic gate's fit (~0.1 s from 4,096 vectors up), before the first recall
-        await asyncio.get_running_loop().run_in_executor(self._query_pool, self.index.domain)
+        # The off-topic gate's fit (~0.1 s from 4,096 vectors up), started here and not awaited:
+        # opening stays as fast, and the first recall's query job queues behind it on the
+        # one query thread.
+        self._query_pool.submit(self.index.domain)
         found = await self._fetch("SELECT value FROM meta WHERE key = 'settings'")
         if found:
             self._settings, problem = load_settings(found[0][0])

@@ -132,7 +132,7 @@ class VectorIndex:
     def domain(self) -> Domain | None:
         """The fit of the vectors (``domain.py``), refitted on the caller's thread first when
         their number moved by a tenth since the last fit (~0.1 s from 4,096 vectors up: once
-        per 1,000 writes at 10k memories). The store fits at start-up, off the event loop."""
+        per 1,000 writes at 10k memories). The store starts a fit on its query thread at open."""
         domain = self._domain
         if domain is None or domain.stale(len(self._ids)):
             with self._fitting:  # one fit at a time; the others wait for it

@@ -68,3 +68,18 @@ def test_bench_recall_eval_prints_every_mode() -> None:
     assert sorted(modes) == ["keyword", "plane", "syncd", "vector"], "\n".join(lines)
     for values in modes.values():  # recall@5, recall@10, MRR, four false-hit rates, p50
         assert len(values) == 8 and all(0.0 <= float(v) <= 1.0 for v in values[:7])
+
+
+def test_bench_recall_eval_refuses_a_corpus_it_cannot_read(tmp_path: Path) -> None:
+    """A missing file, text that is not JSON, and JSON that is not a corpus: usage errors
+    naming ``--corpus`` (exit 2), no traceback."""
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    other = tmp_path / "other.json"
+    other.write_text("[1, 2]")
+    for path in (tmp_path / "missing.json", broken, other):
+        proc = subprocess.run([sys.executable, "bench/recall_eval.py", "--embedder", "hashing",
+                               "--corpus", str(path)], cwd=ROOT, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert "--corpus" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -3,6 +3,7 @@ asserted: timing goals live in the printed tables)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -66,8 +67,16 @@ def test_bench_recall_eval_prints_every_mode() -> None:
     modes = {line.split()[0]: line.split()[1:] for line in lines
              if line.split() and line.split()[0] in ("keyword", "vector", "plane", "syncd")}
     assert sorted(modes) == ["keyword", "plane", "syncd", "vector"], "\n".join(lines)
-    for values in modes.values():  # recall@5, recall@10, MRR, four false-hit rates, p50
-        assert len(values) == 8 and all(0.0 <= float(v) <= 1.0 for v in values[:7])
+    # A false-hit column for each group of queries with no answer: the tuning set, the first
+    # held-out set, and one per blind set in the corpus.
+    corpus = json.loads((ROOT / "bench/data/recall_corpus.json").read_text())
+    blind = {q["set"] for q in corpus["queries"] if q["kind"] == "heldout" and "set" in q}
+    header = next(line.split() for line in lines if line.split()[:1] == ["mode"])
+    columns = ["nonsense", "held-out"] + [f"blind-{n}" for n in sorted(blind)]
+    assert [word for word in header if word != "hit"][4:-2] == columns, header
+    for values in modes.values():  # recall@5, recall@10, MRR, the false-hit rates, p50
+        assert len(values) == 3 + len(columns) + 1, values
+        assert all(0.0 <= float(v) <= 1.0 for v in values[:-1]), values
 
 
 def test_bench_recall_eval_refuses_a_corpus_it_cannot_read(tmp_path: Path) -> None:

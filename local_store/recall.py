@@ -254,7 +254,8 @@ class Recall:
         linked: list[Linked] = []
         if hops >= 1 and cands:
             linked = self._expand(cands, filters, hops, limit, mode)
-        ranked = self._score(cands.values(), tokens, mode, filters.as_of)
+        ranked = self._score(cands.values(), tokens, mode, filters.as_of,
+                             relaxed=not strict_hit)
         fallback = False
         if not ranked and mode == "syncd":
             ranked = self._fallback(filters, limit)
@@ -567,7 +568,8 @@ class Recall:
         return linked
 
     def _score(self, cands: Any, tokens: list[str], mode: Mode,
-               as_of: str | None = None) -> list[Candidate]:
+               as_of: str | None = None, *, relaxed: bool = False) -> list[Candidate]:
+        """``relaxed``: the keyword leg found no strict hit (``score_syncd``)."""
         w = weights_from(self._settings)
         now = self._now_ns()
         out = []
@@ -576,7 +578,7 @@ class Recall:
             importance = float(row.get("importance") or 0.0)
             rec = recency(_ns(row.get("created_at")), now, w.half_life_days) if row else 0.5
             if mode == "syncd":
-                c.score = score_syncd(c, w, rec, importance, _superseded(row, as_of))
+                c.score = score_syncd(c, w, rec, importance, _superseded(row, as_of), relaxed)
             else:
                 c.score = score_plane(c, w, len(tokens), rec, importance)
             if mode == "vector":  # single-leg baselines rank by their own relevance only

@@ -444,3 +444,51 @@ async def test_a_query_job_refused_or_cancelled_fails_the_recall_without_a_hang(
         assert len(keyword.memories) == 1  # no query job: the keyword leg alone still works
     finally:
         await store.close()
+
+
+class TableEmbedder(HashingEmbedder):
+    """Chosen vectors for chosen texts (the queries below); the hashing vector otherwise."""
+
+    def __init__(self, table: dict[str, np.ndarray]) -> None:
+        super().__init__()
+        self.table = table
+
+    def embed(self, texts: list[str]) -> Vectors:
+        hashed = super().embed(texts)
+        return np.stack([self.table.get(text, row) for text, row in zip(texts, hashed,
+                                                                      strict=True)])
+
+
+async def test_a_relaxed_keyword_hit_gets_no_rrf_vote(tmp_path: Path) -> None:
+    """A query no memory holds every word of is answered by the relaxed (OR) keyword query.
+    Its hit, A, shares one word of five and lies a little further from the query than B
+    (cosine 0.48 against 0.50): its keyword score (coverage squared) counts, but its keyword
+    rank is no second RRF vote, which would have put it above B. A strict hit's rank is one."""
+    axes = np.eye(384, dtype=np.float32)
+    query = axes[0]
+    near_b = 0.50 * axes[0] + np.sqrt(1 - 0.50 ** 2) * axes[1]
+    near_a = 0.48 * axes[0] + np.sqrt(1 - 0.48 ** 2) * axes[2]
+    embedder = TableEmbedder({"zeta omega kappa lambda sigma": query, "zeta": query})
+    store = await Store.open(tmp_path, embedder=embedder)
+    try:
+        stamp = format_ns(1_700_000_000_000_000_000)
+        rows = [NodeRow(id=f"memory:{name}", labels="Memory", content=content, importance=0.5,
+                        status="active", embedding=[float(x) for x in vector],
+                        created_at=stamp, updated_at=stamp, valid_at=stamp)
+                for name, content, vector in (("a", "zeta notes about the build", near_a),
+                                              ("b", "the release checklist", near_b))]
+        result = await store.apply(rows, [], model=embedder.model_id)
+        assert result.applied_nodes == 2 and not result.problems
+
+        relaxed = await store.recall({"query": "zeta omega kappa lambda sigma"})
+        assert [m.id for m in relaxed.memories] == ["memory:b", "memory:a"]
+        a = relaxed.memories[1].components
+        assert a is not None and a.keyword == pytest.approx(1 / 25)
+        assert a.rrf == pytest.approx(1 / 61)  # its vector rank (1) only
+
+        strict = await store.recall({"query": "zeta"})
+        assert strict.memories[0].id == "memory:a"
+        a = strict.memories[0].components
+        assert a is not None and a.rrf == pytest.approx(1 / 61 + 1 / 60)  # both ranks vote
+    finally:
+        await store.close()

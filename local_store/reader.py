@@ -25,9 +25,12 @@ class SyncReader:
     """A read-only connection on its own thread, for reads that run many queries in one hop
     (recall): one thread switch per request instead of one per statement."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, name: str = "syncd-recall",
+                 cache_kib: int | None = None) -> None:
+        """``cache_kib``: the connection's page cache, when not ``db.CACHE_KIB``."""
         self.path = path
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="syncd-recall")
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._cache_kib = cache_kib
         self._conn: sqlite3.Connection | None = None
         self.memo = RowMemo(self.fetch)
 
@@ -35,10 +38,17 @@ class SyncReader:
         """Run on ``pool`` only."""
         if self._conn is None:
             conn = db.connect(self.path, readonly=True)
+            if self._cache_kib is not None:
+                conn.execute(f"PRAGMA cache_size = {-self._cache_kib}")
             for name, (arity, function) in SQL_FUNCTIONS.items():
                 conn.create_function(name, arity, function, deterministic=True)
             self._conn = conn
         return self._conn.execute(sql, params).fetchall()
+
+    async def run(self, sql: str, params: Sequence[object] = ()) -> list[Any]:
+        """``fetch`` on the reader's thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.pool, self.fetch, sql, params)
 
     async def close(self) -> None:
         loop = asyncio.get_running_loop()

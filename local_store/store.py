@@ -5,7 +5,7 @@ Rules:
     commits or rolls back whole (``_write``). The thread is the one-writer rule: no other
     connection ever writes, so clients never see "database is locked".
   * Embedding happens before the transaction, never under the write lock.
-  * Reads use their own aiosqlite connection (WAL snapshot reads, ``query_only``).
+  * Reads use their own connection on its own thread (WAL snapshot reads, ``query_only``).
   * The HLC's last stamp and ``local_seq`` are persisted in the same transaction as the rows.
 """
 
@@ -24,7 +24,6 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, TypeVar
 
-import aiosqlite
 import msgspec
 import numpy as np
 
@@ -99,6 +98,8 @@ T = TypeVar("T")
 log = logging.getLogger("local_store")
 
 MAX_BATCH = 1000
+# The store reader's page cache (SQLite's default; the recall reader's is db.CACHE_KIB).
+READER_CACHE_KIB = 2000
 LIST_LIMIT_DEFAULT = 50
 LIST_LIMIT_MAX = 500
 
@@ -107,7 +108,7 @@ class Store:
     """Open with ``await Store.open(data_dir)``; close with ``await store.close()``."""
 
     def __init__(self, data_dir: Path, embedder: Embedder, writer: Writer,
-                 reader: aiosqlite.Connection, lock: db.DataDirLock,
+                 reader: SyncReader, lock: db.DataDirLock,
                  pool: ThreadPoolExecutor, store_id: str) -> None:
         self.data_dir = data_dir
         self.embedder = embedder
@@ -159,14 +160,17 @@ class Store:
         except BaseException:
             pool.shutdown(wait=False)
             raise
-        reader: aiosqlite.Connection | None = None
+        reader: SyncReader | None = None
         writer: Writer | None = None
         try:
             writer, store_id = await loop.run_in_executor(
                 pool, _open_writer, data_dir / db.DB_FILENAME, wall)
-            reader = await aiosqlite.connect(data_dir / db.DB_FILENAME, isolation_level=None)
-            await reader.execute(f"PRAGMA busy_timeout = {db.BUSY_TIMEOUT_MS}")
-            await reader.execute("PRAGMA query_only = ON")
+            # A pool thread, not aiosqlite's: its thread runs until the connection is closed,
+            # so a program that raised before ``close`` never exited; a pool's idle thread
+            # ends at interpreter exit (``tests/local_store/test_store_exit.py``).
+            reader = SyncReader(data_dir / db.DB_FILENAME, "syncd-reader",
+                                cache_kib=READER_CACHE_KIB)
+            await reader.run("PRAGMA query_only")  # opens it now: a failure fails the open
         except BaseException:
             if reader is not None:
                 await reader.close()
@@ -298,7 +302,7 @@ class Store:
     async def _fetch(self, sql: str, params: Sequence[object] = ()) -> list[sqlite3.Row]:
         if self._closed:
             raise StoreClosedError("the store is closed")
-        return list(await self._reader.execute_fetchall(sql, params))
+        return await self._reader.run(sql, params)
 
     # ------------------------------------------------------------------ saves
 

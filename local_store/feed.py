@@ -10,7 +10,8 @@ Rules:
   * When nothing is new, ``until`` is ``since`` itself. A ``since`` that is no mark's stamp
     was served by a feed that is gone (a hub restored from an older backup): the answer is
     the mark before it and no rows, so ``until`` goes backwards and the client resyncs.
-  * One read transaction per page, so the rows and ``until`` come from one snapshot.
+  * One read transaction per page, so the rows, their vectors and ``until`` come from one
+    snapshot.
   * A client may ask to leave out the versions it minted itself (``exclude_origin``): after a
     push, the next pull would otherwise download every pushed row again. Its anti-entropy
     ``export`` still carries them, which repairs a client restored from an old backup.
@@ -22,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from local_store.columns import EDGE_SELECT, NODE_SELECT
+from local_store.columns import EDGE_SELECT, NODE_COLUMNS, NODE_SELECT
 from protocol.timestamp import format_ns
 
 EPOCH = format_ns(0)
@@ -35,21 +36,40 @@ class FeedPage:
     edge_rows: list[Any]
     until: str
     has_more: bool
+    vectors: list[tuple[str, bytes]]  # (memory id, blob) of the nodes' vectors of the model
+
+
+VECTOR_CHUNK = 500  # ids per ``IN (…)`` list
+
+
+def stored_vectors(fetch: Fetch, ids: list[str], model: str) -> list[tuple[str, bytes]]:
+    """(memory id, blob) of the stored ``model`` vectors of ``ids`` — read by the caller's
+    transaction, so they are the vectors of the rows it read (a write in between could have
+    replaced a memory's text and vector)."""
+    found: list[tuple[str, bytes]] = []
+    for start in range(0, len(ids), VECTOR_CHUNK):
+        chunk = ids[start:start + VECTOR_CHUNK]
+        found += [(r[0], r[1]) for r in fetch(
+            f"SELECT memory_id, vec FROM vectors WHERE model = ? AND memory_id IN "
+            f"({','.join('?' * len(chunk))})", [model, *chunk])]
+    return found
 
 
 def feed_page(fetch: Fetch, since: str | None, limit: int | None,
-              realm: str | None, exclude_origin: str | None = None) -> FeedPage:
+              realm: str | None, exclude_origin: str | None = None,
+              model: str = "") -> FeedPage:
     """Run on the reader thread. ``since`` is canonical (or None for the beginning).
-    ``exclude_origin`` leaves out versions that replica minted (it holds them already)."""
+    ``exclude_origin`` leaves out versions that replica minted (it holds them already).
+    The page's nodes come with their ``model`` vectors, read in the same transaction."""
     fetch("BEGIN", ())
     try:
-        return _page(fetch, since, limit, realm, exclude_origin)
+        return _page(fetch, since, limit, realm, exclude_origin, model)
     finally:
         fetch("COMMIT", ())
 
 
 def _page(fetch: Fetch, since: str | None, limit: int | None, realm: str | None,
-          exclude_origin: str | None) -> FeedPage:
+          exclude_origin: str | None, model: str) -> FeedPage:
     start = 0
     if since is not None:
         found = fetch("SELECT seq, stamp FROM feed WHERE stamp <= ? ORDER BY seq DESC LIMIT 1",
@@ -59,7 +79,7 @@ def _page(fetch: Fetch, since: str | None, limit: int | None, realm: str | None,
             # Every `until` this feed serves is a mark's stamp: a `since` that is none was
             # served by a feed that is gone (a hub restored from an older backup). Answer the
             # mark before it and no rows: `until` goes backwards and the client resyncs.
-            return FeedPage([], [], mark, False)
+            return FeedPage([], [], mark, False, [])
     last_mark = fetch("SELECT max(seq) FROM feed", ())[0][0] or 0
     end = last_mark
     if limit is not None:
@@ -88,4 +108,6 @@ def _page(fetch: Fetch, since: str | None, limit: int | None, realm: str | None,
     more = fetch("SELECT EXISTS (SELECT 1 FROM memories WHERE local_seq > ?) "
                  "OR EXISTS (SELECT 1 FROM edges WHERE local_seq > ?)", (end, end))[0][0]
     mark = fetch("SELECT stamp FROM feed WHERE seq <= ? ORDER BY seq DESC LIMIT 1", (end,))
-    return FeedPage(nodes, edges, mark[0][0] if mark else EPOCH, bool(more))
+    ids = [r[NODE_COLUMNS.index("id")] for r in nodes]
+    return FeedPage(nodes, edges, mark[0][0] if mark else EPOCH, bool(more),
+                    stored_vectors(fetch, ids, model))

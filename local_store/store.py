@@ -56,7 +56,7 @@ from local_store.exporting import (
     export_snapshot,
 )
 from local_store.exporting import PAGE_ROWS as EXPORT_PAGE_ROWS
-from local_store.feed import feed_page
+from local_store.feed import feed_page, stored_vectors
 from local_store.reader import SyncReader
 from local_store.recall import Mode, Recall, Semantic
 from local_store.records import (
@@ -603,9 +603,11 @@ class Store:
         if limit is not None and limit < 1:
             raise ValidationError("limit", f"must be >= 1, got {limit}")
         loop = asyncio.get_running_loop()
+        model = model or self.embedder.model_id
         page = await loop.run_in_executor(self._recall_reader.pool, functools.partial(
-            feed_page, self._recall_reader.fetch, stamp, limit, realm, exclude_origin))
-        nodes = await self._wire_nodes(page.node_rows, model or self.embedder.model_id)
+            feed_page, self._recall_reader.fetch, stamp, limit, realm, exclude_origin, model))
+        nodes = wire_nodes([dict(zip(NODE_COLUMNS, r, strict=True)) for r in page.node_rows],
+                           wire_embeddings(page.vectors), _width(self.embedder, model))
         edges = [wire_edge(dict(zip(EDGE_ALL, r, strict=True))) for r in page.edge_rows]
         return nodes, edges, page.until, page.has_more
 
@@ -1018,13 +1020,7 @@ def _changes_page(fetch: Callable[[str, Sequence[object]], list[Any]], since_seq
                         key=lambda item: item[0])[:limit]
         cursor = int(merged[-1][0]) if merged else since_seq
         nodes = [r for _, kind, r in merged if kind == "n"]
-        ids = [r[NODE_COLUMNS.index("id")] for r in nodes]
-        found: list[tuple[str, bytes]] = []
-        for start in range(0, len(ids), 500):
-            chunk = ids[start:start + 500]
-            found += [(r[0], r[1]) for r in fetch(
-                f"SELECT memory_id, vec FROM vectors WHERE model = ? AND memory_id IN "
-                f"({','.join('?' * len(chunk))})", [model, *chunk])]
+        found = stored_vectors(fetch, [r[NODE_COLUMNS.index("id")] for r in nodes], model)
         more = len(merged) == limit and bool(fetch(
             "SELECT EXISTS (SELECT 1 FROM memories WHERE local_seq > ?" + realm_sql + ") OR "
             "EXISTS (SELECT 1 FROM edges WHERE local_seq > ?)",

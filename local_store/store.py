@@ -697,13 +697,11 @@ class Store:
 
     async def _vectors(self, ids: list[str], model: str) -> dict[str, list[float]]:
         """Stored vectors of ``model`` as wire lists (same-width ones converted in one batch)."""
-        found: list[tuple[str, bytes]] = []
-        for start in range(0, len(ids), 500):
-            chunk = ids[start:start + 500]
-            marks = ",".join("?" * len(chunk))
-            found += [(r[0], r[1]) for r in await self._fetch(
-                f"SELECT memory_id, vec FROM vectors WHERE model = ? AND memory_id IN ({marks})",
-                [model, *chunk])]
+        if self._closed:
+            raise StoreClosedError("the store is closed")
+        loop = asyncio.get_running_loop()
+        found = await loop.run_in_executor(self._reader.pool, stored_vectors,
+                                           self._reader.fetch, ids, model)
         return wire_embeddings(found)
 
     # ------------------------------------------------------------------ recall and settings

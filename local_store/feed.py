@@ -56,8 +56,7 @@ def stored_vectors(fetch: Fetch, ids: list[str], model: str) -> list[tuple[str, 
 
 
 def feed_page(fetch: Fetch, since: str | None, limit: int | None,
-              realm: str | None, exclude_origin: str | None = None,
-              model: str = "") -> FeedPage:
+              realm: str | None, exclude_origin: str | None, model: str) -> FeedPage:
     """Run on the reader thread. ``since`` is canonical (or None for the beginning).
     ``exclude_origin`` leaves out versions that replica minted (it holds them already).
     The page's nodes come with their ``model`` vectors, read in the same transaction."""

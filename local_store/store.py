@@ -658,9 +658,14 @@ class Store:
         and return them as wire rows. Each node carries
         its ``model`` vector, or zeros when there is none or it is not ``dim`` wide (the plane
         requires a vector of its width and skips a zero one in its semantic leg)."""
-        staged = await self._write(lambda w: replica.stage(w, limit, realm, keep_within_ns))
-        vectors = await self._vectors([row["id"] for row in staged.nodes], model)
-        nodes = wire_nodes(staged.nodes, vectors, dim)
+        def run(w: Writer) -> tuple[replica.Staged, list[tuple[str, bytes]]]:
+            # The vectors are read in the staging transaction: read after it, a save landing
+            # in between could pair a staged row with its next version's vector.
+            staged = replica.stage(w, limit, realm, keep_within_ns)
+            ids = [row["id"] for row in staged.nodes]
+            return staged, stored_vectors(w.fetch, ids, model)
+        staged, found = await self._write(run)
+        nodes = wire_nodes(staged.nodes, wire_embeddings(found), dim)
         return staged.entries, nodes, [wire_edge(row) for row in staged.edges]
 
     async def outbox_depth(self) -> int:

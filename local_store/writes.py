@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,6 +98,10 @@ class Writer:
     def rollback(self) -> None:
         if self.conn.in_transaction:
             self.conn.execute("ROLLBACK")
+
+    def fetch(self, sql: str, params: Sequence[object] = ()) -> list[Any]:
+        """Rows of a read inside the writer's transaction (on the writer's thread)."""
+        return self.conn.execute(sql, params).fetchall()
 
     def next_seq(self) -> int:
         self._seq += 1

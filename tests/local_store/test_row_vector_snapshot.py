@@ -1,5 +1,6 @@
-"""A hub's change feed reads a page's rows and their vectors in one read transaction: a write
-landing between the two reads cannot pair a row with a vector of another version."""
+"""Rows and their vectors are read in one transaction where they leave the store: a hub's
+change feed page, and a push's staged rows. A write landing between the two reads cannot pair
+a row with the vector of another version."""
 
 from __future__ import annotations
 
@@ -51,5 +52,35 @@ async def test_a_write_between_rows_and_vectors_does_not_reach_the_page(tmp_path
         (node,) = nodes
         assert node.embedding is not None
         assert np.allclose(node.embedding, old)  # the vector of the row it read
+    finally:
+        await store.close()
+
+
+async def test_a_write_after_staging_does_not_reach_the_pushed_vector(tmp_path: Path) -> None:
+    """A push's rows are staged in a write transaction; their vectors are read in it too. A
+    write landing as soon as any read of vectors starts outside it must not change them."""
+    embedder = HashingEmbedder()
+    store = await Store.open(tmp_path, embedder=embedder)
+    try:
+        saved = await store.save({"content": "the release checklist"})
+        old = embedder.embed(["the release checklist"])[0]
+        newer = to_blob(np.roll(old, 1))
+        fetch = store._reader.fetch
+
+        def racing_fetch(sql: str, params: Sequence[object] = ()) -> list[Any]:
+            if "FROM vectors" in sql:
+                other = sqlite3.connect(store.db_path, isolation_level=None)
+                try:
+                    other.execute("UPDATE vectors SET vec = ? WHERE memory_id = ?",
+                                  (newer, saved["node_id"]))
+                finally:
+                    other.close()
+            return fetch(sql, params)
+
+        store._reader.fetch = racing_fetch  # type: ignore[method-assign]
+        _, nodes, _ = await store.stage_push(10, model=embedder.model_id, dim=embedder.dim)
+        (node,) = nodes
+        assert node.id == saved["node_id"] and node.embedding is not None
+        assert np.allclose(node.embedding, old)
     finally:
         await store.close()

@@ -17,7 +17,10 @@ recall@10, MRR (over queries with relevant memories) and the nonsense-query fals
     session, with 40 short real ones; it decided for ``QUERY_COSINE_SURE``;
   * ``heldout set 4`` (60, ``"set": 4``): five kinds of nonsense, with 40 paraphrases and 20
     short keyword queries, written blind by a fourth session and run once on the gates as they
-    stood (no gate was set on it).
+    stood (no gate was set on it);
+  * ``heldout set 5`` (40, ``"set": 5``): agent-style lookups, with 40 paraphrases and 20
+    keyword queries, written blind by a fifth session after the RRF change for relaxed hits
+    (``ranking.score_syncd``) and run once.
 
 The blind sets' answered queries are reported apart in ``--by-kind`` ("paraphrase set 2", ...).
 

@@ -41,6 +41,7 @@ from local_store.ranking import (
     coverage,
     dedupe_linked,
     fts_match,
+    fts_words,
     order,
     recency,
     score_plane,
@@ -97,8 +98,8 @@ IMPORTANCE_WEIGHT = 0.3
 # syncd's match rule, in two levels (calibrated on bench/recall_eval.py with MiniLM, where the
 # best cosine of a nonsense query ranged 0.15–0.42 and of a real paraphrase 0.25–0.6, so no
 # single cosine floor separates them; PRIOR-ART: absolute floors are fragile):
-#   * the query matches at all when every query token occurs in some memory (strict FTS hit),
-#     or its best cosine reaches QUERY_COSINE_SURE, or its best cosine reaches
+#   * the query matches at all when one memory holds every query word (strict FTS hit) or all
+#     but one of NEAR_FROM or more (near hit), or its best cosine reaches QUERY_COSINE_SURE, or its best cosine reaches
 #     QUERY_COSINE_GATE and it is not off the store's topic: its strangeness (``domain.py``:
 #     distance from the store's vectors over an unseen memory's) stays below OFF_TOPIC_GATE —
 #     otherwise the answer is the fallback;
@@ -110,6 +111,13 @@ IMPORTANCE_WEIGHT = 0.3
 # nonsense queries' (0.42 at most, of 122) is a match whatever the strangeness — though in the
 # blind sets written later, 2 of 70 nonsense queries reached 0.49.
 QUERY_COSINE_GATE = 0.30
+# A near keyword hit matches too: one memory holds all but one word of a query of NEAR_FROM
+# words or more (jargon the memory does not spell out, or one word too many, as in "FAISS
+# nprobe recall" against a memory on nprobe and recall that never says FAISS; jargon-dense
+# queries also score as strange). On bench/recall_eval.py it changes that one query of 710:
+# no nonsense query holds more than half its words in one memory, but for "Laravel queue
+# workers", which the cosine gates already let through.
+NEAR_FROM = 3
 QUERY_COSINE_SURE = 0.45
 OFF_TOPIC_GATE = 1.15
 CANDIDATE_FLOOR = 0.15
@@ -239,15 +247,15 @@ class Recall:
         if self._memo is not None:
             self._memo.fresh()
         cands: dict[str, Candidate] = {}
-        best_cosine, strict_hit = -1.0, False
+        best_cosine, strict_hit, near_hit = -1.0, False, False
         # The keyword leg goes first: its hits tell the semantic leg which rows it may skip.
         if mode != "vector" and tokens:
-            strict_hit = self._keyword_leg(tokens, filters, mode, cands)
+            strict_hit, near_hit = self._keyword_leg(tokens, filters, mode, cands)
         if mode != "keyword":
-            best_cosine = self._semantic_leg(filters, mode, cands, strict_hit)
+            best_cosine = self._semantic_leg(filters, mode, cands, strict_hit or near_hit)
         self._hydrate(cands, filters, mode)
         if mode == "syncd":
-            if strict_hit or self._semantic_match(best_cosine):
+            if strict_hit or near_hit or self._semantic_match(best_cosine):
                 cands = {k: c for k, c in cands.items() if _relevance(c) >= CANDIDATE_FLOOR}
             else:
                 cands = {}
@@ -270,7 +278,7 @@ class Recall:
     # ------------------------------------------------------------------ legs
 
     def _semantic_leg(self, filters: Filters, mode: Mode, cands: dict[str, Candidate],
-                      strict_hit: bool) -> float:
+                      keyword_match: bool) -> float:
         """Adds up to 50 candidates; returns the best cosine over the whole index (−1: none)."""
         semantic = self._semantic
         if semantic is None or not semantic.ids:
@@ -279,7 +287,7 @@ class Recall:
         # The gate looks at the whole store: a realm filter must not make a real query look
         # like nonsense because its realm's best match is weaker.
         best = float(sims.max())
-        if mode == "syncd" and not strict_hit and not self._semantic_match(best):
+        if mode == "syncd" and not keyword_match and not self._semantic_match(best):
             return best  # the answer is the fallback: no candidate stays
         where, params = filters.sql()
         if mode == "plane":
@@ -399,19 +407,21 @@ class Recall:
         return out
 
     def _keyword_leg(self, tokens: list[str], filters: Filters, mode: Mode,
-                           cands: dict[str, Candidate]) -> bool:
-        """Adds up to 50 candidates; returns whether every token matched somewhere (strict)."""
+                           cands: dict[str, Candidate]) -> tuple[bool, bool]:
+        """Adds up to 50 candidates; returns whether one memory holds every word (strict), and
+        whether one holds all but one word of a query of ``NEAR_FROM`` words or more (near)."""
         where, params = filters.sql()
+        near = False
         if mode == "plane":
             hits = self._plane_keyword(tokens, where, params)
             strict = bool(hits) and max(hit[1] for hit in hits) >= len(tokens)
         else:
-            hits, strict = self._fts_keyword(tokens, where, params)
+            hits, strict, near = self._fts_keyword(tokens, where, params)
         for rank, (mid, raw, row) in enumerate(hits):
             cand = cands.setdefault(mid, Candidate(mid))
             cand.kw_rank, cand.kw_raw = rank, raw
             cand.row = cand.row or row
-        return strict
+        return strict, near
 
     def _plane_keyword(self, tokens: list[str], where: str,
                        params: list[object]) -> list[tuple[str, float, dict[str, Any] | None]]:
@@ -427,7 +437,8 @@ class Recall:
         return [(r[0], float(r[1]), None) for r in rows]
 
     def _fts_keyword(self, tokens: list[str], where: str, params: list[object],
-                     ) -> tuple[list[tuple[str, float, dict[str, Any] | None]], bool]:
+                     ) -> tuple[list[tuple[str, float, dict[str, Any] | None]], bool, bool]:
+        wanted = len(fts_words(tokens, relaxed=False))
         for relaxed in (False, True):
             rows = self._keyword_rows(tokens, relaxed, where, params)
             if rows:
@@ -435,12 +446,16 @@ class Recall:
                 power = 2 if relaxed else 1
                 best = max(score for score, _ in rows) or 1.0
                 out: list[tuple[str, float, dict[str, Any] | None]] = []
+                held = 0.0  # the most words of the query one hit holds
                 for score, row in rows:
                     text = f"{row['title'] or ''} {row['content']} {row['tags']}"
-                    raw = max(0.0, score) / best * coverage(tokens, text) ** power
+                    covered = coverage(tokens, text)
+                    held = max(held, covered * wanted)
+                    raw = max(0.0, score) / best * covered ** power
                     out.append((row["id"], raw, row))
-                return out, not relaxed
-        return [], False
+                near = relaxed and wanted >= NEAR_FROM and round(held) >= wanted - 1
+                return out, not relaxed, near
+        return [], False, False
 
     def _keyword_rows(self, tokens: list[str], relaxed: bool, where: str,
                       params: list[object]) -> list[tuple[float, dict[str, Any]]]:

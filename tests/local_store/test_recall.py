@@ -492,3 +492,30 @@ async def test_a_relaxed_keyword_hit_gets_no_rrf_vote(tmp_path: Path) -> None:
         assert a is not None and a.rrf == pytest.approx(1 / 61 + 1 / 60)  # both ranks vote
     finally:
         await store.close()
+
+
+async def test_a_memory_holding_all_but_one_word_of_a_query_matches(tmp_path: Path) -> None:
+    """No memory holds every word and no vector is near (cosine 0): the answer is a match when
+    one memory holds all but one word of a query of 3+ words ("FAISS" is jargon the memory
+    never spells out), and the fallback when it holds fewer, or the query is shorter."""
+    axes = np.eye(384, dtype=np.float32)
+    queries = ["faiss nprobe recall", "faiss nprobe zebra", "nprobe zebra"]
+    embedder = TableEmbedder({q: axes[0] for q in queries})
+    store = await Store.open(tmp_path, embedder=embedder)
+    try:
+        stamp = format_ns(1_700_000_000_000_000_000)
+        rows = [NodeRow(id=f"memory:{name}", labels="Memory", content=content, importance=0.5,
+                        status="active", embedding=[float(x) for x in vector],
+                        created_at=stamp, updated_at=stamp, valid_at=stamp)
+                for name, content, vector in (
+                    ("ann", "nprobe had to go from 16 to 64 to recover recall", axes[1]),
+                    ("other", "the release checklist", axes[2]))]
+        assert (await store.apply(rows, [], model=embedder.model_id)).applied_nodes == 2
+
+        near = await store.recall({"query": "faiss nprobe recall"})
+        assert not near.fallback and near.memories[0].id == "memory:ann"
+        for query in ("faiss nprobe zebra", "nprobe zebra"):
+            answer = await store.recall({"query": query})
+            assert answer.fallback and all(m.fallback for m in answer.memories), query
+    finally:
+        await store.close()

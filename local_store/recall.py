@@ -99,10 +99,10 @@ IMPORTANCE_WEIGHT = 0.3
 # best cosine of a nonsense query ranged 0.15–0.42 and of a real paraphrase 0.25–0.6, so no
 # single cosine floor separates them; PRIOR-ART: absolute floors are fragile):
 #   * the query matches at all when one memory holds every query word (strict FTS hit) or all
-#     but one of NEAR_FROM or more (near hit), or its best cosine reaches QUERY_COSINE_SURE, or its best cosine reaches
-#     QUERY_COSINE_GATE and it is not off the store's topic: its strangeness (``domain.py``:
-#     distance from the store's vectors over an unseen memory's) stays below OFF_TOPIC_GATE —
-#     otherwise the answer is the fallback;
+#     but one of NEAR_FROM or more (near hit), or its best cosine reaches QUERY_COSINE_SURE,
+#     or its best cosine reaches QUERY_COSINE_GATE and it is not off the store's topic: its
+#     strangeness (``domain.py``: distance from the store's vectors over an unseen memory's)
+#     stays below OFF_TOPIC_GATE — otherwise the answer is the fallback;
 #   * then a candidate stays when its relevance reaches CANDIDATE_FLOOR.
 # Real queries' strangeness centres on 1.0; OFF_TOPIC_GATE sits just under the least strange
 # nonsense query that cleared the cosine gate (1.155), chosen before a second blind held-out

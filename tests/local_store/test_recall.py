@@ -459,6 +459,17 @@ class TableEmbedder(HashingEmbedder):
                                                                       strict=True)])
 
 
+async def pull_with_vectors(store: Store, memories: list[tuple[str, str, np.ndarray]]) -> None:
+    """Apply ``(name, content, vector)`` as pulled rows (``memory:<name>``, importance 0.5,
+    one timestamp), with these vectors of the store's model."""
+    stamp = format_ns(1_700_000_000_000_000_000)
+    rows = [NodeRow(id=f"memory:{name}", labels="Memory", content=content, importance=0.5,
+                    status="active", embedding=[float(x) for x in vector], created_at=stamp,
+                    updated_at=stamp, valid_at=stamp) for name, content, vector in memories]
+    result = await store.apply(rows, [], model=store.embedder.model_id)
+    assert result.applied_nodes == len(rows) and not result.problems
+
+
 async def test_a_relaxed_keyword_hit_gets_no_rrf_vote(tmp_path: Path) -> None:
     """A query no memory holds every word of is answered by the relaxed (OR) keyword query.
     Its hit, A, shares one word of five and lies a little further from the query than B
@@ -471,14 +482,8 @@ async def test_a_relaxed_keyword_hit_gets_no_rrf_vote(tmp_path: Path) -> None:
     embedder = TableEmbedder({"zeta omega kappa lambda sigma": query, "zeta": query})
     store = await Store.open(tmp_path, embedder=embedder)
     try:
-        stamp = format_ns(1_700_000_000_000_000_000)
-        rows = [NodeRow(id=f"memory:{name}", labels="Memory", content=content, importance=0.5,
-                        status="active", embedding=[float(x) for x in vector],
-                        created_at=stamp, updated_at=stamp, valid_at=stamp)
-                for name, content, vector in (("a", "zeta notes about the build", near_a),
-                                              ("b", "the release checklist", near_b))]
-        result = await store.apply(rows, [], model=embedder.model_id)
-        assert result.applied_nodes == 2 and not result.problems
+        await pull_with_vectors(store, [("a", "zeta notes about the build", near_a),
+                                        ("b", "the release checklist", near_b)])
 
         relaxed = await store.recall({"query": "zeta omega kappa lambda sigma"})
         assert [m.id for m in relaxed.memories] == ["memory:b", "memory:a"]
@@ -503,14 +508,9 @@ async def test_a_memory_holding_all_but_one_word_of_a_query_matches(tmp_path: Pa
     embedder = TableEmbedder({q: axes[0] for q in queries})
     store = await Store.open(tmp_path, embedder=embedder)
     try:
-        stamp = format_ns(1_700_000_000_000_000_000)
-        rows = [NodeRow(id=f"memory:{name}", labels="Memory", content=content, importance=0.5,
-                        status="active", embedding=[float(x) for x in vector],
-                        created_at=stamp, updated_at=stamp, valid_at=stamp)
-                for name, content, vector in (
-                    ("ann", "nprobe had to go from 16 to 64 to recover recall", axes[1]),
-                    ("other", "the release checklist", axes[2]))]
-        assert (await store.apply(rows, [], model=embedder.model_id)).applied_nodes == 2
+        await pull_with_vectors(store, [
+            ("ann", "nprobe had to go from 16 to 64 to recover recall", axes[1]),
+            ("other", "the release checklist", axes[2])])
 
         near = await store.recall({"query": "faiss nprobe recall"})
         assert not near.fallback and near.memories[0].id == "memory:ann"

@@ -25,12 +25,13 @@ import heapq
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
+from local_store.domain import Domain
 from local_store.errors import ValidationError
 from local_store.ranking import (
     PLANE_WORD_SEP,
@@ -68,21 +69,36 @@ Mode = Literal["syncd", "plane", "keyword", "vector"]
 Fetch = Callable[[str, Sequence[object]], list[Any]]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Semantic:
     """The query's cosine against every indexed vector, with the ids in the same order — one
     locked snapshot of the index (``VectorIndex.snapshot``), so recall never sees it mid-update.
-    The ids are the index's shared immutable tuple: no per-query copy."""
+    The ids are the index's shared immutable tuple: no per-query copy.
+
+    ``domain`` (the index's fit, ``domain.py``; None for a store too small to fit) and the
+    query ``vector`` give its strangeness, measured only when the match rule asks (no keyword
+    match, best cosine between the two gates) and then once: most recalls never need it."""
 
     ids: Sequence[str]
     sims: npt.NDArray[np.float32]
-    # The query's distance from the store's vectors over an unseen memory's (``domain.py``);
-    # None for a store too small to fit.
-    strangeness: float | None = None
+    domain: Domain | None = None
+    vector: npt.NDArray[np.float32] | None = None
+    _strangeness: float | None = field(default=None, init=False, repr=False)
+    _measured: bool = field(default=False, init=False, repr=False)
+
+    @property
+    def strangeness(self) -> float | None:
+        """The query's distance from the store's vectors over an unseen memory's."""
+        if not self._measured:
+            if self.domain is not None and self.vector is not None:
+                self._strangeness = self.domain.strangeness(self.vector)
+            self._measured = True
+        return self._strangeness
 
     @property
     def off_topic(self) -> bool:
-        return self.strangeness is not None and self.strangeness >= OFF_TOPIC_GATE
+        strangeness = self.strangeness
+        return strangeness is not None and strangeness >= OFF_TOPIC_GATE
 
 CAND_K = 50
 # A backstop, never reached in normal work: the query's future always settles (a refused or

@@ -760,7 +760,7 @@ class Store:
             return None
         if not vector.any():
             return None
-        return Semantic(*self.index.snapshot(vector), self.index.strangeness(vector))
+        return Semantic(*self.index.snapshot(vector), self.index.domain(), vector)
 
     @property
     def settings(self) -> MemorySettings:

@@ -89,8 +89,8 @@ async def run_recall(conn: Conn, request: QueryRequest,
         if len(vectors.index) and request.query.strip():
             vector = np.asarray(embedder.embed([request.query])[0], dtype=np.float32)
             if vector.any():
-                semantic = Semantic(*vectors.index.snapshot(vector),
-                                    vectors.index.strangeness(vector))
+                semantic = Semantic(*vectors.index.snapshot(vector), vectors.index.domain(),
+                                    vector)
         return PgRecall(fetch, semantic, settings).run(request, "syncd", True, started)
 
     return await asyncio.to_thread(run)

@@ -20,9 +20,15 @@ recall@10, MRR (over queries with relevant memories) and the nonsense-query fals
     stood (no gate was set on it);
   * ``heldout set 5`` (40, ``"set": 5``): agent-style lookups, with 40 paraphrases and 20
     keyword queries, written blind by a fifth session after the RRF change for relaxed hits
-    (``ranking.score_syncd``) and run once.
+    (``ranking.score_syncd``) and run once;
+  * ``heldout set 6`` (40, ``"set": 6``): questions a developer in these projects could ask
+    whose answer the store does not hold (most about software, services or decisions next to
+    what it does hold), with 40 paraphrases and 20 keyword queries, written blind by a sixth
+    session and run once on the code as it stood.
 
-The blind sets' answered queries are reported apart in ``--by-kind`` ("paraphrase set 2", ...).
+The blind sets' answered queries are reported apart in ``--by-kind`` ("paraphrase set 2", ...),
+and so is syncd's false-hit rate per kind of blind held-out query (the part of its note after
+" — ": gibberish, everyday off-topic, software the store never mentions, ...).
 
     .venv/bin/python bench/recall_eval.py [--embedder minilm|hashing] [--by-kind] [--corpus F]
 """
@@ -110,6 +116,7 @@ async def evaluate(embedder_name: str, by_kind: bool, corpus: dict[str, Any]) ->
             load_s = time.perf_counter() - t0
             stats: dict[str, dict[str, list[float]]] = {m: {} for m in MODES}
             latency: dict[str, list[float]] = {m: [] for m in MODES}
+            blind_hits: dict[str, list[bool]] = {}  # syncd's, per blind held-out kind
             for q in corpus["queries"]:
                 relevant = {ids[k] for k in q["relevant"]}
                 for mode in MODES:
@@ -122,6 +129,8 @@ async def evaluate(embedder_name: str, by_kind: bool, corpus: dict[str, Any]) ->
                     got = [m.id for m in res.memories if not m.fallback]
                     row = stats[mode].setdefault(_group(q), [])
                     row.append(_metrics(got, relevant))  # type: ignore[arg-type]
+                    if mode == "syncd" and (kind := blind_kind(q)) is not None:
+                        blind_hits.setdefault(kind, []).append(bool(got))
         finally:
             await store.close()
     print(f"corpus: {len(corpus['memories'])} memories, {len(corpus['entities'])} entities, "
@@ -131,6 +140,7 @@ async def evaluate(embedder_name: str, by_kind: bool, corpus: dict[str, Any]) ->
     _print_table(stats, latency, no_answer)
     if by_kind:
         _print_by_kind(stats, no_answer)
+        _print_blind_kinds(blind_hits)
 
 
 # Groups with no relevant memory, and their columns: the tuning set, the first held-out set,
@@ -142,6 +152,15 @@ def no_answer_columns(queries: list[dict[str, Any]]) -> dict[str, str]:
     """``NO_ANSWER`` plus a "blind-n hit" column for each blind set's held-out queries."""
     blind = sorted({q["set"] for q in queries if q["kind"] == "heldout" and "set" in q})
     return NO_ANSWER | {f"heldout set {n}": f"blind-{n} hit" for n in blind}
+
+
+def blind_kind(q: dict[str, Any]) -> str | None:
+    """A blind held-out query's kind, as its note names it after " — " ("set 4: gibberish");
+    None for any other query."""
+    if q["kind"] != "heldout" or "set" not in q:
+        return None
+    _, dash, kind = str(q.get("note", "")).partition(" — ")
+    return f"set {q['set']}: {kind.strip()}" if dash and kind.strip() else None
 
 
 def _group(q: dict[str, Any]) -> str:
@@ -183,6 +202,17 @@ def _print_by_kind(stats: dict[str, dict[str, list[Any]]], no_answer: dict[str, 
     for kind in kinds:
         cells = "".join(f"{_mean([r[2] for r in stats[m][kind]]):>10.3f}" for m in MODES)
         print(f"{kind:<18}{cells}{len(stats['syncd'][kind]):>5}")
+
+
+def _print_blind_kinds(hits: dict[str, list[bool]]) -> None:
+    """syncd's false hits per kind of blind held-out query, with the counts."""
+    if not hits:
+        return
+    print("\nsyncd false hits by kind of blind held-out query")
+    width = max(len(kind) for kind in hits) + 2
+    for kind in sorted(hits, key=lambda k: (int(k.split(":")[0].split()[1]), k)):
+        got = hits[kind]
+        print(f"{kind:<{width}}{sum(got):>4} of {len(got):<4}{sum(got) / len(got):>7.3f}")
 
 
 def main() -> None:

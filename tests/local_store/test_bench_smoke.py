@@ -63,8 +63,9 @@ def test_bench_recall_speed_quick_prints_its_table() -> None:
 
 
 def test_bench_recall_eval_prints_every_mode() -> None:
-    lines = run_bench("bench/recall_eval.py", "--embedder", "hashing")
-    modes = {line.split()[0]: line.split()[1:] for line in lines
+    lines = run_bench("bench/recall_eval.py", "--embedder", "hashing", "--by-kind")
+    table = lines[:lines.index("MRR by query kind")]  # --by-kind's tables follow it
+    modes = {line.split()[0]: line.split()[1:] for line in table
              if line.split() and line.split()[0] in ("keyword", "vector", "plane", "syncd")}
     assert sorted(modes) == ["keyword", "plane", "syncd", "vector"], "\n".join(lines)
     # A false-hit column for each group of queries with no answer: the tuning set, the first
@@ -77,6 +78,21 @@ def test_bench_recall_eval_prints_every_mode() -> None:
     for values in modes.values():  # recall@5, recall@10, MRR, the false-hit rates, p50
         assert len(values) == 3 + len(columns) + 1, values
         assert all(0.0 <= float(v) <= 1.0 for v in values[:-1]), values
+    # --by-kind: syncd's false hits per kind of blind held-out query (its note after " — "),
+    # every such query counted once, under its own set and kind.
+    expected: dict[str, int] = {}
+    for q in corpus["queries"]:
+        if q["kind"] == "heldout" and "set" in q and " — " in q.get("note", ""):
+            kind = f"set {q['set']}: {q['note'].partition(' — ')[2].strip()}"
+            expected[kind] = expected.get(kind, 0) + 1
+    start = lines.index("syncd false hits by kind of blind held-out query") + 1
+    printed: dict[str, int] = {}
+    for line in lines[start:start + len(expected)]:
+        *kind, hits, of, total, rate = line.split()
+        assert of == "of" and 0 <= int(hits) <= int(total), line
+        assert abs(float(rate) - int(hits) / int(total)) < 1e-3, line
+        printed[" ".join(kind)] = int(total)
+    assert len(expected) >= 20 and printed == expected, (printed, expected)
 
 
 def test_bench_recall_eval_refuses_a_corpus_it_cannot_read(tmp_path: Path) -> None:

@@ -24,7 +24,11 @@ recall@10, MRR (over queries with relevant memories) and the nonsense-query fals
   * ``heldout set 6`` (40, ``"set": 6``): questions a developer in these projects could ask
     whose answer the store does not hold (most about software, services or decisions next to
     what it does hold), with 40 paraphrases and 20 keyword queries, written blind by a sixth
-    session and run once on the code as it stood.
+    session and run once on the code as it stood;
+  * ``heldout set 7`` (40, ``"set": 7``): five kinds (software the store never mentions, agent
+    tasks about absent decisions, generic programming, everyday, gibberish or puns), with 40
+    paraphrases and 20 keyword queries, written blind by a seventh session and run once on the
+    same code.
 
 The blind sets' answered queries are reported apart in ``--by-kind`` ("paraphrase set 2", ...),
 and so is syncd's false-hit rate per kind of blind held-out query (the part of its note after

@@ -16,6 +16,7 @@ NODE_WIRE = tuple(c for c in NODE_EXPORT_COLUMNS if c != "embedding") + NODE_LAT
 NODE_LOCAL = ("origin", "content_hash", "local_seq", "deleted", "dedupe_key", "source_uris",
               "mentions", "last_seen")
 NODE_COLUMNS = NODE_WIRE + NODE_LOCAL
+NODE_ID = NODE_COLUMNS.index("id")  # where a node row's id sits
 
 EDGE_LOCAL = ("updated_at", "origin", "content_hash", "local_seq", "deleted")
 EDGE_ALL = EDGE_COLUMNS + EDGE_LOCAL

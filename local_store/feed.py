@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from local_store.columns import EDGE_SELECT, NODE_COLUMNS, NODE_SELECT
+from local_store.columns import EDGE_SELECT, NODE_ID, NODE_SELECT
 from protocol.timestamp import format_ns
 
 EPOCH = format_ns(0)
@@ -107,6 +107,6 @@ def _page(fetch: Fetch, since: str | None, limit: int | None, realm: str | None,
     more = fetch("SELECT EXISTS (SELECT 1 FROM memories WHERE local_seq > ?) "
                  "OR EXISTS (SELECT 1 FROM edges WHERE local_seq > ?)", (end, end))[0][0]
     mark = fetch("SELECT stamp FROM feed WHERE seq <= ? ORDER BY seq DESC LIMIT 1", (end,))
-    ids = [r[NODE_COLUMNS.index("id")] for r in nodes]
+    ids = [r[NODE_ID] for r in nodes]
     return FeedPage(nodes, edges, mark[0][0] if mark else EPOCH, bool(more),
                     stored_vectors(fetch, ids, model))

@@ -267,11 +267,12 @@ class Recall:
         # The keyword leg goes first: its hits tell the semantic leg which rows it may skip.
         if mode != "vector" and tokens:
             strict_hit, near_hit = self._keyword_leg(tokens, filters, mode, cands)
+        keyword_match = strict_hit or near_hit
         if mode != "keyword":
-            best_cosine = self._semantic_leg(filters, mode, cands, strict_hit or near_hit)
+            best_cosine = self._semantic_leg(filters, mode, cands, keyword_match)
         self._hydrate(cands, filters, mode)
         if mode == "syncd":
-            if strict_hit or near_hit or self._semantic_match(best_cosine):
+            if keyword_match or self._semantic_match(best_cosine):
                 cands = {k: c for k, c in cands.items() if _relevance(c) >= CANDIDATE_FLOOR}
             else:
                 cands = {}

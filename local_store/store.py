@@ -39,7 +39,7 @@ from local_store.arguments import (
     query_request,
 )
 from local_store.checkpoint import Checkpointer
-from local_store.columns import EDGE_ALL, EDGE_SELECT, NODE_COLUMNS, NODE_SELECT
+from local_store.columns import EDGE_ALL, EDGE_SELECT, NODE_COLUMNS, NODE_ID, NODE_SELECT
 from local_store.embed import Embedder, HashingEmbedder
 from local_store.errors import (
     NotFoundError,
@@ -1023,7 +1023,7 @@ def _changes_page(fetch: Callable[[str, Sequence[object]], list[Any]], since_seq
                         key=lambda item: item[0])[:limit]
         cursor = int(merged[-1][0]) if merged else since_seq
         nodes = [r for _, kind, r in merged if kind == "n"]
-        found = stored_vectors(fetch, [r[NODE_COLUMNS.index("id")] for r in nodes], model)
+        found = stored_vectors(fetch, [r[NODE_ID] for r in nodes], model)
         more = len(merged) == limit and bool(fetch(
             "SELECT EXISTS (SELECT 1 FROM memories WHERE local_seq > ?" + realm_sql + ") OR "
             "EXISTS (SELECT 1 FROM edges WHERE local_seq > ?)",

@@ -4,9 +4,10 @@ Vectors are the hashing embedder's, 384-d (issue 3): stored memories and queries
 similarities behave like a text embedder's (a query shares n-grams with many memories, not with
 one random vector) and recall does the work it would on real text. Query vectors are computed
 before the clock starts (``TableEmbedder``), so query embedding is excluded from the recall
-numbers and reported on its own for the default model. Recalls between two writes share a
-memo of the rows they read (``local_store/reader.py``): the ``after a write`` row times recalls
-that each follow a save, so read none of it. Baselines measured in the same run: a
+numbers and reported on its own for the default model. Recalls share a memo of the rows they
+read (``local_store/reader.py``), from which a write drops the rows of the memories it wrote;
+the ``after a write`` row times recalls that each follow a save, whose commit also empties
+SQLite's page cache of the reader's connection. Baselines measured in the same run: a
 bare numpy exact top-50 over the same matrix (the floor for the semantic leg) and the control
 plane's exact algorithm. Index load is the median of ``LOADS`` reopenings.
 
@@ -143,13 +144,13 @@ async def measure(sizes: list[int], queries: int) -> list[tuple[str, ...]]:
                                  f"{pct(lat, 0.95):.2f}", _target(mode, size)))
                 lat = []
                 for k, text in enumerate(qtexts[:AFTER_WRITE]):
-                    await store.save({"content": f"{words(rng, 20)} {k}"})  # empties the memo
+                    await store.save({"content": f"{words(rng, 20)} {k}"})
                     t = time.perf_counter()
                     await store.recall({"query": text})
                     lat.append((time.perf_counter() - t) * 1000)
                 have += AFTER_WRITE
                 rows.append((AFTER_ROW, f"{size:,}", f"{statistics.median(lat):.2f}",
-                             f"{pct(lat, 0.95):.2f}", "(no row memo: each follows a save)"))
+                             f"{pct(lat, 0.95):.2f}", "(each follows a save)"))
                 lat = []
                 pasted = [pasted_log(rng) for _ in range(LONG_QUERIES)]
                 embedder.prepare(pasted)

@@ -19,6 +19,8 @@ from local_store.ranking import plane_kw_score
 SQL_FUNCTIONS = {"plane_kw_score": (4, plane_kw_score)}
 # Rows the memo holds at most (~0.5 KB each: 10 MB); past it, it starts again empty.
 MEMO_ROWS = 20_000
+# Memories written between two recalls past which the memo starts again empty.
+MEMO_CHANGED = 256
 
 
 class SyncReader:
@@ -62,25 +64,44 @@ class SyncReader:
 
 
 class RowMemo:
-    """Rows recall has read, per filter (its SQL and parameters), kept while the database is
-    unchanged: ``fresh`` forgets them all once another connection has committed (SQLite's
-    ``data_version``; this connection only reads). Used on the reader's thread only.
+    """Rows recall has read, per filter (its SQL and parameters), kept while their memories are
+    unchanged. Used on the reader's thread only.
 
     Recall's semantic leg reads the rows of its nearest memories (filtering and hydrating in one
-    query, ~6 µs a row); an agent's recalls between two writes revisit many of them."""
+    query, ~6 µs a row); an agent's recalls revisit many of them, also across the writes between
+    them. ``fresh`` asks SQLite whether another connection has committed since (``data_version``;
+    this connection only reads) and, if so, which memories changed: every write of a memory
+    takes the next ``local_seq`` in its transaction (schema 0001), so ``local_seq`` above the
+    highest one seen names exactly the memories written since, in commit order. Their rows are
+    forgotten; the rest stay. Past ``MEMO_CHANGED`` changed memories (a pulled batch), it forgets
+    everything instead: reading the rows again costs less than looking up that many."""
 
     def __init__(self, fetch: Callable[[str, Sequence[object]], list[Any]]) -> None:
         self._fetch = fetch
         self._version: int | None = None
+        self._seq: int | None = None  # the highest local_seq whose memory the memo accounts for
         self._rows: dict[tuple[str, tuple[object, ...]], dict[str, tuple[Any, ...] | None]] = {}
         self._held = 0
 
     def fresh(self) -> None:
-        """Forget every row if the database changed since the last call."""
+        """Forget the rows of every memory written since the last call (all rows when more than
+        ``MEMO_CHANGED`` were, or when the memo does not know where it stands)."""
         ((version,),) = self._fetch("PRAGMA data_version", ())
-        if version != self._version:
-            self._version = version
-            self._forget()
+        if version == self._version:
+            return
+        self._version = version
+        # Read after data_version: a commit landing between the two is seen here, and one
+        # landing after changes data_version again, so the next call looks past this seq.
+        if self._seq is not None:
+            changed = self._fetch(CHANGED_SQL, (self._seq, MEMO_CHANGED + 1))
+            if len(changed) <= MEMO_CHANGED:
+                self._drop([mid for mid, _ in changed])
+                if changed:
+                    self._seq = int(changed[-1][1])
+                return
+        self._forget()
+        ((seq,),) = self._fetch("SELECT coalesce(max(local_seq), 0) FROM memories", ())
+        self._seq = int(seq)
 
     def rows(self, where: str, params: Sequence[object]) -> dict[str, tuple[Any, ...] | None]:
         """id → row (None: the filter drops it) for this filter; the caller adds what it read
@@ -89,7 +110,7 @@ class RowMemo:
 
     @property
     def held(self) -> int:
-        """How many rows the memo holds (the count since it was last emptied)."""
+        """How many rows the memo holds."""
         return self._held
 
     def added(self, count: int) -> None:
@@ -97,6 +118,17 @@ class RowMemo:
         if self._held > MEMO_ROWS:
             self._forget()
 
+    def _drop(self, ids: list[str]) -> None:
+        for rows in self._rows.values():
+            for mid in ids:
+                if rows.pop(mid, _ABSENT) is not _ABSENT:
+                    self._held -= 1
+
     def _forget(self) -> None:
         self._rows.clear()
         self._held = 0
+
+
+# The memories written since a seq, in commit order (the unique index ``memories_seq``).
+CHANGED_SQL = "SELECT id, local_seq FROM memories WHERE local_seq > ? ORDER BY local_seq LIMIT ?"
+_ABSENT = object()

@@ -16,7 +16,7 @@ import msgspec
 import pytest
 
 from local_store import Store, db
-from local_store.reader import MEMO_ROWS, RowMemo, SyncReader
+from local_store.reader import MEMO_CHANGED, MEMO_ROWS, RowMemo, SyncReader
 from local_store.recall import Recall, Semantic
 from protocol.query import QueryRequest
 
@@ -61,13 +61,15 @@ async def test_a_superseding_judgement_shows_as_invalidated(store: Store) -> Non
 
 async def test_a_repeated_recall_reads_its_rows_from_the_memo(store: Store,
                                                               tmp_path: Path) -> None:
-    for i in range(30):
-        await store.save({"content": f"{TEXT} note {i}"})
+    """Across writes too: a write costs the memo the rows of the memories it wrote, no more —
+    and those rows are read again, so the next answer shows the write."""
+    ids = [(await store.save({"content": f"{TEXT} note {i}"}))["node_id"] for i in range(30)]
     reader = SyncReader(tmp_path / "data" / db.DB_FILENAME)
-    statements: list[str] = []
+    reads: list[set[str]] = []  # the memory ids of each row read
 
     def fetch(sql: str, params: Any) -> list[Any]:
-        statements.append(sql)
+        if "m.id IN" in sql:
+            reads.append({p for p in params if isinstance(p, str) and p.startswith("memory:")})
         return reader.fetch(sql, params)
 
     memo = RowMemo(fetch)
@@ -78,22 +80,98 @@ async def test_a_repeated_recall_reads_its_rows_from_the_memo(store: Store,
         semantic = Semantic(*store.index.snapshot(vector))
         return Recall(fetch, semantic, store.settings, memo=memo).run(request)
 
-    def row_reads() -> int:
-        return sum("m.id IN" in sql for sql in statements)
+    async def read_by_next_answer() -> tuple[set[str], Any]:
+        reads.clear()
+        got = await asyncio.get_running_loop().run_in_executor(reader.pool, answer)
+        return set().union(*reads), got
 
     try:
-        loop = asyncio.get_running_loop()
-        first = await loop.run_in_executor(reader.pool, answer)
-        reads = row_reads()
-        second = await loop.run_in_executor(reader.pool, answer)
-        assert row_reads() == reads  # nothing read again
+        first_read, first = await read_by_next_answer()
+        assert len(first.memories) >= 5 and set(ids[:5]) <= first_read  # a real answer
+        read, second = await read_by_next_answer()
+        assert read == set()  # nothing read again
         assert [m.id for m in second.memories] == [m.id for m in first.memories]
-        assert len(first.memories) >= 5  # a real answer, not an empty one
-        await store.save({"content": "an unrelated write"})
-        await loop.run_in_executor(reader.pool, answer)
-        assert row_reads() > reads  # the write emptied the memo
+        unrelated = (await store.save({"content": "an unrelated write"}))["node_id"]
+        read, again = await read_by_next_answer()
+        assert read <= {unrelated}  # the rows already held stay held
+        assert [m.id for m in again.memories] == [m.id for m in first.memories]
+        changed = first.memories[0].id
+        await store.update_importance(changed, 0.91)
+        read, after = await read_by_next_answer()
+        assert read == {changed}  # exactly the written memory's row is read again
+        assert {m.id: m.importance for m in after.memories}[changed] == pytest.approx(0.91)
+        await store.delete(changed)  # (it leaves the index: no leg asks for its row)
+        read, gone = await read_by_next_answer()
+        assert changed not in {m.id for m in gone.memories} and read <= {changed}
     finally:
         await reader.close()
+
+
+async def test_fresh_forgets_the_written_memories_or_past_a_bound_all(
+        store: Store, tmp_path: Path) -> None:
+    """``fresh`` drops the rows of the memories written since (up to ``MEMO_CHANGED`` of
+    them), all rows past that, and then keeps following the writes."""
+    ids = [(await store.save({"content": f"{TEXT} note {i}"}))["node_id"] for i in range(8)]
+    reader = SyncReader(tmp_path / "data" / db.DB_FILENAME)
+
+    async def on_reader(call: Callable[[], Any]) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(reader.pool, call)
+
+    def hold(memo: RowMemo, held: list[str]) -> None:
+        memo.rows("w", ()).update((mid, (mid,)) for mid in held)
+        memo.added(len(held))
+
+    try:
+        memo = RowMemo(reader.fetch)
+        await on_reader(memo.fresh)
+        hold(memo, ids)
+        await on_reader(memo.fresh)  # nothing written: everything stays
+        assert set(memo.rows("w", ())) == set(ids) and memo.held == len(ids)
+        await store.update_importance(ids[0], 0.5)
+        await store.delete(ids[1])
+        await on_reader(memo.fresh)
+        assert set(memo.rows("w", ())) == set(ids[2:]) and memo.held == len(ids) - 2
+        await store.save_many([{"content": f"filler {i}"} for i in range(MEMO_CHANGED - 1)])
+        await store.update_importance(ids[2], 0.5)  # MEMO_CHANGED written: still one by one
+        await on_reader(memo.fresh)
+        assert set(memo.rows("w", ())) == set(ids[3:])
+        await store.save_many([{"content": f"more {i}"} for i in range(MEMO_CHANGED + 1)])
+        await on_reader(memo.fresh)
+        assert memo.rows("w", ()) == {} and memo.held == 0
+        hold(memo, ids[3:])
+        await store.update_importance(ids[3], 0.5)  # followed again after starting over
+        await on_reader(memo.fresh)
+        assert set(memo.rows("w", ())) == set(ids[4:])
+    finally:
+        await reader.close()
+
+
+async def test_recalls_racing_writes_end_on_the_written_state(store: Store) -> None:
+    """Recalls run while a writer keeps changing the memories they answer with; once the
+    writes stop, the next recall shows every memory as last written (no row the memo kept
+    from before a write survives it)."""
+    ids = [(await store.save({"content": f"{TEXT} note {i}", "importance": 0.1}))["node_id"]
+           for i in range(12)]
+    last: dict[str, float] = {}
+
+    async def writes() -> None:
+        for step in range(ROUNDS):
+            mid = ids[step * 7 % len(ids)]
+            last[mid] = round(0.2 + (step % 70) / 100, 2)
+            await store.update_importance(mid, last[mid])
+
+    async def recalls() -> None:
+        for _ in range(ROUNDS):
+            await recalled(store)
+
+    await asyncio.gather(writes(), recalls())
+    got = await recalled(store, limit=50)
+    assert set(ids) <= set(got)
+    for mid in ids:
+        assert got[mid].importance == pytest.approx(last.get(mid, 0.1)), mid
+
+
+ROUNDS = 150
 
 
 def test_the_memo_empties_itself_past_its_bound() -> None:

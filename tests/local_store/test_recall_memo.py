@@ -146,16 +146,22 @@ async def test_fresh_forgets_the_written_memories_or_past_a_bound_all(
         await reader.close()
 
 
-async def test_recalls_racing_writes_end_on_the_written_state(store: Store) -> None:
+@pytest.mark.parametrize("batch_every", [None, 25], ids=["single writes", "with batches"])
+async def test_recalls_racing_writes_end_on_the_written_state(store: Store,
+                                                              batch_every: int | None) -> None:
     """Recalls run while a writer keeps changing the memories they answer with; once the
     writes stop, the next recall shows every memory as last written (no row the memo kept
-    from before a write survives it)."""
+    from before a write survives it). With batches, some writes are more than
+    ``MEMO_CHANGED`` memories at once, so the memo also starts over while recalls run."""
     ids = [(await store.save({"content": f"{TEXT} note {i}", "importance": 0.1}))["node_id"]
            for i in range(12)]
     last: dict[str, float] = {}
 
     async def writes() -> None:
         for step in range(ROUNDS):
+            if batch_every and step % batch_every == 0:
+                await store.save_many([{"content": f"filler {step} {i}"}
+                                       for i in range(MEMO_CHANGED + 1)])
             mid = ids[step * 7 % len(ids)]
             last[mid] = round(0.2 + (step % 70) / 100, 2)
             await store.update_importance(mid, last[mid])

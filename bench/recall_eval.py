@@ -31,7 +31,8 @@ recall@10, MRR (over queries with relevant memories) and the nonsense-query fals
     same code.
 
 The blind sets' answered queries are reported apart in ``--by-kind`` ("paraphrase set 2", ...),
-and so is syncd's false-hit rate per kind of blind held-out query (the part of its note after
+with each set's MRR over its answered queries, and so is syncd's false-hit rate per kind of
+blind held-out query (the part of its note after
 " — ": gibberish, everyday off-topic, software the store never mentions, ...).
 
     .venv/bin/python bench/recall_eval.py [--embedder minilm|hashing] [--by-kind] [--corpus F]
@@ -144,6 +145,7 @@ async def evaluate(embedder_name: str, by_kind: bool, corpus: dict[str, Any]) ->
     _print_table(stats, latency, no_answer)
     if by_kind:
         _print_by_kind(stats, no_answer)
+        _print_by_set(stats, no_answer)
         _print_blind_kinds(blind_hits)
 
 
@@ -206,6 +208,22 @@ def _print_by_kind(stats: dict[str, dict[str, list[Any]]], no_answer: dict[str, 
     for kind in kinds:
         cells = "".join(f"{_mean([r[2] for r in stats[m][kind]]):>10.3f}" for m in MODES)
         print(f"{kind:<18}{cells}{len(stats['syncd'][kind]):>5}")
+
+
+def _print_by_set(stats: dict[str, dict[str, list[Any]]], no_answer: dict[str, str]) -> None:
+    """MRR over each set's answered queries (set 1: the queries with no ``"set"``, on which the
+    gates were tuned; each later set was written blind and run once)."""
+    rr: dict[str, dict[int, list[float]]] = {mode: {} for mode in MODES}
+    for mode in MODES:
+        for group, rows in stats[mode].items():
+            if group not in no_answer:
+                _, marker, number = group.rpartition(" set ")
+                rr[mode].setdefault(int(number) if marker else 1, []).extend(r[2] for r in rows)
+    print("\nMRR by set (answered queries; set 1 tuned the gates)")
+    print(f"{'set':<18}" + "".join(f"{m:>10}" for m in MODES) + f"{'n':>5}")
+    for number in sorted(rr["syncd"]):
+        cells = "".join(f"{_mean(rr[m][number]):>10.3f}" for m in MODES)
+        print(f"{number:<18}{cells}{len(rr['syncd'][number]):>5}")
 
 
 def _print_blind_kinds(hits: dict[str, list[bool]]) -> None:

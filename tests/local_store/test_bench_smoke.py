@@ -85,6 +85,20 @@ def test_bench_recall_eval_prints_every_mode() -> None:
         if q["kind"] == "heldout" and "set" in q and " — " in q.get("note", ""):
             kind = f"set {q['set']}: {q['note'].partition(' — ')[2].strip()}"
             expected[kind] = expected.get(kind, 0) + 1
+    # --by-kind: each set's MRR over its answered queries, whose n-weighted mean is the MRR of
+    # the mode table.
+    answered: dict[int, int] = {}
+    for q in corpus["queries"]:
+        if q["relevant"]:
+            answered[q.get("set", 1)] = answered.get(q.get("set", 1), 0) + 1
+    at = lines.index("MRR by set (answered queries; set 1 tuned the gates)") + 2
+    by_set = {int(line.split()[0]): line.split()[1:] for line in lines[at:at + len(answered)]}
+    assert {number: int(row[-1]) for number, row in by_set.items()} == answered, by_set
+    for index, mode in enumerate(("keyword", "vector", "plane", "syncd")):
+        cells = [float(row[index]) for row in by_set.values()]
+        assert all(0.0 <= cell <= 1.0 for cell in cells), by_set
+        weighted = sum(cell * answered[n] for cell, n in zip(cells, by_set, strict=True))
+        assert abs(weighted / sum(answered.values()) - float(modes[mode][2])) < 1.5e-3, mode
     start = lines.index("syncd false hits by kind of blind held-out query") + 1
     printed: dict[str, int] = {}
     for line in lines[start:start + len(expected)]:

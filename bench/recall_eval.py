@@ -32,8 +32,8 @@ recall@10, MRR (over queries with relevant memories) and the nonsense-query fals
 
 The blind sets' answered queries are reported apart in ``--by-kind`` ("paraphrase set 2", ...),
 with each set's MRR over its answered queries, and so is syncd's false-hit rate per kind of
-blind held-out query (the part of its note after
-" — ": gibberish, everyday off-topic, software the store never mentions, ...).
+blind held-out query (the part of its note after " — ": gibberish, everyday off-topic, software
+the store never mentions, ...).
 
     .venv/bin/python bench/recall_eval.py [--embedder minilm|hashing] [--by-kind] [--corpus F]
 """

@@ -21,6 +21,8 @@ SQL_FUNCTIONS = {"plane_kw_score": (4, plane_kw_score)}
 MEMO_ROWS = 20_000
 # Memories written between two recalls past which the memo starts again empty.
 MEMO_CHANGED = 256
+# The memories written since a seq, in commit order (the unique index ``memories_seq``).
+CHANGED_SQL = "SELECT id, local_seq FROM memories WHERE local_seq > ? ORDER BY local_seq LIMIT ?"
 
 
 class SyncReader:
@@ -121,14 +123,10 @@ class RowMemo:
     def _drop(self, ids: list[str]) -> None:
         for rows in self._rows.values():
             for mid in ids:
-                if rows.pop(mid, _ABSENT) is not _ABSENT:
+                if mid in rows:  # (a row of None is held too: the filter drops that memory)
+                    del rows[mid]
                     self._held -= 1
 
     def _forget(self) -> None:
         self._rows.clear()
         self._held = 0
-
-
-# The memories written since a seq, in commit order (the unique index ``memories_seq``).
-CHANGED_SQL = "SELECT id, local_seq FROM memories WHERE local_seq > ? ORDER BY local_seq LIMIT ?"
-_ABSENT = object()

@@ -113,6 +113,16 @@ async def log_in(stack: Stack, page: Page) -> None:
     assert kept[0] == stack.url + "/" and len(kept[1]) == 1 and len(kept[1][0]) >= 32, kept
 
 
+async def settings_ready(page: Page) -> None:
+    """The Settings view is shown and its settings have loaded (``data-state="ready"``). Call it
+    after opening the view from another one: the view turns visible in the same task that marks
+    it "loading", so the "ready" seen after that is this opening's, never an earlier one's."""
+    from playwright.async_api import expect
+    view = page.locator("#view-settings")
+    await expect(view).to_be_visible()
+    await expect(view).to_have_attribute("data-state", "ready")
+
+
 async def shot(page: Page, directory: Path, name: str, min_bytes: int = 5000) -> Path:
     path = directory / f"{name}.png"
     await page.screenshot(path=str(path), full_page=True)
@@ -228,6 +238,7 @@ async def test_the_page_end_to_end(browser: Browser, stack: Stack,
 
         # ------------------------------------------------------------------ settings
         await page.click('#tabs a[data-tab="settings"]')
+        await settings_ready(page)
         weight = page.locator("#s-w_keyword")
         await expect(weight).to_have_value("0.3")
         for key in ("w_rrf", "w_semantic", "w_graph", "w_importance", "w_recency",
@@ -453,8 +464,11 @@ async def test_a_reload_keeps_the_session_and_a_new_tab_asks_to_log_in_again(
             await page.click("#search-submit")
             await expect(page.locator(".hit .hit-title").first).to_have_text("staging restarts")
             await page.click('#tabs a[data-tab="settings"]')
+            await settings_ready(page)  # not the form an earlier opening left: its answer
+            current = (await stack.ok("GET", "/v1/agent/memory/settings"))["w_keyword"]
             weight = page.locator("#s-w_keyword")
-            value = "0.35" if await weight.input_value() != "0.35" else "0.4"
+            await expect(weight).to_have_value(str(current))
+            value = "0.35" if current != 0.35 else "0.4"
             await weight.fill(value)
             await page.click("#settings-save")
             await expect(page.locator("#settings-message")).to_have_text("Saved.")

@@ -21,7 +21,7 @@ from local_store import HashingEmbedder
 from protocol.rows import NodeRow
 from protocol.timestamp import format_ns
 from tests.web.conftest import HubPage
-from tests.web.test_browser import XSS_CONTENT, XSS_TITLE, page_for, shot
+from tests.web.test_browser import XSS_CONTENT, XSS_TITLE, page_for, settings_ready, shot
 
 if TYPE_CHECKING:
     from playwright.async_api import Browser, Page
@@ -162,6 +162,7 @@ async def test_the_hub_page_signs_in_with_a_token(browser: Browser, hub_page: Hu
         await shot(page, screenshot_dir, "hub-status" + suffix)
 
         await page.click('#tabs a[data-tab="settings"]')
+        await settings_ready(page)
         weight = page.locator("#s-w_keyword")
         await expect(weight).to_have_value("0.3")
         await expect(weight).to_be_disabled()
@@ -186,6 +187,7 @@ async def test_the_hub_page_signs_in_with_a_token(browser: Browser, hub_page: Hu
         # ------------------------------------------------------------------ a write token
         await sign_in(page, writer)
         await expect(page.locator("#view-settings")).to_be_visible()  # still #/settings
+        await settings_ready(page)
         await expect(page.locator("#settings-readonly")).to_be_hidden()
         await expect(page.locator("#s-embedding_model")).to_be_disabled()  # the hub's own
         await expect(weight).to_be_enabled()

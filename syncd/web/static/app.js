@@ -21,6 +21,11 @@
 //   * On a hub, the token typed into the sign-in form is sent once (POST /ui/login) and then
 //     dropped: never stored (no localStorage, sessionStorage or script-set cookie). Only the
 //     session's key is stored, in sessionStorage, as above.
+//   * A late answer never overwrites newer state: each view numbers its requests and applies
+//     only the latest one's answer, and what a person typed is theirs: an answer that lands
+//     after they edited a field (settings, a memory's importance) leaves that field as typed.
+//     A status message belongs to the request it reports: a newer one (or opening the view
+//     again) replaces it, and an older request's answer never writes over it.
 "use strict";
 
 (() => {
@@ -53,6 +58,13 @@
     memorySeq: 0,
     syncSeq: 0,
     statusSeq: 0,
+    settingsSeq: 0,  // the latest settings request, a load or a save: only its answer applies
+    saveSeq: 0,  // the latest save (or reopening of the view): only it writes #settings-message
+    saving: null,  // the save in flight (a promise that never rejects): a load waits for it
+    editSeq: 0,  // counts edits: an input's data-edited is the count at its last edit
+    actionSeq: 0,  // the latest action on a memory: only it writes #memory-message
+    syncRunSeq: 0,  // the latest sync pass (or reopening of the view): it owns #sync-message
+    syncing: false,  // a pass is running: "Sync now" stays disabled whatever renders
     view: null,
   };
 
@@ -307,7 +319,7 @@
     $("#settings-form").addEventListener("input", onSettingsInput);
     $("#settings-form").addEventListener("change", onSettingsInput);
     $("#settings-reset").addEventListener("click", () => {
-      if (state.settings) renderSettings(state.settings);
+      if (state.settings) renderSettings(state.settings);  // every edit goes
       showMessage($("#settings-message"), "");
     });
     $("#logout").addEventListener("click", logout);
@@ -375,6 +387,10 @@
     state.settings = null;
     state.searchSeq += 1;
     state.statusSeq += 1;
+    state.settingsSeq += 1;  // a settings answer landing after this shows nothing
+    state.saveSeq += 1;
+    state.saving = null;
+    delete $("#view-settings").dataset.state;
     clear($("#search-results"));
     clear($("#status-body"));
     clear($("#settings-form"));
@@ -452,6 +468,10 @@
       }
       openMemory(id || state.lastMemory);
     } else if (view === "sync") {
+      if (!state.syncing) {  // opening the view again ends a finished pass's report
+        state.syncRunSeq += 1;
+        showMessage($("#sync-message"), "");
+      }
       loadSync();
     } else if (view === "settings") {
       loadSettings();
@@ -696,7 +716,10 @@
 
   // ------------------------------------------------------------------ one memory
 
-  async function openMemory(id, message) {
+  /** ``keepSince``: an importance typed into the view this replaces is kept when it was typed
+   * after that edit count (0: any typed value; a save's answer passes the count at its start,
+   * as what was typed before went into the save). */
+  async function openMemory(id, message, keepSince = 0) {
     const root = $("#memory-body");
     const seq = ++state.memorySeq;
     if (!id) {
@@ -720,8 +743,16 @@
       return;
     }
     if (seq !== state.memorySeq) return;
+    const typed = root.dataset.id === id ? $("#memory-importance", root) : null;
+    const focused = typed !== null && document.activeElement === typed;
     root.dataset.id = id;
     clear(root).append(memoryView(memory, message));
+    if (typed && Number(typed.dataset.edited || 0) > keepSince) {  // typed while this loaded
+      const importance = $("#memory-importance", root);
+      importance.value = typed.value;
+      importance.dataset.edited = typed.dataset.edited;
+      if (focused) importance.focus();
+    }
     document.title = (memory.title || memory.memory_type) + " · syncd";
     const history = $("#history-body", root);
     loadHistory(memory, history, seq);
@@ -769,7 +800,7 @@
       archived ? "Unarchive" : "Archive");
     toggle.addEventListener("click", () => memoryAction(id, "update_memory_status",
       {memory_id: id, status: archived ? "active" : "archived"}, msg,
-      archived ? "Unarchived: status active" : "Archived: status archived", toggle));
+      archived ? "Unarchived: status active" : "Archived: status archived", toggle, 0));
     const importance = h("input", {type: "number", id: "memory-importance", min: "0",
       max: "1", step: "0.05", value: String(memory.importance ?? ""),
       "aria-label": "importance", "data-field": "importance"});
@@ -783,7 +814,10 @@
       }
       importance.classList.remove("invalid");
       memoryAction(id, "update_memory_importance", {memory_id: id, importance: value}, msg,
-        `Saved: importance ${value}`, save);
+        `Saved: importance ${value}`, save, state.editSeq);
+    });
+    importance.addEventListener("input", () => {
+      importance.dataset.edited = String(++state.editSeq);
     });
     importance.addEventListener("keydown", (event) => {
       if (event.key === "Enter") save.click();
@@ -944,22 +978,30 @@
     clear(root).append(...parts);
   }
 
-  async function memoryAction(id, tool, body, msg, success, button) {
+  /** An action's answer shows in the memory's view only while it still shows that memory
+   * (the person may have opened another meanwhile), and its message only when no newer action
+   * started since. ``keepSince``: see openMemory. */
+  async function memoryAction(id, tool, body, msg, success, button, keepSince) {
+    const seq = ++state.actionSeq;
+    const shown = () => state.view === "memory" && state.lastMemory === id;
     button.disabled = true;
     showMessage(msg, "Saving…", "info");
     try {
       await api("POST", "/v1/agent/memory/tools/" + tool, body);
     } catch (exc) {
       button.disabled = false;
-      showMessage(msg, "Error: " + errorText(exc), "error");
+      if (seq === state.actionSeq && shown()) {
+        showMessage($("#memory-message") || msg, "Error: " + errorText(exc), "error");
+      }
       return;
     }
-    await openMemory(id, [success, "ok"]);
+    if (!shown()) return;
+    await openMemory(id, seq === state.actionSeq ? [success, "ok"] : null, keepSince);
   }
 
   // ------------------------------------------------------------------ sync
 
-  async function loadSync(message) {
+  async function loadSync() {
     const root = $("#sync-body");
     const seq = ++state.syncSeq;
     document.title = "Sync · syncd";
@@ -974,13 +1016,12 @@
     }
     if (seq !== state.syncSeq) return;
     renderSync(status);
-    if (message) showMessage($("#sync-message"), message[0], message[1]);
   }
 
   function renderSync(status) {
     const root = clear($("#sync-body"));
     const ent = status.entitlement;
-    $("#sync-now").disabled = status.configured === false;
+    $("#sync-now").disabled = status.configured === false || state.syncing;
     const cards = h("div", {class: "grid"});
     if (status.configured === false) {
       cards.append(h("section", {class: "card"}, h("h2", {}, "Control plane"),
@@ -1101,23 +1142,29 @@
   async function syncNow() {
     const button = $("#sync-now");
     const msg = $("#sync-message");
+    const seq = ++state.syncRunSeq;
+    state.syncing = true;
     button.disabled = true;
     showMessage(msg, "Syncing…", "info");
     let report;
     try {
       report = await api("POST", "/v1/agent/sync/run", {});
     } catch (exc) {
+      state.syncing = false;
       button.disabled = false;
-      showMessage(msg, "Sync failed: " + errorText(exc), "error");
+      if (seq === state.syncRunSeq) showMessage(msg, "Sync failed: " + errorText(exc), "error");
       return;
     }
+    state.syncing = false;
     button.disabled = false;
     const text = report.ok ?
       `Pass done in ${num(report.took_ms, 0)} ms: pulled ${report.pulled_nodes} memories and ` +
       `${report.pulled_edges} edges, pushed ${report.pushed_nodes} memories and ` +
       `${report.pushed_edges} edges.` :
       `Pass failed: ${report.error_kind ? report.error_kind + ": " : ""}${report.error || "?"}`;
-    await loadSync([text, report.ok ? "ok" : "error"]);
+    await loadSync();
+    // the report, unless the view was opened again since (that ended it)
+    if (seq === state.syncRunSeq) showMessage(msg, text, report.ok ? "ok" : "error");
   }
 
   // ------------------------------------------------------------------ status (a hub)
@@ -1244,16 +1291,41 @@
     ["other", "Other", null],
   ];
 
+  // The settings view and late answers (rules). The form shown stays editable while the view
+  // loads again; the answer, when it is the latest settings request's (state.settingsSeq),
+  // updates the fields in place, except the ones edited since that request went out (a load:
+  // any edit not saved yet), which keep what was typed and are compared with the new value
+  // (data-initial) instead. A save sends only the fields that differ from the last answer, so
+  // a form older than the daemon's settings never writes its old values back. #view-settings
+  // says where it is in data-state: "loading", "saving", "ready" (or "error": not loaded).
+
+  function settingsState(name) {
+    $("#view-settings").dataset.state = name;
+    const form = $("#settings-form");
+    if (name === "loading" || name === "saving") form.setAttribute("aria-busy", "true");
+    else form.removeAttribute("aria-busy");
+  }
+
   async function loadSettings() {
     setTitle("Settings");
     const msg = $("#settings-message");
+    const seq = ++state.settingsSeq;
+    const saving = state.saving;
+    if (!saving) {  // opening the view again ends a finished save's message (one running reports)
+      state.saveSeq += 1;
+      showMessage(msg, "");
+    }
+    settingsState("loading");
     settingsAccess();
     try {
+      if (saving) await saving;  // then read what it stored
       const settings = await api("GET", "/v1/agent/memory/settings");
-      state.settings = settings;
-      renderSettings(settings);
+      if (seq !== state.settingsSeq) return;  // a newer load or a save answers instead
+      applySettings(settings, 0);
+      settingsState("ready");
     } catch (exc) {
-      if (sessionEnded()) return;
+      if (seq !== state.settingsSeq || sessionEnded()) return;
+      settingsState(state.settings ? "ready" : "error");
       showMessage(msg, "Could not load the settings: " + errorText(exc), "error");
     }
   }
@@ -1272,7 +1344,7 @@
     if (!isHub()) return;
     const readOnly = readOnlySettings();
     $("#settings-readonly").hidden = !readOnly;
-    $("#settings-save").disabled = readOnly;
+    $("#settings-save").disabled = readOnly || Boolean(state.saving);
     $("#settings-reset").disabled = readOnly;
     for (const input of $("#settings-form").querySelectorAll("[data-path]")) {
       if (readOnly || input.dataset.locked === "1") input.disabled = true;
@@ -1288,8 +1360,64 @@
     return {kind: "str", nullable: value === null};
   }
 
+  /** The form anew from ``settings`` (Revert): what was typed goes. */
   function renderSettings(settings) {
-    const form = clear($("#settings-form"));
+    clear($("#settings-form")).append(...settingsFields(settings).childNodes);
+    settingsAccess();
+  }
+
+  /** What the inputs are: their paths, kinds and choices (an answer may add or drop keys). */
+  function formShape(root) {
+    return [...root.querySelectorAll("[data-path]")].map((input) => [input.dataset.path,
+      input.dataset.kind, input.dataset.locked || "",
+      input.tagName === "SELECT" ? [...input.options].map((o) => o.value).join("|") : ""]
+      .join(" ")).join("\n");
+  }
+
+  /** An answer's ``settings`` into the form, but not over a field edited after ``since`` (an
+   * edit count: such a field keeps its value, now compared with the answer's). The same fields
+   * are updated in place, so focus and caret stay where the person has them. */
+  function applySettings(settings, since) {
+    state.settings = settings;
+    const form = $("#settings-form");
+    const fresh = settingsFields(settings);
+    const typed = (input) => Number(input.dataset.edited || 0) > since;
+    if (formShape(form) === formShape(fresh)) {
+      for (const input of fresh.querySelectorAll("[data-path]")) {
+        const path = input.dataset.path;
+        const field = form.querySelector(`[data-path="${CSS.escape(path)}"]`);
+        field.dataset.initial = input.dataset.initial;
+        if (!typed(field)) {
+          if (field.dataset.kind === "bool") field.checked = input.checked;
+          else field.value = input.value;
+          delete field.dataset.edited;
+          setFieldError(path, null);
+        }
+        field.closest(".field").classList.toggle("changed", isChanged(field));
+      }
+    } else {
+      const active = document.activeElement;
+      const kept = [...form.querySelectorAll("[data-path]")].filter(typed);
+      clear(form).append(...fresh.childNodes);
+      for (const old of kept) {
+        const input = form.querySelector(`[data-path="${CSS.escape(old.dataset.path)}"]`);
+        if (!input || input.dataset.kind !== old.dataset.kind) continue;  // gone, or changed
+        if (input.tagName === "SELECT" &&
+            ![...input.options].some((o) => o.value === old.value)) continue;  // not a choice
+        if (input.dataset.kind === "bool") input.checked = old.checked;
+        else input.value = old.value;
+        input.dataset.edited = old.dataset.edited;
+        setFieldError(input.dataset.path, readField(input)[1]);
+        input.closest(".field").classList.toggle("changed", isChanged(input));
+        if (old === active) input.focus();
+      }
+    }
+    settingsAccess();
+  }
+
+  /** The settings' fieldsets, in a detached element. */
+  function settingsFields(settings) {
+    const form = h("div");
     const groups = Object.fromEntries(GROUPS.map(([key, title, help]) => [key,
       h("fieldset", {class: "card settings-group", dataset: {group: key}},
         h("legend", {}, title), help ? h("p", {class: "muted small"}, help) : null,
@@ -1307,7 +1435,7 @@
       if ($(".fields", groups[key]).firstChild) form.append(groups[key]);
     }
     for (const fieldset of nested) form.append(fieldset);
-    settingsAccess();
+    return form;
   }
 
   function groupFieldset(path, label, spec, value) {
@@ -1449,6 +1577,7 @@
     if (!input) return;
     const [, error] = readField(input);
     setFieldError(input.dataset.path, error);
+    input.dataset.edited = String(++state.editSeq);  // the person's now (applySettings)
     input.closest(".field").classList.toggle("changed", isChanged(input));
     showMessage($("#settings-message"), "");
   }
@@ -1465,6 +1594,7 @@
 
   async function saveSettings(event) {
     event.preventDefault();
+    const mine = ++state.saveSeq;  // an older save's answer no longer writes the message
     const form = $("#settings-form");
     const msg = $("#settings-message");
     const body = {};
@@ -1478,8 +1608,8 @@
       if (error) {
         errors += 1;
         first = first || input;
-      } else if (!hub || isChanged(input)) {
-        setPath(body, input.dataset.path, value);  // a hub gets only what changed: a patch
+      } else if (isChanged(input)) {
+        setPath(body, input.dataset.path, value);  // only what changed: a patch
       }
     }
     if (errors) {
@@ -1487,20 +1617,44 @@
       first.focus();
       return;
     }
-    const save = $("#settings-save");
-    save.disabled = true;
+    const seq = ++state.settingsSeq;  // a load still running answers too late: dropped
+    const since = state.editSeq;  // edits from now on are not in this save
+    $("#settings-save").disabled = true;
+    settingsState("saving");
     showMessage(msg, "Saving…", "info");
+    const run = putSettings(body, hub, seq, mine, since);
+    state.saving = run;
+    await run;
+    if (state.saving === run) {  // no newer save runs (nor did the hub session end)
+      state.saving = null;
+      $("#settings-save").disabled = readOnlySettings();
+    }
+  }
+
+  /** A save's request and its answer; it never rejects (a load waiting for it reads after). */
+  async function putSettings(body, hub, seq, mine, since) {
+    const form = $("#settings-form");
+    const msg = $("#settings-message");
+    const latest = () => mine === state.saveSeq;
     try {
       let settings = await api("PUT", "/v1/agent/memory/settings", body);
       if (hub) {
         // what the hub serves now (its GET reports the embedder's model, its PUT the stored one)
         settings = await api("GET", "/v1/agent/memory/settings").catch(() => settings);
       }
-      state.settings = settings;
-      renderSettings(settings);
-      showMessage(msg, "Saved.", "ok");
+      if (seq === state.settingsSeq) {
+        applySettings(settings, since);
+        settingsState("ready");
+      } else {  // a load waiting for this save answers instead: what was saved is no edit now
+        for (const input of form.querySelectorAll("[data-edited]")) {
+          if (Number(input.dataset.edited) <= since) delete input.dataset.edited;
+        }
+      }
+      if (latest()) showMessage(msg, "Saved.", "ok");
     } catch (exc) {
       if (sessionEnded()) return;
+      if (seq === state.settingsSeq) settingsState("ready");  // the form is as it was
+      if (!latest()) return;
       if (exc instanceof ApiError && exc.field && setFieldError(exc.field, exc.message)) {
         showMessage(msg, `Not saved: ${serverName()} refused ${exc.field}.`, "error");
         const input = form.querySelector(`[data-path="${CSS.escape(exc.field)}"]`);
@@ -1508,8 +1662,6 @@
       } else {
         showMessage(msg, "Not saved: " + errorText(exc), "error");
       }
-    } finally {
-      save.disabled = readOnlySettings();
     }
   }
 

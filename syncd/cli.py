@@ -314,7 +314,7 @@ def _sync_factory(config: Any) -> Any:
                           anti_entropy_secs=sync.anti_entropy_secs)
     return lambda store: SyncRunner.create(store, url=plane.url, token=token, options=options,
                                            interval=sync.interval_secs, jitter=sync.jitter,
-                                           token_file=plane.token_file)
+                                           token_file=plane.token_file, proxy=plane.proxy)
 
 
 def _entitlement_setup(config: Any) -> Any:

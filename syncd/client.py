@@ -6,6 +6,10 @@ program on the daemon's port (something that is not HTTP, or HTTP that does not 
 syncd's JSON) counts as the daemon not running there. A request that got no answer in
 ``timeout`` is not: the daemon took it and may still be working on it. Nor is a connection
 that timed out: most often a listening socket was there and its process did not take it.
+
+It never goes through a proxy, whatever ``http_proxy``, ``all_proxy`` or ``no_proxy`` say: the
+daemon is on this machine, and a proxy would be sent the API token and the prompt. So every
+request goes through ``_OPENER``, never ``urllib.request.urlopen`` (which reads those).
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ from typing import IO, Any
 
 from syncd.state import read_state
 from syncd.token import read_token, token_path
+
+# An empty ProxyHandler: no proxy, and no proxy variable read (the default opener reads them).
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class ClientError(Exception):
@@ -57,7 +64,7 @@ class Client:
         request = urllib.request.Request(self.url + path, data=data, method=method, headers={
             "Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as resp:
+            with _OPENER.open(request, timeout=self.timeout) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
             raise self._error(exc.code, exc.read()) from None
@@ -79,7 +86,7 @@ class Client:
         request = urllib.request.Request(self.url + path, method="GET",
                                          headers={"Authorization": f"Bearer {self.token}"})
         try:
-            resp = urllib.request.urlopen(request, timeout=self.timeout)
+            resp = _OPENER.open(request, timeout=self.timeout)
         except urllib.error.HTTPError as exc:
             raise self._error(exc.code, exc.read()) from None
         except TimeoutError:

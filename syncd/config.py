@@ -11,6 +11,8 @@ Rules:
   * Validation lives in each section's ``__post_init__``, so a config built in code (tests, CLI
     overrides through ``replace``) is checked exactly like one decoded from a file.
   * Paths are resolved here and nowhere else: ``~`` is expanded, and the result must be absolute.
+  * An error never shows a password: a value written ``scheme://user:password@host`` (a proxy
+    URL, a DSN) is shown with ``***`` for the password.
 """
 
 from __future__ import annotations
@@ -103,9 +105,9 @@ class ConfigError(Exception):
 
 
 def _show(value: Any) -> str:
-    """A value the way TOML would write it."""
+    """A value the way TOML would write it, with any URL's password masked."""
     if isinstance(value, str | Path):
-        return json.dumps(str(value), ensure_ascii=False)
+        return json.dumps(mask_password(str(value)), ensure_ascii=False)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, list | tuple):
@@ -113,6 +115,14 @@ def _show(value: Any) -> str:
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k} = {_show(v)}" for k, v in value.items()) + "}"
     return str(value)
+
+
+_USERINFO_PASSWORD = re.compile(r"(//[^/?#@\s:]*):[^/?#\s]*@")
+
+
+def mask_password(text: str) -> str:
+    """``text`` with the password of each ``scheme://user:password@`` in it shown as ``***``."""
+    return _USERINFO_PASSWORD.sub(r"\1:***@", text)
 
 
 # --- platform paths -----------------------------------------------------------------------------
@@ -254,6 +264,28 @@ def _check_url(text: str) -> str:
     return text.rstrip("/")
 
 
+def check_proxy_url(text: str) -> str:
+    """Validate an HTTP proxy URL, ``http(s)://[user:password@]host[:port][/]``, the form
+    curl and pip take; returns it without a trailing ``/``. Raises ValueError saying what is
+    wrong, never repeating the password."""
+    if any(c.isspace() for c in text):
+        raise ValueError("must not contain whitespace")
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError("must be an http:// or https:// URL, e.g. http://proxy.example.com:3128 "
+                         "(SOCKS proxies are not supported)")
+    if parts.path not in ("", "/") or parts.query or parts.fragment or text.endswith(("?", "#")):
+        raise ValueError("must be scheme://host[:port], with no path, query or fragment")
+    if not parts.hostname:
+        raise ValueError("has no host")
+    try:
+        parts.port  # noqa: B018 - parsing the port is the check
+    except ValueError:
+        raise ValueError("has an invalid port") from None
+    _check_host(parts.hostname)
+    return text.rstrip("/")
+
+
 # --- sections -----------------------------------------------------------------------------------
 
 class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
@@ -366,6 +398,9 @@ class ControlPlaneConfig(_Section, kw_only=True, forbid_unknown_fields=True, fro
     token_file: Path | None = None
     realm: str | None = None
     embedding_model: str = DEFAULT_CONTROL_PLANE_EMBEDDING_MODEL
+    # The HTTP proxy to reach the plane through; wins over HTTPS_PROXY/HTTP_PROXY/NO_PROXY.
+    # Unset: those variables decide (syncd.sync.proxy), as they do for curl and pip.
+    proxy: str | None = None
 
     def __post_init__(self) -> None:
         if self.url is not None:
@@ -373,6 +408,11 @@ class ControlPlaneConfig(_Section, kw_only=True, forbid_unknown_fields=True, fro
                 msgspec.structs.force_setattr(self, "url", _check_url(self.url))
             except ValueError as exc:
                 raise self._error("url", self.url, str(exc)) from None
+        if self.proxy is not None:
+            try:
+                msgspec.structs.force_setattr(self, "proxy", check_proxy_url(self.proxy))
+            except ValueError as exc:
+                raise self._error("proxy", self.proxy, str(exc)) from None
         self._check_path("token_file")
         self._check_text("realm")
         self._check_text("embedding_model")

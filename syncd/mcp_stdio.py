@@ -14,6 +14,8 @@ Rules:
     Other requests fail at once.
   * Exit 0 at stdin EOF.
   * It imports neither the store nor the tool table: an agent starts it often, so it starts fast.
+  * It never goes through a proxy (``trust_env=False``, whatever ``http_proxy`` says): the
+    daemon is on this machine, and a proxy would be sent the token and every tool call.
 """
 
 from __future__ import annotations
@@ -270,7 +272,8 @@ async def run_stdio_bridge(url: str, token: str | TokenSource, *, stdin: IO[byte
                      daemon=True).start()
     client_timeout = aiohttp.ClientTimeout(total=request_timeout, sock_connect=CONNECT_TIMEOUT)
     connector = aiohttp.TCPConnector(limit=1)
-    async with aiohttp.ClientSession(timeout=client_timeout, connector=connector) as session:
+    async with aiohttp.ClientSession(timeout=client_timeout, connector=connector,
+                                     trust_env=False) as session:
         bridge = _Bridge(url, tokens, session, initialize_wait)
         while (line := await queue.get()) is not None:
             if not line.strip():

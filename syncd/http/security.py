@@ -14,6 +14,9 @@ handler runs, so a refused request can never change the store.
    nothing, since the browser also sends it to other servers on this host, whatever their port).
 4. Writes must be ``application/json`` → 415; bodies over the limit → 413 (aiohttp enforces
    ``client_max_size`` while reading, so memory stays bounded).
+
+Only a request that passes 1–3 is counted by route (``metrics.admit``); one refused there adds
+to the unlabelled ``syncd_http_unauthorized_total`` and nothing else.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from aiohttp import web
 from syncd.config import LOOPBACK_HOST_NAMES
 from syncd.http import web as web_pages
 from syncd.http.errors import error_response
+from syncd.http.metrics import admit
 from syncd.http.web import SESSION_KEY, check_session_request, own_origin, session_of, split_host
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -72,6 +76,7 @@ def guards(token: str, extra_hosts: Iterable[str] = ()) -> web.middleware:  # ty
             elif given is None or not given.startswith("Bearer ") or not hmac.compare_digest(
                     given[7:].strip().encode("utf-8", "surrogateescape"), expected):
                 return _unauthorized("missing or wrong Authorization: Bearer <token>")
+        admit(request)
         return not_json(request) or await handler(request)
 
     return middleware

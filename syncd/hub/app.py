@@ -25,6 +25,15 @@ Rules:
     and each token keeps at most ``MAX_SESSIONS_PER_TOKEN`` (``web.py``), its own oldest ending.
   * The hub is a network service: no Host allow-list (it sits behind a reverse proxy that
     terminates TLS), but bodies must be JSON and are size-limited.
+  * ``GET /metrics`` is the daemon's page (``syncd/http/metrics.py``: the same HTTP metrics and
+    store gauges, ``syncd_store_bytes`` on SQLite only) and, like the daemon's, needs a
+    credential: a ``read`` token, as every route but the page's files and ``/healthz``. The
+    counts and request rates describe a team's use of its memory, and the hub faces the
+    network; Prometheus sends the token with ``authorization: {credentials_file: …}``. A
+    ``read`` token also reads memories (there is no narrower role), so guard the scraper's
+    like any other. Each process counts its own requests: scrape each process of a
+    PostgreSQL hub, not the balancer. A request ``_auth`` refuses counts only in
+    ``syncd_http_unauthorized_total``.
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ from syncd.http.app import (
     DEFAULT_MAX_BODY,
     EXPORT_HINT,
     MCP,
+    METRICS,
     errors_middleware,
     import_result,
     mcp,
@@ -60,6 +70,7 @@ from syncd.http.app import (
     stream_rows,
 )
 from syncd.http.errors import HttpError, error_response
+from syncd.http.metrics import Metrics, admit, store_gauges
 from syncd.http.security import not_json
 from syncd.http.web import (
     MAX_SESSIONS_PER_TOKEN,
@@ -106,11 +117,11 @@ def create_hub_app(backend: HubStore | Store, book: TokenBook | None = None, *,
     if isinstance(backend, Store):
         tokens = FileTokens(backend.data_dir, book) if book is not None else None
         backend = SqliteHubStore(backend, tokens)
-    sessions = PageSessions(backend)
+    sessions, metrics = PageSessions(backend), Metrics()
     app = web.Application(client_max_size=max_body,
-                          middlewares=[errors_middleware, _unavailable, _auth(backend, sessions),
-                                       _no_nul_params])
-    app[HUB], app[CURSOR_MODE] = backend, cursor
+                          middlewares=[metrics.middleware(), errors_middleware, _unavailable,
+                                       _auth(backend, sessions), _no_nul_params])
+    app[HUB], app[CURSOR_MODE], app[METRICS] = backend, cursor, metrics
     app[PAGE_SESSIONS], app[PAGE_KIND] = sessions, "hub"
     app[ISSUER] = (signing_key, token_lifetime_days)
     if isinstance(backend, SqliteHubStore):
@@ -243,6 +254,7 @@ def _auth(backend: HubStore,
                 return error_response(exc.status, exc.code, exc.message, headers=headers)
             except TokenFileError as exc:
                 return error_response(500, "token_file", str(exc))
+        admit(request)
         return not_json(request) or await handler(request)
 
     return middleware
@@ -400,6 +412,13 @@ async def healthz(request: web.Request) -> web.Response:
     return reply({"ok": True})
 
 
+async def hub_metrics(request: web.Request) -> web.Response:
+    """Prometheus text: the daemon's page (``metrics.py``) for this process and its store."""
+    hub = hub_of(request)
+    size = await hub.store.disk_bytes() if isinstance(hub, SqliteHubStore) else None
+    return request.app[METRICS].page(store_gauges(await hub.stats(), size, outbox=False))
+
+
 ROUTES: list[tuple[str, str, Handler, str]] = [
     ("POST", "/v1/agent/memory/query", query, "read"),
     ("GET", "/v1/agent/memory/export", export, "read"),
@@ -411,6 +430,7 @@ ROUTES: list[tuple[str, str, Handler, str]] = [
     ("GET", "/v1/agent/entitlement", entitlement, "read"),
     ("POST", "/mcp/v1", hub_mcp, "write"),
     ("GET", "/healthz", healthz, "none"),
+    ("GET", "/metrics", hub_metrics, "read"),
     ("GET", "/", web_pages.index, "none"),
     ("GET", "/static/{name}", web_pages.static_file, "none"),
     ("POST", "/ui/login", page_login, "none"),

@@ -589,25 +589,26 @@ class PgHubStore:
 
     async def _follow(self) -> None:
         """Other processes' writes reach this process's index within ``FOLLOW_SECS``. While
-        the database is away, retries back off to ``FOLLOW_BACKOFF_CAP_SECS`` and the failure
-        is logged once per distinct error (with its traceback at debug), not every half
-        second; its return is logged too."""
-        wait, failing = FOLLOW_SECS, None
+        the database is away, retries back off to ``FOLLOW_BACKOFF_CAP_SECS`` and the outage
+        is logged once, at its first failure; every retry is logged at debug with its
+        traceback, and the return at info. Once per outage, not once per distinct error: a
+        database going away fails several ways in turn (shutting down, reset, refused, a
+        connection cut mid-statement), and errors that alternate would be logged every retry."""
+        wait, failures = FOLLOW_SECS, 0
         while True:
             await asyncio.sleep(wait)
             try:
                 await self.catch_up()
             except Exception as exc:  # a database hiccup must not stop the follower for good
-                error = f"{type(exc).__name__}: {exc}"
-                if error != failing:
-                    log.warning("vector index catch-up failed (%s); retrying, logged again "
-                                "when the error changes", error)
+                if not failures:
+                    log.warning("vector index catch-up failed (%s: %s); retrying, logged again "
+                                "when it works", type(exc).__name__, exc)
                 log.debug("vector index catch-up failed", exc_info=True)
-                failing, wait = error, min(wait * 2, FOLLOW_BACKOFF_CAP_SECS)
+                failures, wait = failures + 1, min(wait * 2, FOLLOW_BACKOFF_CAP_SECS)
                 continue
-            if failing is not None:
-                log.info("vector index catch-up works again")
-            failing, wait = None, FOLLOW_SECS
+            if failures:
+                log.info("vector index catch-up works again after %d failed attempts", failures)
+            failures, wait = 0, FOLLOW_SECS
 
 
 async def _upsert(conn: Conn, sql: str, columns: tuple[str, ...],

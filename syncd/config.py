@@ -254,6 +254,12 @@ def _check_url(text: str) -> str:
         raise ValueError("must not contain credentials; use control_plane.token_file")
     if parts.query or parts.fragment or text.endswith(("?", "#")):
         raise ValueError("must not have a query or fragment")
+    _check_authority(parts)
+    return text.rstrip("/")
+
+
+def _check_authority(parts: urllib.parse.SplitResult) -> None:
+    """A URL's host is there and usable, and its port (if any) parses."""
     if not parts.hostname:
         raise ValueError("has no host")
     try:
@@ -261,7 +267,6 @@ def _check_url(text: str) -> str:
     except ValueError:
         raise ValueError("has an invalid port") from None
     _check_host(parts.hostname)
-    return text.rstrip("/")
 
 
 def check_proxy_url(text: str) -> str:
@@ -276,13 +281,7 @@ def check_proxy_url(text: str) -> str:
                          "(SOCKS proxies are not supported)")
     if parts.path not in ("", "/") or parts.query or parts.fragment or text.endswith(("?", "#")):
         raise ValueError("must be scheme://host[:port], with no path, query or fragment")
-    if not parts.hostname:
-        raise ValueError("has no host")
-    try:
-        parts.port  # noqa: B018 - parsing the port is the check
-    except ValueError:
-        raise ValueError("has an invalid port") from None
-    _check_host(parts.hostname)
+    _check_authority(parts)
     return text.rstrip("/")
 
 

@@ -127,6 +127,7 @@ class Store:
         # failed (a save while it was down, a re-embedding pass it stopped): the daemon runs
         # ``reembed_missing`` while this holds. True at open: the first pass finds out.
         self.vectors_owed = True
+        self._owed_marks = 0  # how often something set it: a pass clears only what it saw
         self._reembedding = asyncio.Lock()  # one re-embedding pass at a time
         self._settings_lock = asyncio.Lock()
         self._recall_reader = SyncReader(data_dir / db.DB_FILENAME)
@@ -269,15 +270,20 @@ class Store:
         return [Vector(self.embedder.model_id, np.asarray(row, dtype=np.float32))
                 for row in matrix]
 
-    async def _embed_for_write(self, texts: list[str]) -> list[Vector | None]:
-        """Vectors for memories about to be written — or, while the embedder fails, None for
-        each: a save is never lost to the model. Such a memory is found by keyword recall,
-        and ``reembed_missing`` gives it a vector once the embedder works again."""
+    async def _write_embedded(self, texts: list[str],
+                              fn: Callable[[Writer, list[Vector | None]], T]) -> T:
+        """Embed ``texts`` and write ``fn(writer, vectors)`` — while the embedder fails, with
+        None for each vector: a save is never lost to the model. Such a memory is found by
+        keyword recall, and is owed a vector (``reembed_missing``) once it is written: owed
+        before, a pass could look, find no row and clear the debt."""
         try:
-            return list(await self._embed(texts))
+            vectors: list[Vector | None] = list(await self._embed(texts))
         except Exception:
-            self.vectors_owed = True
-            return [None] * len(texts)
+            vectors = [None] * len(texts)
+        result = await self._write(lambda w: fn(w, vectors))
+        if any(v is None for v in vectors):
+            self._owe_vectors()
+        return result
 
     def _run_embedder(self, texts: list[str]) -> Any:
         """``embedder.embed``, keeping ``embedder_error`` (logged when it changes). An answer
@@ -309,8 +315,8 @@ class Store:
     async def save(self, args: Mapping[str, object]) -> dict[str, Any]:
         """``save_memory``: validate + redact + fold, embed, then one transaction."""
         draft = build_save(args, self.writer_info)
-        (vector,) = await self._embed_for_write([draft.content])
-        result = await self._write(lambda w: w.save(draft, vector))
+        result = await self._write_embedded([draft.content],
+                                            lambda w, vectors: w.save(draft, vectors[0]))
         if draft.coerced:
             result["coerced"] = dict(draft.coerced)
         return result
@@ -333,12 +339,11 @@ class Store:
                                                  label=f"memories[{index}]")))
             except ValidationError as exc:
                 errors.append(f"#{index}: {exc}")
-        vectors = await self._embed_for_write([d.content for _, d in drafts])
-
-        def run(w: Writer) -> list[dict[str, Any]]:
+        def run(w: Writer, vectors: list[Vector | None]) -> list[dict[str, Any]]:
             return [w.save(d, v) for (_, d), v in zip(drafts, vectors, strict=True)]
 
-        results = await self._write(run) if drafts else []
+        results = (await self._write_embedded([d.content for _, d in drafts], run)
+                   if drafts else [])
         ids: list[str | None] = [None] * len(items)
         for (index, _), res in zip(drafts, results, strict=True):
             ids[index] = res["id"]
@@ -458,17 +463,15 @@ class Store:
             tags=parse_tags([f"kind:{kind}"] if kind else []), importance=0.5,
             topic_key=topic, provenance=stamp_provenance(provenance, self.writer_info),
         )
-        (vector,) = await self._embed_for_write([draft.content])
-
-        def run(w: Writer) -> dict[str, Any]:
-            saved = w.save(draft, vector)
+        def run(w: Writer, vectors: list[Vector | None]) -> dict[str, Any]:
+            saved = w.save(draft, vectors[0])
             for target, relation, namespace in links:
                 dst = target if namespace else normalise_memory_id(target, "links")
                 w.put_edge(saved["node_id"], dst, relation, realm=realm,
                            target_namespace=namespace)
             return saved
 
-        saved = await self._write(run)
+        saved = await self._write_embedded([draft.content], run)
         return {"created": True, "upserted": bool(saved.get("upserted")), "id": saved["id"],
                 "node_id": saved["node_id"], "kind": kind, "type": type_, "icon": icon,
                 "topic_key": topic, "links": len(links)}
@@ -512,7 +515,7 @@ class Store:
                                                             self._hash_pool, dim=dim),
                                    foreign_keys=False)
         if result.applied_nodes:  # rows of another model, or without a vector, need one
-            self.vectors_owed = True
+            self._owe_vectors()
         return result
 
     async def export(self, realm: str | None = None, *, model: str | None = None,
@@ -790,15 +793,19 @@ class Store:
         left without a vector (keyword recall still finds it) and the pass goes on past it,
         rather than failing on it first in every pass. When every text of a batch fails, the
         embedder is what fails: the error is raised, and ``vectors_owed`` stays set.
-        A pass that ends without that clears it (a save failing meanwhile sets it again).
+        A pass that ends without that clears it, unless something owed a vector meanwhile (a
+        save the embedder failed, an apply): it never reads False while a pass is under way.
         Passes run one at a time (the daemon's and the one after a pull)."""
         async with self._reembedding:
-            self.vectors_owed = False
-            try:
-                return await self._reembed_pass(batch, progress)
-            except BaseException:
-                self.vectors_owed = True
-                raise
+            marks = self._owed_marks
+            count = await self._reembed_pass(batch, progress)
+            if self._owed_marks == marks:
+                self.vectors_owed = False
+            return count
+
+    def _owe_vectors(self) -> None:
+        self.vectors_owed = True
+        self._owed_marks += 1
 
     async def _reembed_pass(self, batch: int,
                             progress: Callable[[int, int], None] | None) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
 
@@ -105,11 +106,73 @@ async def test_memories_saved_while_the_embedder_failed_get_a_vector_once_it_wor
             assert 3 <= embedder.calls <= 3 * 12, embedder.calls
             assert store.vectors_owed and len(store.index) == 0
             embedder.broken = False
-            await wait_for(lambda: len(store.index) == 2)
-            assert not store.vectors_owed
+            await wait_for(lambda: not store.vectors_owed)  # the pass that gave them ended
+            assert len(store.index) == 2
             calls = embedder.calls
             await asyncio.sleep(0.2)
             assert embedder.calls == calls  # nothing owed: no pass, no embedding
+
+
+class GatedEmbedder(FlakyEmbedder):
+    """Once ``gated``, each call announces itself and waits to be let through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gated, self.entered, self.release = False, threading.Event(), threading.Event()
+
+    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        if self.gated:
+            self.entered.set()
+            self.release.wait()
+        return super().embed(texts)
+
+
+async def test_memories_are_owed_a_vector_until_the_pass_that_gives_it_ends(
+        tmp_path: Path) -> None:
+    """``vectors_owed`` read False while a pass was under way (it was cleared at the start),
+    so whoever looked then — the daemon's loop, a status page, a test on a busy machine —
+    was told nothing was owed while a memory still had no vector."""
+    embedder = GatedEmbedder()
+    async with await Store.open(tmp_path / "data", embedder=embedder) as store:
+        await store.save({"content": "deploy with make release"})  # the embedder fails
+        embedder.broken, embedder.gated = False, True
+        task = asyncio.create_task(store.reembed_missing())
+        try:
+            await asyncio.to_thread(embedder.entered.wait)  # the pass is embedding
+            assert store.vectors_owed and len(store.index) == 0
+        finally:
+            embedder.release.set()
+        assert await task == 1
+        assert not store.vectors_owed and len(store.index) == 1
+
+
+async def test_a_save_the_embedder_failed_is_owed_a_vector_even_if_a_pass_ran_before_its_write(
+        tmp_path: Path) -> None:
+    """The save marked the debt when the embedder failed, before its row was written: a pass
+    in between found no row without a vector and cleared the debt, and the memory stayed
+    without one until the next restart."""
+    embedder = FlakyEmbedder()
+    async with await Store.open(tmp_path / "data", embedder=embedder) as store:
+        await store.reembed_missing()  # nothing owed
+        writer_busy, release = threading.Event(), threading.Event()
+
+        def hold(_writer: object) -> None:
+            writer_busy.set()
+            release.wait()
+
+        held = asyncio.create_task(store._write(hold))
+        try:
+            await asyncio.to_thread(writer_busy.wait)
+            save = asyncio.create_task(store.save({"content": "deploy with make release"}))
+            await wait_for(lambda: embedder.calls == 1)  # failed; its write waits its turn
+            assert await store.reembed_missing() == 0  # the row is not there to be found
+        finally:
+            release.set()
+        await held
+        await save
+        assert store.vectors_owed and len(store.index) == 0
+        embedder.broken = False
+        assert await store.reembed_missing() == 1
 
 
 async def test_a_save_that_finds_the_embedder_working_again_ends_the_backoff(

@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 CONSTRAINTS := constraints.txt
 PINNED := -c $(CONSTRAINTS) --build-constraint $(CONSTRAINTS)
 
-.PHONY: test lint pytest demo soak bench screenshots clean upgrade-deps
+.PHONY: test lint pytest demo soak bench screenshots clean upgrade-deps reference
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ upgrade-deps:
 	  $(VENV)-upgrade/bin/python -m pip freeze --all --exclude syncd; } > $(CONSTRAINTS)
 	rm -rf $(VENV)-upgrade $(VENV)
 	$(MAKE) test
+
+# The default model's vectors of the confident tier's generic texts, shipped in the package
+# (local_store/reference.py): run after editing local_store/data/background.txt.
+reference: $(STAMP)
+	$(PY) -c 'from local_store.embed_minilm import MiniLMEmbedder; from local_store.reference import write_shipped; print(write_shipped(MiniLMEmbedder()))'
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check protocol local_store syncd tests bench

@@ -125,6 +125,13 @@ def coverage(tokens: Sequence[str], text: str) -> float:
     return (len(words) - len(missing)) / len(words)
 
 
+def specific_share(tokens: Sequence[str], text: str, common: frozenset[str]) -> float:
+    """The share of the query's specific words — keyword words (``fts_words``) not in
+    ``common`` — that occur in ``text`` (as ``coverage`` compares them); 0 when it has none."""
+    specific = [t for t in fts_words(tokens, relaxed=False) if t not in common]
+    return coverage(specific, text) if specific else 0.0
+
+
 def fold(text: str) -> str:
     """Text as the keyword index (FTS5 ``unicode61 remove_diacritics 2``) compares it:
     compatibility-decomposed (NFKD), combining marks dropped, case-folded — "Crème Brûlée" →
@@ -179,6 +186,7 @@ class Candidate:
     kw_rank: int | None = None
     cosine: float | None = None
     kw_raw: float | None = None  # plane: matched-token count; syncd: normalised BM25 × coverage
+    kw_vote: float = 1.0  # syncd: the weight of the keyword rank's RRF vote (``score_syncd``)
     graph_proximity: float = 0.0
     via: tuple[str, str, int] | None = None
     seed_relevance: float = 1.0  # syncd: graph-pulled memories inherit their seed's relevance
@@ -224,18 +232,17 @@ SYNCD_GRAPH_SCALE = 0.5
 
 
 def score_syncd(c: Candidate, w: Weights, recency_value: float, importance: float,
-                superseded: bool, relaxed: bool = False) -> float:
-    """``relaxed``: the keyword leg's hits came from the relaxed (OR) query. Such a hit
-    matched part of the question; it counts through its keyword score (coverage squared), but
-    its rank among partial matches is no second vote in the RRF term. On bench/recall_eval.py
-    with MiniLM, that vote put partial matches above the nearest memory of paraphrases (which
-    share no word with their answer): without it, paraphrase MRR rose on each of the three
-    sets it was tried on (0.552→0.562, 0.435→0.460, 0.268→0.278) and on the blind set written
-    after (0.370→0.383); the other kinds moved by one query (0.857→0.856)."""
+                superseded: bool) -> float:
+    """Relevance first, then small settings-weighted terms (module docstring). The keyword
+    rank's RRF vote is weighted by ``c.kw_vote``: whole for a strict hit, and for a hit of the
+    relaxed (OR) query the share of the query's specific words it holds (``specific_share``).
+    A partial match on common words ("version", "live", "team") is no evidence — as a whole
+    vote it put such matches above the nearest memory of paraphrases, which share no word with
+    their answer — while one that holds the name or identifier the query asks about is."""
     semantic = min(1.0, max(0.0, c.cosine)) if c.cosine is not None else 0.0
     keyword = min(1.0, max(0.0, c.kw_raw)) if c.kw_raw is not None else 0.0
     relevance = max(semantic, keyword) + 0.3 * min(semantic, keyword)
-    fused = rrf(c.vec_rank, None if relaxed else c.kw_rank, w.rrf_k)
+    fused = rrf(c.vec_rank, None, w.rrf_k) + c.kw_vote * rrf(None, c.kw_rank, w.rrf_k)
     penalty = SUPERSEDED_PENALTY if superseded else 0.0
     c.parts = {"rrf": fused, "semantic": semantic, "keyword": keyword,
                "graph": c.graph_proximity, "importance": importance, "recency": recency_value,
@@ -252,31 +259,51 @@ def order(candidates: Iterable[Candidate]) -> list[Candidate]:
 
 
 FALLBACK_HEADING = "No memory matched the query. The most important recent memories:\n"
+UNCONFIDENT_HEADING = ("No memory matched the query with confidence. The nearest memories, "
+                       "which may not answer it:\n")
+LESS_CERTAIN_HEADING = "\nLess certain matches:\n"
 
 
 def build_context(memories: Sequence[RetrievedMemory], linked: Sequence[Linked],
-                  fallback: bool = False) -> str:
-    """The plane's ``context`` text, byte for byte (contract §6 step 12) — but for a fallback
-    answer (syncd's, the plane has none), whose heading says that nothing matched: an agent
-    handed the text alone would take "Relevant memories:" at its word."""
+                  fallback: bool = False, matched: bool | None = None) -> str:
+    """The plane's ``context`` text, byte for byte (contract §6 step 12) — but for syncd's
+    answers, whose headings say how sure they are: an agent handed the text alone would take
+    "Relevant memories:" at its word. A fallback answer says that nothing matched; an answer
+    with no ``confident`` memory (``matched`` False) that none surely answers the query; one
+    with some lists them first, then the rest as less certain. ``matched`` None (the plane's
+    algorithm) lists them all as relevant."""
     if not memories:
         return ""
-    lines = [FALLBACK_HEADING if fallback else "Relevant memories:\n"]
-    for m in memories:
-        if m.invalid_at:
-            validity = f" (invalidated {m.invalid_at})"
-        elif m.valid_at:
-            validity = f" (since {m.valid_at})"
-        else:
-            validity = ""
-        via = f" [via {m.via.type}]" if m.via is not None else ""
-        lines.append(f"- [{m.memory_type}] {m.content_preview}{validity}{via} "
-                     f"(score {m.score:.2f}) {m.id}\n")
+    if fallback:
+        groups = [(FALLBACK_HEADING, list(memories))]
+    elif matched is None:
+        groups = [("Relevant memories:\n", list(memories))]
+    elif not matched:
+        groups = [(UNCONFIDENT_HEADING, list(memories))]
+    else:
+        groups = [("Relevant memories:\n", [m for m in memories if m.confident]),
+                  (LESS_CERTAIN_HEADING, [m for m in memories if not m.confident])]
+    lines: list[str] = []
+    for heading, group in groups:
+        if group:
+            lines.append(heading)
+            lines.extend(_context_line(m) for m in group)
     if linked:
         lines.append("\nConnected resources/traces:\n")
         for link in linked[:20]:
             lines.append(f"- {link.node_id} ({link.target_namespace or ''}) via {link.edge_type}\n")
     return "".join(lines)
+
+
+def _context_line(m: RetrievedMemory) -> str:
+    if m.invalid_at:
+        validity = f" (invalidated {m.invalid_at})"
+    elif m.valid_at:
+        validity = f" (since {m.valid_at})"
+    else:
+        validity = ""
+    via = f" [via {m.via.type}]" if m.via is not None else ""
+    return f"- [{m.memory_type}] {m.content_preview}{validity}{via} (score {m.score:.2f}) {m.id}\n"
 
 
 def dedupe_linked(linked: list[Linked], cap: int = 50) -> list[Linked]:

@@ -25,13 +25,12 @@ import heapq
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from local_store.domain import Domain
 from local_store.errors import ValidationError
 from local_store.ranking import (
     PLANE_WORD_SEP,
@@ -47,10 +46,12 @@ from local_store.ranking import (
     recency,
     score_plane,
     score_syncd,
+    specific_share,
     tokenize,
 )
 from local_store.reader import RowMemo
-from local_store.records import MAX_TAGS, MEMORY_TYPES, parse_timestamp
+from local_store.records import MAX_TAGS, MEMORY_TYPES, is_placeholder, parse_timestamp
+from local_store.reference import Reference, generic_words
 from local_store.vectors import nearest_rows
 from protocol.query import (
     Linked,
@@ -75,30 +76,29 @@ class Semantic:
     locked snapshot of the index (``VectorIndex.snapshot``), so recall never sees it mid-update.
     The ids are the index's shared immutable tuple: no per-query copy.
 
-    ``domain`` (the index's fit, ``domain.py``; None for a store too small to fit) and the
-    query ``vector`` give its strangeness, measured only when the match rule asks (no keyword
-    match, best cosine between the two gates) and then once: most recalls never need it."""
+    ``reference`` (the generic texts' vectors, ``reference.py``) and ``vectors_of`` (the
+    index's lookup) let the confident tier compare a memory with generic text; None when the
+    reference is not ready (keyword evidence alone then makes a memory confident)."""
 
     ids: Sequence[str]
     sims: npt.NDArray[np.float32]
-    domain: Domain | None = None
     vector: npt.NDArray[np.float32] | None = None
-    _strangeness: float | None = field(default=None, init=False, repr=False)
-    _measured: bool = field(default=False, init=False, repr=False)
+    reference: Reference | None = None
+    vectors_of: Callable[[Sequence[str]], dict[str, npt.NDArray[np.float32]]] | None = None
 
-    @property
-    def strangeness(self) -> float | None:
-        """The query's distance from the store's vectors over an unseen memory's."""
-        if not self._measured:
-            if self.domain is not None and self.vector is not None:
-                self._strangeness = self.domain.strangeness(self.vector)
-            self._measured = True
-        return self._strangeness
+    def generic(self, ids: Sequence[str]) -> dict[str, float]:
+        """Each of ``ids``' highest cosine with a generic text (those the index holds)."""
+        if self.reference is None or self.vectors_of is None or not ids:
+            return {}
+        return self.reference.best_of(self.vectors_of(ids))
 
-    @property
-    def off_topic(self) -> bool:
-        strangeness = self.strangeness
-        return strangeness is not None and strangeness >= OFF_TOPIC_GATE
+    def off_topic(self) -> float | None:
+        """The query's highest cosine with a generic text that carries no programming topic
+        (``reference.OFF_TOPIC_PARTS``); None without a reference."""
+        if self.reference is None or self.vector is None:
+            return None
+        return self.reference.best_off_topic(self.vector)
+
 
 CAND_K = 50
 # A backstop, never reached in normal work: the query's future always settles (a refused or
@@ -111,31 +111,18 @@ FIRST_SAMPLE = 2  # semantic leg: look at 2×50 nearest first, then 8× more whi
 OVERSAMPLE = 8   # (or, in plane mode, while a memory further out could still blend into the 50)
 RELEVANCE_WEIGHT = 0.7  # the plane's semantic leg ranks by 0.7·cos + 0.3·importance
 IMPORTANCE_WEIGHT = 0.3
-# syncd's match rule, in two levels (calibrated on bench/recall_eval.py with MiniLM, where the
-# best cosine of a nonsense query ranged 0.15–0.42 and of a real paraphrase 0.25–0.6, so no
-# single cosine floor separates them; PRIOR-ART: absolute floors are fragile):
-#   * the query matches at all when one memory holds every query word (strict FTS hit) or all
-#     but one of NEAR_FROM or more (near hit), or its best cosine reaches QUERY_COSINE_SURE,
-#     or its best cosine reaches QUERY_COSINE_GATE and it is not off the store's topic: its
-#     strangeness (``domain.py``: distance from the store's vectors over an unseen memory's)
-#     stays below OFF_TOPIC_GATE — otherwise the answer is the fallback;
-#   * then a candidate stays when its relevance reaches CANDIDATE_FLOOR.
-# Real queries' strangeness centres on 1.0; OFF_TOPIC_GATE sits just under the least strange
-# nonsense query that cleared the cosine gate (1.155), chosen before a second blind held-out
-# set was run (bench/recall_eval.py reports it apart). Short real queries score up to ~1.17
-# ("what did we decide about currencies", best cosine 0.50), so a cosine above any of those
-# nonsense queries' (0.42 at most, of 122) is a match whatever the strangeness — though in the
-# blind sets written later, 2 of 70 nonsense queries reached 0.49.
-QUERY_COSINE_GATE = 0.30
-# A near keyword hit matches too: one memory holds all but one word of a query of NEAR_FROM
-# words or more (jargon the memory does not spell out, or one word too many, as in "FAISS
-# nprobe recall" against a memory on nprobe and recall that never says FAISS; jargon-dense
-# queries also score as strange). On bench/recall_eval.py it changes that one query of 710:
-# no nonsense query holds more than half its words in one memory, but for "Laravel queue
-# workers", which the cosine gates already let through.
-NEAR_FROM = 3
-QUERY_COSINE_SURE = 0.45
-OFF_TOPIC_GATE = 1.15
+# syncd answers in two tiers. Explicit search returns every candidate whose relevance reaches
+# CANDIDATE_FLOOR, ranked (the most important recent memories, marked ``fallback``, only when
+# none does). Each memory it returns is ``confident`` when it has evidence of its own that it
+# answers the query, judged against fixed generic text (``reference.py``), never against the
+# store's other memories, so a store's composition cannot change it:
+#   * semantic: the query is nearer the memory than the memory is to any generic text, and
+#     nearer than the query is to any small talk, everyday text, joke or nonsense;
+#   * keyword: the memory holds every word of the query (a strict hit), one of them a word too
+#     rare to be common English (an identifier, a product's name: ``generic_words``).
+# A placeholder (an entity named by an edge before it was noted) and a memory only the graph
+# reached are never confident. What is injected unasked — the prompt hook, ``memoryContext``,
+# ``verify_memory`` — takes confident memories only (``QueryRequest.confident_only``).
 CANDIDATE_FLOOR = 0.15
 # plane mode's keyword leg counts a query's first PLANE_MAX_TOKENS distinct tokens (the plane
 # counts them all): each is looked for in every row that passes the filters.
@@ -263,49 +250,68 @@ class Recall:
         if self._memo is not None:
             self._memo.fresh()
         cands: dict[str, Candidate] = {}
-        best_cosine, strict_hit, near_hit = -1.0, False, False
+        strict_hit = False
         # The keyword leg goes first: its hits tell the semantic leg which rows it may skip.
         if mode != "vector" and tokens:
-            strict_hit, near_hit = self._keyword_leg(tokens, filters, mode, cands)
-        keyword_match = strict_hit or near_hit
+            strict_hit = self._keyword_leg(tokens, filters, mode, cands)
         if mode != "keyword":
-            best_cosine = self._semantic_leg(filters, mode, cands, keyword_match)
+            self._semantic_leg(filters, mode, cands)
         self._hydrate(cands, filters, mode)
         if mode == "syncd":
-            if keyword_match or self._semantic_match(best_cosine):
-                cands = {k: c for k, c in cands.items() if _relevance(c) >= CANDIDATE_FLOOR}
-            else:
-                cands = {}
+            cands = {k: c for k, c in cands.items() if _relevance(c) >= CANDIDATE_FLOOR}
         linked: list[Linked] = []
         if hops >= 1 and cands:
             linked = self._expand(cands, filters, hops, limit, mode)
-        ranked = self._score(cands.values(), tokens, mode, filters.as_of,
-                             relaxed=not strict_hit)
-        fallback = False
-        if not ranked and mode == "syncd":
-            ranked = self._fallback(filters, limit)
-            fallback = bool(ranked)
-        memories = [_retrieved(c, mode, fallback) for c in ranked[:limit]]
+        ranked = self._score(cands.values(), tokens, mode, filters.as_of)
+        fallback, matched = False, None
+        if mode == "syncd":
+            confident = self._confident(ranked[:limit], tokens, strict_hit)
+            if request.confident_only:
+                ranked = [c for c in ranked if c.id in confident]
+                linked = linked if ranked else []
+            elif not ranked:
+                ranked = self._fallback(filters, limit)
+                fallback = bool(ranked)
+            matched = bool(confident)
+        else:
+            confident = set()
+        memories = [_retrieved(c, mode, fallback, c.id in confident) for c in ranked[:limit]]
         linked = dedupe_linked(linked)
         took = int((time.perf_counter() - started) * 1000)
         return QueryResponse(memories=memories, linked=linked,
-                             context=build_context(memories, linked, fallback), took_ms=took,
-                             fallback=True if fallback else None)
+                             context=build_context(memories, linked, fallback, matched),
+                             took_ms=took, fallback=True if fallback else None, matched=matched)
+
+    def _confident(self, ranked: list[Candidate], tokens: list[str],
+                   strict_hit: bool) -> set[str]:
+        """The ids of ``ranked`` with evidence of their own that they answer the query (the
+        two tiers, above), among ``ranked`` (syncd's answer, best first, as far as it is
+        returned)."""
+        direct = [c for c in ranked if (c.vec_rank is not None or c.kw_rank is not None)
+                  and not is_placeholder((c.row or {}).get("tags"))]
+        specific = strict_hit and any(word not in generic_words()
+                                      for word in fts_words(tokens, relaxed=False))
+        confident = {c.id for c in direct if specific and c.kw_rank is not None}
+        semantic = self._semantic if any(c.cosine is not None for c in direct) else None
+        prompt_side = None if semantic is None else semantic.off_topic()
+        if semantic is None or prompt_side is None:
+            return confident
+        # The prompt's side first (one product): only memories nearer than it go on to the
+        # memory's side, a product each.
+        near = {c.id: c.cosine for c in direct if c.cosine is not None and c.cosine > prompt_side}
+        generic = semantic.generic(list(near))
+        confident.update(mid for mid, cosine in near.items()
+                         if mid in generic and cosine > generic[mid])
+        return confident
 
     # ------------------------------------------------------------------ legs
 
-    def _semantic_leg(self, filters: Filters, mode: Mode, cands: dict[str, Candidate],
-                      keyword_match: bool) -> float:
-        """Adds up to 50 candidates; returns the best cosine over the whole index (−1: none)."""
+    def _semantic_leg(self, filters: Filters, mode: Mode, cands: dict[str, Candidate]) -> None:
+        """Adds up to 50 candidates."""
         semantic = self._semantic
         if semantic is None or not semantic.ids:
-            return -1.0
+            return
         sims, every = semantic.sims, semantic.ids
-        # The gate looks at the whole store: a realm filter must not make a real query look
-        # like nonsense because its realm's best match is weaker.
-        best = float(sims.max())
-        if mode == "syncd" and not keyword_match and not self._semantic_match(best):
-            return best  # the answer is the fallback: no candidate stays
         where, params = filters.sql()
         if mode == "plane":
             ranked, cos, rows = self._plane_blend(sims, every, where, params)
@@ -314,15 +320,8 @@ class Recall:
         for rank, mid in enumerate(ranked):
             cand = cands.setdefault(mid, Candidate(mid))
             cand.vec_rank, cand.cosine, cand.row = rank, cos[mid], rows[mid]
-        return best
-
-    def _semantic_match(self, best: float) -> bool:
-        """Whether the query matches by its vector, its best cosine being ``best`` (syncd's
-        match rule, above)."""
-        if best >= QUERY_COSINE_SURE:
-            return True
-        semantic = self._semantic
-        return best >= QUERY_COSINE_GATE and not (semantic is not None and semantic.off_topic)
+        if mode == "syncd":  # a keyword hit further out still has a cosine: its relevance
+            _cosine_of_the_rest(semantic, cands)
 
     def _nearest_allowed(self, sims: npt.NDArray[np.float32], every: Sequence[str], where: str,
                          params: list[object], mode: Mode, cands: dict[str, Candidate],
@@ -424,24 +423,22 @@ class Recall:
         return out
 
     def _keyword_leg(self, tokens: list[str], filters: Filters, mode: Mode,
-                           cands: dict[str, Candidate]) -> tuple[bool, bool]:
-        """Adds up to 50 candidates; returns whether one memory holds every word (strict), and
-        whether one holds all but one word of a query of ``NEAR_FROM`` words or more (near)."""
+                           cands: dict[str, Candidate]) -> bool:
+        """Adds up to 50 candidates; returns whether one memory holds every word (strict)."""
         where, params = filters.sql()
-        near = False
         if mode == "plane":
             hits = self._plane_keyword(tokens, where, params)
             strict = bool(hits) and max(hit[1] for hit in hits) >= len(tokens)
         else:
-            hits, strict, near = self._fts_keyword(tokens, where, params)
-        for rank, (mid, raw, row) in enumerate(hits):
+            hits, strict = self._fts_keyword(tokens, where, params)
+        for rank, (mid, raw, vote, row) in enumerate(hits):
             cand = cands.setdefault(mid, Candidate(mid))
-            cand.kw_rank, cand.kw_raw = rank, raw
+            cand.kw_rank, cand.kw_raw, cand.kw_vote = rank, raw, vote
             cand.row = cand.row or row
-        return strict, near
+        return strict
 
     def _plane_keyword(self, tokens: list[str], where: str,
-                       params: list[object]) -> list[tuple[str, float, dict[str, Any] | None]]:
+                       params: list[object]) -> list[tuple[str, float, float, dict[str, Any] | None]]:
         """The plane's substring count (contract §6.5), one SQL function call per row
         (``ranking.plane_kw_score``: Unicode lower-casing, and no SQL term per token). Counts
         the first ``PLANE_MAX_TOKENS`` tokens only; ``keyword`` still divides by all of them."""
@@ -451,28 +448,24 @@ class Recall:
             f"plane_kw_score(m.content, m.title, m.tags, ?) AS kw "
             f"FROM memories m WHERE {where}) AS hits WHERE kw > 0 ORDER BY kw DESC, imp DESC, id "
             f"LIMIT {CAND_K}", [words, *params])
-        return [(r[0], float(r[1]), None) for r in rows]
+        return [(r[0], float(r[1]), 1.0, None) for r in rows]
 
     def _fts_keyword(self, tokens: list[str], where: str, params: list[object],
-                     ) -> tuple[list[tuple[str, float, dict[str, Any] | None]], bool, bool]:
-        wanted = len(fts_words(tokens, relaxed=False))
+                     ) -> tuple[list[tuple[str, float, float, dict[str, Any] | None]], bool]:
         for relaxed in (False, True):
             rows = self._keyword_rows(tokens, relaxed, where, params)
             if rows:
                 # Relaxed (OR) hits matched only part of the question: coverage counts twice.
                 power = 2 if relaxed else 1
                 best = max(score for score, _ in rows) or 1.0
-                out: list[tuple[str, float, dict[str, Any] | None]] = []
-                held = 0.0  # the most words of the query one hit holds
+                out: list[tuple[str, float, float, dict[str, Any] | None]] = []
                 for score, row in rows:
                     text = f"{row['title'] or ''} {row['content']} {row['tags']}"
-                    covered = coverage(tokens, text)
-                    held = max(held, covered * wanted)
-                    raw = max(0.0, score) / best * covered ** power
-                    out.append((row["id"], raw, row))
-                near = relaxed and wanted >= NEAR_FROM and round(held) >= wanted - 1
-                return out, not relaxed, near
-        return [], False, False
+                    raw = max(0.0, score) / best * coverage(tokens, text) ** power
+                    vote = specific_share(tokens, text, generic_words()) if relaxed else 1.0
+                    out.append((row["id"], raw, vote, row))
+                return out, not relaxed
+        return [], False
 
     def _keyword_rows(self, tokens: list[str], relaxed: bool, where: str,
                       params: list[object]) -> list[tuple[float, dict[str, Any]]]:
@@ -573,9 +566,11 @@ class Recall:
                         continue
                     if far.startswith("memory:"):
                         seed_rel = _relevance(cands[frontier[near]])
+                        proximity = 1.0 / (1 + depth)
+                        if mode == "syncd" and far in cands and far != frontier[near]:
+                            _also_linked(cands[far], proximity, seed_rel)
                         if far in cands or far in added:
                             continue
-                        proximity = 1.0 / (1 + depth)
                         cand = Candidate(far, graph_proximity=proximity,
                                          via=(frontier[near], etype, depth))
                         cand.seed_relevance = seed_rel
@@ -600,8 +595,7 @@ class Recall:
         return linked
 
     def _score(self, cands: Any, tokens: list[str], mode: Mode,
-               as_of: str | None = None, *, relaxed: bool = False) -> list[Candidate]:
-        """``relaxed``: the keyword leg found no strict hit (``score_syncd``)."""
+               as_of: str | None = None) -> list[Candidate]:
         w = weights_from(self._settings)
         now = self._now_ns()
         out = []
@@ -610,7 +604,7 @@ class Recall:
             importance = float(row.get("importance") or 0.0)
             rec = recency(_ns(row.get("created_at")), now, w.half_life_days) if row else 0.5
             if mode == "syncd":
-                c.score = score_syncd(c, w, rec, importance, _superseded(row, as_of), relaxed)
+                c.score = score_syncd(c, w, rec, importance, _superseded(row, as_of))
             else:
                 c.score = score_plane(c, w, len(tokens), rec, importance)
             if mode == "vector":  # single-leg baselines rank by their own relevance only
@@ -733,7 +727,28 @@ def _ns(value: object) -> int | None:
 _DAY_NS: dict[str, int] = {}
 
 
-def _retrieved(c: Candidate, mode: Mode, fallback: bool) -> RetrievedMemory:
+def _also_linked(cand: Candidate, proximity: float, seed_relevance: float) -> None:
+    """A direct match that is also a seed's neighbour takes the graph term too (the best
+    link's): it was scored as if the edge did not exist."""
+    if proximity * seed_relevance > cand.graph_proximity * cand.seed_relevance:
+        cand.graph_proximity, cand.seed_relevance = proximity, seed_relevance
+
+
+def _cosine_of_the_rest(semantic: Semantic, cands: dict[str, Candidate]) -> None:
+    """Give the keyword hits beyond the semantic leg's 50 their cosine (without a vector rank):
+    in a store full of near-identical notes the 50 nearest can all be those notes, and a
+    keyword hit counted as semantically unrelated was buried under them."""
+    missing = [mid for mid, c in cands.items() if c.cosine is None]
+    if not missing or semantic.vectors_of is None or semantic.vector is None:
+        return
+    found = semantic.vectors_of(missing)
+    if found:
+        sims = np.stack(list(found.values())) @ semantic.vector
+        for mid, sim in zip(found, sims.tolist(), strict=True):
+            cands[mid].cosine = sim
+
+
+def _retrieved(c: Candidate, mode: Mode, fallback: bool, confident: bool) -> RetrievedMemory:
     row = c.row or {}
     via = Via(seed=c.via[0], type=c.via[1], depth=c.via[2]) if c.via else None
     parts = c.parts or {}
@@ -745,7 +760,7 @@ def _retrieved(c: Candidate, mode: Mode, fallback: bool) -> RetrievedMemory:
         importance=float(row.get("importance") or 0.0), realm=_opt(row.get("realm")),
         valid_at=_opt(row.get("valid_at")), invalid_at=_opt(row.get("invalid_at")), via=via,
         components=ScoreComponents(**parts) if parts else None, fallback=fallback,
-        superseded_by=_opt(row.get("superseded_by")),
+        confident=confident, superseded_by=_opt(row.get("superseded_by")),
     )
 
 

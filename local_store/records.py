@@ -41,6 +41,14 @@ MAX_REALM_CHARS = 200
 MAX_TAGS = 64
 MAX_TAG_CHARS = 200
 MAX_KEY_CHARS = 500
+# The tag of an entity ``memory_note`` made for an edge target not yet noted: it stands for a
+# name, holds no knowledge, and recall never injects it (``recall.py``, the confident tier).
+PLACEHOLDER_TAG = "placeholder"
+
+
+def is_placeholder(tags: str | None) -> bool:
+    """Whether a memory's comma-joined ``tags`` mark it a placeholder."""
+    return PLACEHOLDER_TAG in (tags or "").split(",")
 
 _SLUG_RUNS = re.compile(r"[\W_]+")
 _WS = re.compile(r"\s+")

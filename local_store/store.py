@@ -79,6 +79,7 @@ from local_store.records import (
     stamp_provenance,
 )
 from local_store.redact import strip_json_object, strip_json_strings
+from local_store.reference import Reference, load_reference
 from local_store.vectors import VectorIndex
 from local_store.views import (
     edge_view,
@@ -88,7 +89,7 @@ from local_store.views import (
     wire_embeddings,
     wire_nodes,
 )
-from local_store.writes import Vector, Writer, chunks, marks, props_json
+from local_store.writes import Vector, Writer, chunks, marks, props_json, write_note
 from protocol.hlc import HybridClock
 from protocol.query import QueryRequest, QueryResponse
 from protocol.rows import EdgeRow, NodeRow
@@ -134,6 +135,7 @@ class Store:
         # Recall embeds the query and compares it with the index here, while its keyword leg
         # runs on the recall reader's thread.
         self._query_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="syncd-query")
+        self._reference: Reference | None = None  # read and set on the query thread only
         # Hashes an applied batch's wire rows while the writer looks up their stored keys.
         self._hash_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="syncd-hash")
         self.checkpointer = Checkpointer(data_dir / db.DB_FILENAME, pool, lambda: writer.conn)
@@ -199,10 +201,10 @@ class Store:
                                  (model, dim))
         self.index = VectorIndex.from_rows(model, dim, [r[0] for r in rows],
                                            [r[1] for r in rows])
-        # The off-topic gate's fit (~0.1 s from 4,096 vectors up), started here and not awaited:
-        # opening stays as fast, and the first recall's query job queues behind it on the
-        # one query thread.
-        self._query_pool.submit(self.index.domain)
+        # The confident tier's generic texts under this model (``reference.py``; embedded once,
+        # then read from the data directory), started here and not awaited: opening stays as
+        # fast, and the first recall's query job queues behind it on the one query thread.
+        self._query_pool.submit(self._reference_now)
         found = await self._fetch("SELECT value FROM meta WHERE key = 'settings'")
         if found:
             self._settings, problem = load_settings(found[0][0])
@@ -763,7 +765,19 @@ class Store:
             return None
         if not vector.any():
             return None
-        return Semantic(*self.index.snapshot(vector), self.index.domain(), vector)
+        return Semantic(*self.index.snapshot(vector), vector=vector,
+                        reference=self._reference_now(), vectors_of=self.index.vectors_of)
+
+    def _reference_now(self) -> Reference | None:
+        """On the query thread: the generic texts' vectors (``reference.py``), loaded on first
+        use; None while the embedder cannot give them (the confident tier then rests on
+        keyword evidence alone, and the next recall tries again)."""
+        if self._reference is None:
+            try:
+                self._reference = load_reference(self.embedder, self.data_dir)
+            except Exception as exc:
+                log.debug("the recall reference is not ready (%s: %s)", type(exc).__name__, exc)
+        return self._reference
 
     @property
     def settings(self) -> MemorySettings:
@@ -937,6 +951,18 @@ class Store:
     async def integrity_check(self) -> str:
         rows = await self._fetch("PRAGMA integrity_check")
         return "; ".join(str(r[0]) for r in rows)
+
+    async def save_note(self, args: Mapping[str, object], *,
+                        adopt: str | None = None) -> dict[str, Any]:
+        """``memory_note``'s save: ``save`` by topic key, except that a placeholder never
+        overwrites a node holding its key, and a note new to its key takes the id of ``adopt``
+        while that is a placeholder of its realm (``writes.write_note``): one node, whose
+        edges stay, instead of the placeholder beside the note."""
+        draft = build_save(args, self.writer_info)
+        if draft.topic_key is None:
+            raise ValidationError("topic_key", "is required: a note is saved by its topic key")
+        return await self._write_embedded(
+            [draft.content], lambda w, vectors: write_note(w, draft, vectors[0], adopt))
 
 
 def _width(embedder: Embedder, model: str) -> int | None:

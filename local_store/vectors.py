@@ -29,9 +29,6 @@ from typing import TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from local_store.domain import MIN_ROWS as MIN_DOMAIN_ROWS
-from local_store.domain import Domain, fit_domain, sample_rows
-
 Matrix = npt.NDArray[np.float32]
 SAMPLE_STRIDE = 8  # nearest_rows: partition every 8th similarity first
 T = TypeVar("T")
@@ -84,8 +81,6 @@ class VectorIndex:
         self._frozen_ids: tuple[str, ...] | None = None  # ``_ids`` as of now; None: stale
         self._rows: dict[str, int] = {}
         self._lock = threading.Lock()
-        self._domain: Domain | None = None  # where the vectors lie (``domain.py``), when fitted
-        self._fitting = threading.Lock()
 
     @classmethod
     def from_rows(cls, model: str, dim: int, ids: list[str], blobs: Sequence[bytes]) -> VectorIndex:
@@ -123,28 +118,11 @@ class VectorIndex:
                 self._frozen_ids = tuple(self._ids)
             return self._frozen_ids, self.similarities(query)
 
-    def strangeness(self, query: npt.ArrayLike) -> float | None:
-        """How far ``query`` lies from this index's vectors, over how far an unseen one of
-        them typically lies (``domain.py``); None below ``domain.MIN_ROWS`` vectors."""
-        domain = self.domain()
-        return None if domain is None else domain.strangeness(query)
-
-    def domain(self) -> Domain | None:
-        """The fit of the vectors (``domain.py``), refitted on the caller's thread first when
-        their number moved by a tenth since the last fit (~0.1 s from 4,096 vectors up: once
-        per 1,000 writes at 10k memories). The store starts a fit on its query thread at open."""
-        domain = self._domain
-        if domain is None or domain.stale(len(self._ids)):
-            with self._fitting:  # one fit at a time; the others wait for it
-                domain = self._domain
-                if domain is None or domain.stale(len(self._ids)):
-                    with self._lock:
-                        rows = len(self._ids)
-                        sample = (self._columns[:, sample_rows(rows)].T.copy()
-                                  if rows >= MIN_DOMAIN_ROWS else None)
-                    domain = None if sample is None else fit_domain(sample, rows)
-                    self._domain = domain
-        return domain
+    def vectors_of(self, ids: Sequence[str]) -> dict[str, npt.NDArray[np.float32]]:
+        """The unit vector of each of ``ids`` the index holds (a copy) — safe from any thread."""
+        with self._lock:
+            return {mid: self._columns[:, row].copy() for mid in ids
+                    if (row := self._rows.get(mid)) is not None}
 
     def upsert(self, memory_id: str, vector: npt.ArrayLike) -> None:
         values = np.asarray(vector, dtype=np.float32).reshape(-1)

@@ -40,7 +40,7 @@ from local_store.columns import (
 from local_store.embed import blob_view, to_blob
 from local_store.errors import NotFoundError
 from local_store.merge import EDGE_HASHED, content_hash, node_hash, version_key, wins
-from local_store.records import Draft, new_memory_id, preview
+from local_store.records import Draft, is_placeholder, new_memory_id, preview
 from protocol.hlc import TICK_NS, HybridClock
 from protocol.rows import edge_id
 from protocol.timestamp import format_ns, parse_ns
@@ -506,3 +506,27 @@ def _json_object(text: str | None) -> dict[str, object] | None:
     except (ValueError, RecursionError):
         return None
     return found if isinstance(found, dict) else None
+
+
+def write_note(w: Writer, draft: Draft, vector: Vector | None,
+               adopt: str | None) -> dict[str, Any]:
+    """``Store.save_note`` on the writer thread: ``Writer.save`` on the note's topic key, with
+    two rules of its own. A placeholder (``PLACEHOLDER_TAG``) only ever creates: a node that
+    holds its key already is returned unwritten, so no note is ever turned into one. A note
+    whose key no node holds (else that node is the note, noted again) takes ``adopt``'s id —
+    keeping every edge to it — only if ``adopt`` is, in this transaction, still a live
+    placeholder of the realm: another note may have adopted it since it was found."""
+    assert draft.topic_key is not None  # Store.save_note refuses a draft without one
+    existing = w.find_topic(draft.realm, draft.topic_key)
+    if is_placeholder(draft.tags):
+        if existing is not None:
+            return {"saved": False, "id": _uuid(existing["id"]), "node_id": existing["id"],
+                    "topic_key": draft.topic_key}
+    elif existing is None and adopt is not None:
+        stub = w.node(adopt)
+        if (stub is not None and not stub["deleted"] and stub["realm"] == draft.realm
+                and is_placeholder(stub["tags"])):
+            w.put_node(w.node_from_draft(draft, adopt), vector)
+            return {"saved": True, "upserted": True, "adopted": True, "id": _uuid(adopt),
+                    "node_id": adopt, "topic_key": draft.topic_key}
+    return w.save(draft, vector)

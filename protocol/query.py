@@ -31,6 +31,7 @@ class QueryRequest(msgspec.Struct, kw_only=True):
     expand_hops: U8 | None = None  # None = settings.default_expand_hops; min(., 2)
     space_agent: str | None = None
     mode: str | None = None  # "agentic" adds brief; anything else is "fast"
+    confident_only: bool = False  # syncd: only memories it is confident answer the query
 
 
 class Via(msgspec.Struct, kw_only=True):
@@ -78,6 +79,7 @@ class RetrievedMemory(msgspec.Struct, kw_only=True):
     via: Via | None
     components: ScoreComponents | None = None  # syncd
     fallback: bool = False  # syncd
+    confident: bool = False  # syncd: evidence of its own that it answers the query
     superseded_by: str | None = None  # syncd
 
 
@@ -90,6 +92,7 @@ class QueryResponse(msgspec.Struct, kw_only=True, omit_defaults=True):
     gated: list[str] | None = None  # syncd
     gate_reason: str | None = None  # syncd
     fallback: bool | None = None  # syncd
+    matched: bool | None = None  # syncd: some memory answers the query with confidence
 
 
 json_encoder = msgspec.json.Encoder()

@@ -465,8 +465,9 @@ def _hook(args: argparse.Namespace) -> int:
     agent's way: a down daemon, a missing token, bad input or any error prints nothing, exit 0.
 
     It recalls in the project's realm (the basename of ``cwd``), ``global`` and ``default`` —
-    where a memory saved without a realm lands, as agents' saves over MCP usually are. A
-    fallback answer (nothing matched the prompt) is not context: it prints nothing."""
+    where a memory saved without a realm lands, as agents' saves over MCP usually are. It asks
+    for the confident tier only (``confident_only``): a memory that may not answer the prompt
+    is not context, so an off-topic prompt ("continue", "thanks") prints nothing."""
     try:
         payload = json.loads(sys.stdin.read())
         prompt = payload.get("prompt") if isinstance(payload, dict) else None
@@ -479,8 +480,8 @@ def _hook(args: argparse.Namespace) -> int:
         client = Client.for_data_dir(settings["data_dir"], settings["url"],
                                      timeout=HOOK_TIMEOUT_SECS)
         result = client.call("POST", "/v1/agent/memory/query",
-                             {"query": prompt, "realms": realms})
-        if not isinstance(result, dict) or result.get("fallback"):
+                             {"query": prompt, "realms": realms, "confident_only": True})
+        if not isinstance(result, dict) or not result.get("memories"):
             return EXIT_OK
         context = result.get("context")
         if isinstance(context, str) and context.strip():
@@ -534,6 +535,9 @@ def _recall(client: Client, args: argparse.Namespace) -> int:
     if result.get("fallback"):
         print(f"syncd: nothing matches {args.query!r}; the most important recent memories "
               "instead (scores 0):", file=sys.stderr)
+    elif result.get("matched") is False:
+        print(f"syncd: no memory surely answers {args.query!r}; the nearest ones:",
+              file=sys.stderr)
     print(result["context"], end="")
     return EXIT_OK
 

@@ -32,6 +32,8 @@ from local_store.records import (
     MAX_TAG_CHARS,
     MAX_TAGS,
     MAX_TITLE_CHARS,
+    PLACEHOLDER_TAG,
+    is_placeholder,
     normalise_memory_id,
     optional_str,
     parse_realm,
@@ -47,6 +49,8 @@ SURFACE_TOP = 2
 SEARCH_TOOLS = frozenset({"memory_search", "recall_memory"})
 MAX_CONVERSATIONS = 1000
 NOTE_PAGE = 500  # entities read at a time while looking for an edge target by name
+EDGE_FIELDS = ("to", "type", "to_type")
+EDGE_SHAPE = "an object {to, type?, to_type?}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +74,30 @@ I = {"type": "integer"}  # noqa: E741
 SL = {"type": "array", "items": {"type": "string"}}
 RECALL_PROPS = {"query": S, "limit": I, "realms": SL, "memory_type": S, "importance_min": N,
                 "tags": SL, "space_agent": S}
+EDGE = {"type": "object", "additionalProperties": False, "required": ["to"],
+        "description": "An edge from this node to the node named `to`. A name with no node "
+                       "yet gets a placeholder of type `to_type`, which that name's own "
+                       "memory_note (of any type) later takes over, edges and all.",
+        "properties": {
+            "to": {**S, "description": "The target's name, as its own memory_note names it "
+                                      "(matched case- and punctuation-insensitively)."},
+            "type": {**S, "description": "The relation, e.g. USES, DEPENDS_ON, OWNS "
+                                        "(upper-cased); default RELATES_TO."},
+            "to_type": {**S, "description": "The target's node type, e.g. service, person; "
+                                           "default concept."}},
+        "examples": [{"to": "rabbitmq-main", "type": "USES", "to_type": "service"}]}
+NOTE_PROPS = {
+    "type": {**S, "description": "The node type, e.g. service, person, repo, concept."},
+    "name": {**S, "description": "The node's stable name; a note of the same type and name "
+                                "(case- and punctuation-insensitive) updates it."},
+    "summary": {**S, "description": "One or two sentences on what the node is."},
+    "tags": {**SL, "description": "Extra tags (kind:<type> is added)."},
+    "realm": {**S, "description": "The project's realm (its directory name), where edge "
+                                 "targets are looked up too; leave out for what holds "
+                                 "everywhere."},
+    "edges": {"type": "array", "items": EDGE,
+              "description": "Edges to other nodes by name, e.g. "
+                             '[{"to": "rabbitmq-main", "type": "USES"}].'}}
 SAVE_PROPS = {"content": S, "title": S, "memory_type": S, "tags": SL, "realm": S,
               "importance": N, "references": SL, "topic_key": S, "why": S, "where": S,
               "learned": S, "valid_at": S}
@@ -155,7 +183,8 @@ async def _verify(store: Store, args: dict[str, Any]) -> Any:
     clean = _redacted(args)
     content = _text(clean, "content", limit=MAX_CONTENT_CHARS)
     realm = optional_str(clean, "realm")
-    request: dict[str, Any] = {"query": content, "limit": 5, "expand_hops": 0}
+    request: dict[str, Any] = {"query": content, "limit": 5, "expand_hops": 0,
+                               "confident_only": True}
     if realm:
         request["realms"] = [realm]
     found = await store.recall(request)
@@ -178,7 +207,11 @@ async def _note(store: Store, args: dict[str, Any]) -> Any:
     """A typed node by stable name, merged on (type, normalised name). Every argument is
     redacted, then validated, before the first write: a refused call writes nothing (L7).
     Types and names make topic keys and edge ids, so one holding a private span is refused,
-    as other identity keys are (two would both become ``[redacted]`` and merge)."""
+    as other identity keys are (two would both become ``[redacted]`` and merge).
+
+    An edge to a name not noted yet makes a placeholder node for it; the name's own note,
+    of whatever type, later takes that node over (``Store.save_note``), so the edges made
+    before it reach it and no empty stub is left beside it."""
     _refuse_private_names(args)
     clean = _redacted(args)
     kind = _kind(clean, "type")
@@ -188,36 +221,46 @@ async def _note(store: Store, args: dict[str, Any]) -> Any:
     tags = _note_tags(kind, clean.get("tags"))
     topic = _topic(kind, name, "name")
     edges = _edges(clean.get("edges"))
-    saved = await store.save({"content": f"{name}: {summary}", "title": name,
-                              "memory_type": "entity", "tags": tags, "realm": realm,
-                              "topic_key": topic})
+    saved = await store.save_note({"content": f"{name}: {summary}", "title": name,
+                                   "memory_type": "entity", "tags": tags, "realm": realm,
+                                   "topic_key": topic},
+                                  adopt=await _find_note(store, name, realm, placeholders=True))
     links = []
     for target, target_kind, target_topic, relation in edges:
         target_id = await _find_note(store, target, realm)
-        if target_id is None:  # a stub the target's own memory_note will later fill in
-            target_id = (await store.save({
+        if target_id is None:
+            target_id = (await store.save_note({
                 "content": f"{target}: (mentioned by {name})", "title": target,
-                "memory_type": "entity", "tags": [f"kind:{target_kind}"], "realm": realm,
-                "topic_key": target_topic}))["node_id"]
+                "memory_type": "entity", "tags": [f"kind:{target_kind}", PLACEHOLDER_TAG],
+                "realm": realm, "topic_key": target_topic}))["node_id"]
         await store.link({"memory_id": saved["node_id"], "target_node_id": target_id,
                           "relationship_type": relation})
         links.append({"to": target, "type": relation, "node_id": target_id})
     return {**saved, "name": name, "type": kind, "edges": links}
 
 
-async def _find_note(store: Store, name: str, realm: str) -> str | None:
-    """An entity of this realm only whose title has the same slug, newest first, looking
-    through every entity of the realm (not only the newest page)."""
+async def _find_note(store: Store, name: str, realm: str, *,
+                     placeholders: bool = False) -> str | None:
+    """The entity of this realm only whose title has the same slug: the newest one that is
+    not a placeholder, else the newest placeholder (an edge links to what is known of a name
+    before a stub of it); ``placeholders``: only a placeholder (what a note of the name
+    adopts). Every entity of the realm is looked through, not only the newest page."""
     wanted = slug(name)
+    query: dict[str, Any] = {"memory_type": "entity", "realm": realm, "limit": NOTE_PAGE}
+    if placeholders:
+        query["tags"] = [PLACEHOLDER_TAG]
+    stub = None
     for offset in itertools.count(0, NOTE_PAGE):
-        listed = await store.list_memories({"memory_type": "entity", "realm": realm,
-                                            "limit": NOTE_PAGE, "offset": offset})
+        listed = await store.list_memories({**query, "offset": offset})
         for row in listed["rows"]:
-            if slug(str(row.get("title") or "")) == wanted:
+            if slug(str(row.get("title") or "")) != wanted:
+                continue
+            if placeholders or not is_placeholder(row.get("tags")):
                 return str(row["id"])
+            stub = stub or str(row["id"])
         if not listed["truncated"]:
             break
-    return None
+    return stub
 
 
 def _refuse_private_names(args: Mapping[str, Any]) -> None:
@@ -232,22 +275,39 @@ def _refuse_private_names(args: Mapping[str, Any]) -> None:
 
 
 def _edges(value: object) -> list[tuple[str, str, str, str]]:
-    """``edges`` as (to, to_type, its topic key, relation), every item checked."""
+    """``edges`` as (to, to_type, its topic key, relation), every item checked. A key other
+    than ``EDGE_FIELDS`` is refused, not ignored: a guessed ``relation`` or ``target`` would
+    otherwise make a RELATES_TO edge, or none, without a word."""
     if value is None:
         return []
     if not isinstance(value, list):
-        raise ValidationError("edges", "must be a list of {to, type}")
+        raise ValidationError("edges", f"must be a list, each item {EDGE_SHAPE}")
     edges = []
     for index, edge in enumerate(value):
         label = f"edges[{index}]"
         if not isinstance(edge, Mapping):
-            raise ValidationError(label, "must be an object {to, type, to_type?}")
-        target = _text(edge, "to", limit=MAX_TITLE_CHARS, label=f"{label}.to")
-        target_kind = _kind(edge, "to_type", label=f"{label}.to_type", default="concept")
-        relation = _text(edge, "type", label=f"{label}.type", default="RELATES_TO")
+            raise ValidationError(label, f"must be {EDGE_SHAPE}")
+        if unknown := [str(key)[:60] for key in edge if key not in EDGE_FIELDS]:
+            raise ValidationError(label, f"has no field {unknown[0]!r}: it must be {EDGE_SHAPE}")
+        target = _hinted(_text, edge, "to", f"{label}.to", "the name of the node the edge "
+                         "points to", limit=MAX_TITLE_CHARS)
+        target_kind = _hinted(_kind, edge, "to_type", f"{label}.to_type", "the target's node "
+                              "type, e.g. service or person; default concept", default="concept")
+        relation = _hinted(_text, edge, "type", f"{label}.type", "the relation, e.g. USES or "
+                           "DEPENDS_ON; default RELATES_TO", default="RELATES_TO")
         edges.append((target, target_kind, _topic(target_kind, target, f"{label}.to"),
                       relation.upper()))
     return edges
+
+
+def _hinted(parse: Callable[..., str], edge: Mapping[str, Any], name: str, label: str,
+            hint: str, **options: Any) -> str:
+    """``parse(edge, name)``, its error saying also what the field holds: an agent told only
+    ``must be a string`` still has to guess what to send."""
+    try:
+        return parse(edge, name, label=label, **options)
+    except ValidationError as exc:
+        raise ValidationError(exc.field, f"{exc.message} ({hint})") from None
 
 
 def _kind(args: Mapping[str, Any], name: str, *, label: str | None = None,
@@ -264,6 +324,9 @@ def _note_tags(kind: str, value: object) -> list[str]:
     """``kind:<type>`` then the caller's tags, parsed as ``save_memory`` parses them."""
     given = parse_tags(value)
     tags = [f"kind:{kind}", *(given.split(",") if given else [])]
+    if PLACEHOLDER_TAG in tags:  # a note so tagged would be hidden, and adopted by another
+        raise ValidationError("tags", f"must not hold {PLACEHOLDER_TAG!r}: memory_note gives "
+                              "that tag to the nodes it makes for edge targets")
     if len(tags) > MAX_TAGS:
         raise ValidationError("tags", f"must have at most {MAX_TAGS - 1} tags, got {len(tags) - 1}")
     return tags
@@ -318,7 +381,9 @@ async def _maybe_get(store: Store, memory_id: object, field: str) -> Any:
 TOOLS: dict[str, Tool] = {t.name: t for t in (
     Tool("memory_search", "Search long-term memory with hybrid recall (keywords + meaning + "
          "graph). Use before starting a task. Supports expand_hops (0-2), as_of (RFC 3339, "
-         "point-in-time) and include_invalidated.",
+         "point-in-time) and include_invalidated. Returns the nearest memories ranked; each "
+         "says whether it surely answers the query (confident), the answer whether any does "
+         "(matched).",
          _obj({**RECALL_PROPS, "expand_hops": I, "as_of": S, "include_invalidated":
                {"type": "boolean"}}, ("query",)), _search),
     Tool("recall_memory", "Recall memories relevant to a query (1 graph hop, current facts only).",
@@ -363,9 +428,8 @@ TOOLS: dict[str, Tool] = {t.name: t for t in (
                                            ("content",)), _verify),
     Tool("memory_note", "Assert a typed node by a stable name with a one- or two-sentence "
          "summary, tags and edges to other nodes by name; merged on type + name, never "
-         "duplicated.", _obj({"type": S, "name": S, "summary": S, "tags": SL, "realm": S,
-                              "edges": {"type": "array", "items": {"type": "object"}}},
-                             ("type", "name", "summary")), _note),
+         "duplicated. A name first seen as an edge target is a placeholder until its own "
+         "note, of any type, takes it over.", _obj(NOTE_PROPS, ("type", "name", "summary")), _note),
     Tool("record_learning", "Record a one-line lesson for future sessions.",
          _obj({"content": S, "realm": S, "tags": SL}, ("content",)), _learning),
 )}
@@ -419,15 +483,15 @@ class Surfacer:
 
     async def _surface(self, store: Store, conversation: str, hint: str | None,
                        found: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
-        """Top direct matches for the hint (or from a search's own answer), newest first,
+        """Top confident matches for the hint (or from a search's own answer), newest first,
         merged with what this conversation already surfaced, each read again (``_current``).
         The list is taken and written back with no await in between: a parallel call of the
         same conversation keeps what it added, and sees what this one surfaced."""
         if found is None and hint and hint.strip():
-            answer = await store.recall({"query": hint, "limit": 8, "expand_hops": 0})
+            answer = await store.recall({"query": hint, "limit": 8, "expand_hops": 0,
+                                         "confident_only": True})
             found = msgspec.to_builtins(answer.memories)
-        fresh = [_brief(m) for m in found or ()
-                 if not m["fallback"] and m["via"] is None][:SURFACE_TOP]
+        fresh = [_brief(m) for m in found or () if m["confident"]][:SURFACE_TOP]
         now: dict[str, dict[str, Any] | None] = {m["id"]: m for m in fresh}
         now.update(await _current(store, [m["id"] for m in self._seen.get(conversation, ())
                                           if m["id"] not in now]))

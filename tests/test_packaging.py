@@ -65,6 +65,11 @@ def test_the_wheel_ships_the_pinned_tokenizer_its_notice_and_the_licence(
     (licence,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
     assert b"Apache License" in wheel.read(licence) and b"Version 2.0" in wheel.read(licence)
     assert {f"{p}/py.typed" for p in PACKAGES} <= names
+    # The confident tier's generic texts, and MiniLM's vectors of them (reference.py).
+    assert wheel.read("local_store/data/background.txt") == (
+        ROOT / "local_store/data/background.txt").read_bytes()
+    assert wheel.read("local_store/data/all-MiniLM-L6-v2/reference.npz") == (
+        ROOT / "local_store/data/all-MiniLM-L6-v2/reference.npz").read_bytes()
 
 
 def test_the_wheels_metadata_has_an_spdx_licence_and_no_unvetted_dependency(

@@ -62,24 +62,45 @@ def test_bench_recall_speed_quick_prints_its_table() -> None:
         assert any(row[0] == metric for row in rows), "\n".join(lines)
 
 
-def test_bench_recall_eval_prints_every_mode() -> None:
-    lines = run_bench("bench/recall_eval.py", "--embedder", "hashing", "--by-kind")
-    table = lines[:lines.index("MRR by query kind")]  # --by-kind's tables follow it
-    modes = {line.split()[0]: line.split()[1:] for line in table
-             if line.split() and line.split()[0] in ("keyword", "vector", "plane", "syncd")}
+def test_bench_recall_eval_prints_both_tiers() -> None:
+    lines = run_bench("bench/recall_eval.py", "--embedder", "hashing", "--by-kind", "--stress")
+    at = lines.index("explicit search") + 2
+    modes = {line.split()[0]: line.split()[1:] for line in lines[at:at + 4]}
     assert sorted(modes) == ["keyword", "plane", "syncd", "vector"], "\n".join(lines)
-    # A false-hit column for each group of queries with no answer: the tuning set, the first
-    # held-out set, and one per blind set in the corpus.
+    for values in modes.values():  # recall@5, recall@10, MRR, p50, p95
+        assert len(values) == 5 and all(0.0 <= float(v) <= 1.0 for v in values[:3]), values
+        assert 0.0 <= float(values[3]) <= float(values[4]), values
+    # The confident tier: the answerable queries, then one group per set of queries with no
+    # answer (the tuning set, the first held-out set, each blind set), then all of those.
     corpus = json.loads((ROOT / "bench/data/recall_corpus.json").read_text())
-    blind = {q["set"] for q in corpus["queries"] if q["kind"] == "heldout" and "set" in q}
-    header = next(line.split() for line in lines if line.split()[:1] == ["mode"])
-    columns = ["nonsense", "held-out"] + [f"blind-{n}" for n in sorted(blind)]
-    assert [word for word in header if word != "hit"][4:-2] == columns, header
-    for values in modes.values():  # recall@5, recall@10, MRR, the false-hit rates, p50
-        assert len(values) == 3 + len(columns) + 1, values
-        assert all(0.0 <= float(v) <= 1.0 for v in values[:-1]), values
-    # --by-kind: syncd's false hits per kind of blind held-out query (its note after " — "),
-    # every such query counted once, under its own set and kind.
+    queries = corpus["queries"]
+    blind = sorted({q["set"] for q in queries if q["kind"] == "heldout" and "set" in q})
+    groups = {"nonsense": [q for q in queries if q["kind"] == "nonsense"],
+              "held-out": [q for q in queries if q["kind"] == "heldout" and "set" not in q]}
+    groups |= {f"blind-{n}": [q for q in queries if q["kind"] == "heldout" and q.get("set") == n]
+               for n in blind}
+    at = lines.index("syncd confident tier (what is injected unasked; the first 2 confident "
+                     "memories)") + 2
+    rows = {line.rsplit(None, 2)[0]: (int(line.split()[-2]), float(line.split()[-1]))
+            for line in lines[at:at + len(groups) + 2]}
+    assert rows["answerable: answer injected"][0] == sum(bool(q["relevant"]) for q in queries)
+    for name, members in groups.items():
+        assert rows[f"{name}: false injection"][0] == len(members), name
+    n_all, share_all = rows["all no-answer: false injection"]
+    assert n_all == sum(len(m) for m in groups.values())
+    weighted = sum(rows[f"{name}: false injection"][0] * rows[f"{name}: false injection"][1]
+                   for name in groups)
+    assert abs(weighted / n_all - share_all) < 1.5e-3
+    assert all(0.0 <= share <= 1.0 for _, share in rows.values())
+    # --by-kind: each kind's MRR per mode and syncd's injected share.
+    at = lines.index("MRR by query kind (injected: syncd's confident tier)") + 2
+    kinds = {q["kind"] if "set" not in q else f"{q['kind']} set {q['set']}"
+             for q in queries if q["relevant"]}
+    by_kind = {line.rsplit(None, 6)[0]: line.split()[-6:] for line in lines[at:at + len(kinds)]}
+    assert set(by_kind) == kinds, by_kind
+    assert all(0.0 <= float(v) <= 1.0 for row in by_kind.values() for v in row[:-1])
+    # --by-kind: syncd's false injections per kind of blind held-out query (its note after
+    # " — "), every such query counted once, under its own set and kind.
     expected: dict[str, int] = {}
     for q in corpus["queries"]:
         if q["kind"] == "heldout" and "set" in q and " — " in q.get("note", ""):
@@ -91,7 +112,7 @@ def test_bench_recall_eval_prints_every_mode() -> None:
     for q in corpus["queries"]:
         if q["relevant"]:
             answered[q.get("set", 1)] = answered.get(q.get("set", 1), 0) + 1
-    at = lines.index("MRR by set (answered queries; set 1 tuned the gates)") + 2
+    at = lines.index("MRR by set (answered queries; set 1 tuned the old gates)") + 2
     by_set = {int(line.split()[0]): line.split()[1:] for line in lines[at:at + len(answered)]}
     assert {number: int(row[-1]) for number, row in by_set.items()} == answered, by_set
     for index, mode in enumerate(("keyword", "vector", "plane", "syncd")):
@@ -99,7 +120,7 @@ def test_bench_recall_eval_prints_every_mode() -> None:
         assert all(0.0 <= cell <= 1.0 for cell in cells), by_set
         weighted = sum(cell * answered[n] for cell, n in zip(cells, by_set, strict=True))
         assert abs(weighted / sum(answered.values()) - float(modes[mode][2])) < 1.5e-3, mode
-    start = lines.index("syncd false hits by kind of blind held-out query") + 1
+    start = lines.index("syncd false injections by kind of blind held-out query") + 1
     printed: dict[str, int] = {}
     for line in lines[start:start + len(expected)]:
         *kind, hits, of, total, rate = line.split()
@@ -107,6 +128,11 @@ def test_bench_recall_eval_prints_every_mode() -> None:
         assert abs(float(rate) - int(hits) / int(total)) < 1e-3, line
         printed[" ".join(kind)] = int(total)
     assert len(expected) >= 20 and printed == expected, (printed, expected)
+    # --stress: each composition's row; no (query, memory) pair changes its confident flag.
+    start = next(i for i, line in enumerate(lines) if line.startswith("store composition")) + 2
+    stores = [line.split() for line in lines[start:start + 5]]
+    assert [row[0] for row in stores] == ["corpus", "80%", "one", "tiny", "large"], stores
+    assert [float(row[-1]) for row in stores] == [1.0] * 5, stores
 
 
 def test_bench_recall_eval_refuses_a_corpus_it_cannot_read(tmp_path: Path) -> None:

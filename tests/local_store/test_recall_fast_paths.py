@@ -33,6 +33,7 @@ from local_store.recall import (
     Mode,
     Recall,
     Semantic,
+    _cosine_of_the_rest,
 )
 from protocol.query import QueryRequest, QueryResponse
 from protocol.rows import EdgeRow, NodeRow
@@ -45,11 +46,10 @@ ZIPF = [1.0 / (i + 1) for i in range(len(WORDS))]
 
 
 class Straightforward(Recall):
-    def _semantic_leg(self, filters: Filters, mode: Mode, cands: dict[str, Candidate],
-                      strict_hit: bool) -> float:
+    def _semantic_leg(self, filters: Filters, mode: Mode, cands: dict[str, Candidate]) -> None:
         semantic = self._semantic
         if semantic is None or not semantic.ids:
-            return -1.0
+            return
         where, params = filters.sql()
         sims, every = semantic.sims, semantic.ids
         # The plane ranks every row that passes the filters by its blend (contract §6.4).
@@ -69,7 +69,8 @@ class Straightforward(Recall):
         for rank, mid in enumerate(sorted(key, key=lambda mid: (-key[mid], mid))[:CAND_K]):
             cand = cands.setdefault(mid, Candidate(mid))
             cand.vec_rank, cand.cosine, cand.row = rank, cos[mid], allowed[mid]
-        return float(sims.max())
+        if mode == "syncd":  # not a shortcut: the other keyword hits' cosines, as recall does
+            _cosine_of_the_rest(semantic, cands)
 
     def _fts_rows(self, match: str, where: str,
                   params: list[object]) -> list[tuple[float, dict[str, Any]]]:
@@ -149,7 +150,8 @@ async def test_shortcuts_answer_as_the_straightforward_computation(tmp_path: Pat
     def compare(cases: list[tuple[dict[str, Any], Any]]) -> int:
         compared = 0
         for request, vector in cases:
-            semantic = Semantic(*store.index.snapshot(vector))
+            semantic = Semantic(*store.index.snapshot(vector), vector=vector,
+                                vectors_of=store.index.vectors_of)
             for mode in ("syncd", "plane", "vector", "keyword"):
                 fast = run(Recall(fetch, semantic, store.settings, lambda: NOW), request, mode)
                 ranked = statements["ranked by FTS5"]

@@ -93,7 +93,7 @@ def test_response_has_explicit_nulls_and_omits_brief() -> None:
         b'{"memories":[{"id":"memory:1","memory_type":"fact","title":null,"content_preview":"p",'
         b'"score":1.5,"distance":null,"kw_score":2.0,"graph_proximity":0.0,"importance":0.5,'
         b'"realm":"proj","valid_at":null,"invalid_at":null,"via":null,"components":null,'
-        b'"fallback":false,"superseded_by":null}],'
+        b'"fallback":false,"confident":false,"superseded_by":null}],'
         b'"linked":[{"node_id":"default::repo:x","target_namespace":null,"edge_type":"REFERENCES",'
         b'"depth":1}],"context":"","took_ms":3}'
     )
@@ -116,6 +116,7 @@ def test_response_round_trip_with_extensions() -> None:
             "recency": 1.0,
         },
         fallback=True,
+        confident=True,
     )
     assert memory.via == Via(seed="memory:0", type="RELATES_TO", depth=1)
     assert memory.components == ScoreComponents(
@@ -130,7 +131,10 @@ def test_response_round_trip_with_extensions() -> None:
         gated=["memory:2"],
         gate_reason="private",
         fallback=True,
+        matched=False,
     )
+    assert b'"confident":true' in json_encoder.encode(response)
+    assert b'"matched":false' in json_encoder.encode(response)
     assert query_response_decoder.decode(json_encoder.encode(response)) == response
 
 

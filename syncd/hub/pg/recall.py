@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -29,6 +30,7 @@ from local_store.embed import Embedder, from_blob
 from local_store.ranking import fts_words, keyword_words
 from local_store.recall import CAND_K, ROW_COLUMNS, ROW_SQL, Recall, Semantic
 from local_store.records import parse_timestamp
+from local_store.reference import Reference, load_reference
 from local_store.vectors import VectorIndex
 from protocol.query import QueryRequest, QueryResponse
 from protocol.settings import MemorySettings
@@ -89,8 +91,9 @@ async def run_recall(conn: Conn, request: QueryRequest,
         if len(vectors.index) and request.query.strip():
             vector = np.asarray(embedder.embed([request.query])[0], dtype=np.float32)
             if vector.any():
-                semantic = Semantic(*vectors.index.snapshot(vector), vectors.index.domain(),
-                                    vector)
+                semantic = Semantic(*vectors.index.snapshot(vector), vector=vector,
+                                    reference=vectors.reference(embedder),
+                                    vectors_of=vectors.index.vectors_of)
         return PgRecall(fetch, semantic, settings).run(request, "syncd", True, started)
 
     return await asyncio.to_thread(run)
@@ -104,6 +107,19 @@ class VectorTail:
     def __init__(self, model: str, dim: int) -> None:
         self.index = VectorIndex(model, dim)
         self.seq = 0
+        self._reference: Reference | None = None
+        self._referencing = threading.Lock()
+
+    def reference(self, embedder: Embedder) -> Reference | None:
+        """The confident tier's generic texts under the model (``local_store/reference.py``),
+        embedded by the first recall that needs them; None while the embedder fails."""
+        with self._referencing:
+            if self._reference is None:
+                try:
+                    self._reference = load_reference(embedder, None)
+                except Exception:  # the next recall tries again; keyword evidence meanwhile
+                    return None
+            return self._reference
 
     async def catch_up(self, conn: Conn) -> int:
         applied = 0

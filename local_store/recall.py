@@ -52,7 +52,7 @@ from local_store.ranking import (
 from local_store.reader import RowMemo
 from local_store.records import MAX_TAGS, MEMORY_TYPES, is_placeholder, parse_timestamp
 from local_store.reference import Reference, generic_words
-from local_store.vectors import nearest_rows
+from local_store.vectors import VectorIndex, nearest_rows
 from protocol.query import (
     Linked,
     QueryRequest,
@@ -76,21 +76,27 @@ class Semantic:
     locked snapshot of the index (``VectorIndex.snapshot``), so recall never sees it mid-update.
     The ids are the index's shared immutable tuple: no per-query copy.
 
-    ``reference`` (the generic texts' vectors, ``reference.py``) and ``vectors_of`` (the
-    index's lookup) let the confident tier compare a memory with generic text; None when the
-    reference is not ready (keyword evidence alone then makes a memory confident)."""
+    ``reference`` (the generic texts' vectors, ``reference.py``) and ``index`` (where the
+    vectors are) let the confident tier compare a memory with generic text; without a
+    reference, keyword evidence alone makes a memory confident."""
 
     ids: Sequence[str]
     sims: npt.NDArray[np.float32]
     vector: npt.NDArray[np.float32] | None = None
     reference: Reference | None = None
-    vectors_of: Callable[[Sequence[str]], dict[str, npt.NDArray[np.float32]]] | None = None
+    index: VectorIndex | None = None
 
     def generic(self, ids: Sequence[str]) -> dict[str, float]:
         """Each of ``ids``' highest cosine with a generic text (those the index holds)."""
-        if self.reference is None or self.vectors_of is None or not ids:
+        if self.reference is None or self.index is None or not ids:
             return {}
-        return self.reference.best_of(self.vectors_of(ids))
+        return self.index.derived(ids, self.reference.best)
+
+    def cosines(self, ids: Sequence[str]) -> dict[str, float]:
+        """The query's cosine with each of ``ids`` the index holds."""
+        if self.index is None or self.vector is None or not ids:
+            return {}
+        return self.index.cosines(ids, self.vector, (tuple(self.ids), self.sims))
 
     def off_topic(self) -> float | None:
         """The query's highest cosine with a generic text that carries no programming topic
@@ -739,13 +745,8 @@ def _cosine_of_the_rest(semantic: Semantic, cands: dict[str, Candidate]) -> None
     in a store full of near-identical notes the 50 nearest can all be those notes, and a
     keyword hit counted as semantically unrelated was buried under them."""
     missing = [mid for mid, c in cands.items() if c.cosine is None]
-    if not missing or semantic.vectors_of is None or semantic.vector is None:
-        return
-    found = semantic.vectors_of(missing)
-    if found:
-        sims = np.stack(list(found.values())) @ semantic.vector
-        for mid, sim in zip(found, sims.tolist(), strict=True):
-            cands[mid].cosine = sim
+    for mid, cosine in semantic.cosines(missing).items():
+        cands[mid].cosine = cosine
 
 
 def _retrieved(c: Candidate, mode: Mode, fallback: bool, confident: bool) -> RetrievedMemory:

@@ -41,9 +41,7 @@ import json
 import logging
 import os
 import re
-import threading
 import time
-from collections import OrderedDict
 from importlib import resources
 from pathlib import Path
 
@@ -67,7 +65,6 @@ EMBED_BATCH = 64
 # Vectors that took this long to compute are kept in the data directory; quicker ones (the
 # hashing embedder's: milliseconds) are recomputed rather than leave a file there.
 KEEP_AFTER_SECS = 1.0
-MEMO_ENTRIES = 16_384  # memories whose best cosine with the texts is remembered (~1.5 MB)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -108,9 +105,7 @@ def _digest() -> str:
 
 class Reference:
     """The generic texts' unit vectors under one model, kept as columns (``dim × n``, so a
-    product is BLAS's plain kernel), those of the parts with no programming topic apart; and a
-    bounded memo of each memory's best cosine with them, by the memory's vector (a memory's
-    side of the test costs one product the first time, a lookup after)."""
+    product is BLAS's plain kernel), those of the parts with no programming topic apart."""
 
     def __init__(self, model: str, vectors: npt.NDArray[np.float32],
                  off_topic: npt.NDArray[np.bool_]) -> None:
@@ -118,8 +113,6 @@ class Reference:
         self.vectors = vectors
         self._columns = np.ascontiguousarray(vectors.T)
         self._off_topic_columns = np.ascontiguousarray(vectors[off_topic].T)
-        self._memo: OrderedDict[tuple[str, bytes], float] = OrderedDict()
-        self._lock = threading.Lock()  # the PostgreSQL hub recalls on several threads
 
     def best(self, rows: npt.ArrayLike) -> npt.NDArray[np.float32]:
         """The highest cosine of each unit row of ``rows`` with any generic text."""
@@ -130,25 +123,6 @@ class Reference:
     def best_off_topic(self, row: npt.ArrayLike) -> float:
         """The highest cosine of one unit vector with a text of ``OFF_TOPIC_PARTS``."""
         return float((np.asarray(row, dtype=np.float32) @ self._off_topic_columns).max())
-
-    def best_of(self, vectors: dict[str, npt.NDArray[np.float32]]) -> dict[str, float]:
-        """``best`` of each memory's vector (id → unit vector), from the memo where that very
-        vector was seen (a re-embedded memory is computed again)."""
-        keys = {mid: (mid, hashlib.blake2b(v.tobytes(), digest_size=8).digest())
-                for mid, v in vectors.items()}
-        with self._lock:
-            out = {mid: self._memo[key] for mid, key in keys.items() if key in self._memo}
-            for key in (keys[mid] for mid in out):
-                self._memo.move_to_end(key)
-        missing = [mid for mid in vectors if mid not in out]
-        if missing:
-            fresh = self.best(np.stack([vectors[mid] for mid in missing])).tolist()
-            with self._lock:
-                for mid, value in zip(missing, fresh, strict=True):
-                    out[mid] = self._memo[keys[mid]] = value
-                while len(self._memo) > MEMO_ENTRIES:
-                    self._memo.popitem(last=False)
-        return out
 
 
 def _reference(model: str, vectors: npt.NDArray[np.float32]) -> Reference:

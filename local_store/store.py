@@ -766,7 +766,7 @@ class Store:
         if not vector.any():
             return None
         return Semantic(*self.index.snapshot(vector), vector=vector,
-                        reference=self._reference_now(), vectors_of=self.index.vectors_of)
+                        reference=self._reference_now(), index=self.index)
 
     def _reference_now(self) -> Reference | None:
         """On the query thread: the generic texts' vectors (``reference.py``), loaded on first

@@ -23,6 +23,7 @@ Rules:
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -33,6 +34,7 @@ Matrix = npt.NDArray[np.float32]
 SAMPLE_STRIDE = 8  # nearest_rows: partition every 8th similarity first
 T = TypeVar("T")
 BLOCK = 64  # rows transposed into the column matrix at a time (64 × 384 floats: 96 KiB)
+DERIVED_ENTRIES = 16_384  # memories whose ``derived`` value is remembered (~2 MB)
 
 
 def nearest_rows(sims: npt.NDArray[np.float32], k: int) -> npt.NDArray[np.intp]:
@@ -81,6 +83,8 @@ class VectorIndex:
         self._frozen_ids: tuple[str, ...] | None = None  # ``_ids`` as of now; None: stale
         self._rows: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._derived: OrderedDict[str, float] = OrderedDict()  # ``derived``'s memo
+        self._generation = 0  # moves on with every change of a vector
 
     @classmethod
     def from_rows(cls, model: str, dim: int, ids: list[str], blobs: Sequence[bytes]) -> VectorIndex:
@@ -118,11 +122,48 @@ class VectorIndex:
                 self._frozen_ids = tuple(self._ids)
             return self._frozen_ids, self.similarities(query)
 
-    def vectors_of(self, ids: Sequence[str]) -> dict[str, npt.NDArray[np.float32]]:
-        """The unit vector of each of ``ids`` the index holds (a copy) — safe from any thread."""
+    def cosines(self, ids: Sequence[str], query: npt.NDArray[np.float32],
+                snapshot: tuple[tuple[str, ...], npt.NDArray[np.float32]],
+                ) -> dict[str, float]:
+        """The cosine of ``query`` with each of ``ids`` the index holds: read from
+        ``snapshot`` (``snapshot(query)``'s answer) where the id is still at its place there —
+        a vector is a strided column here, and gathering one at 100k memories misses the
+        cache on every element — and computed for the others."""
+        ids_then, sims = snapshot
         with self._lock:
-            return {mid: self._columns[:, row].copy() for mid in ids
-                    if (row := self._rows.get(mid)) is not None}
+            rows = {mid: row for mid in ids if (row := self._rows.get(mid)) is not None}
+            moved = [mid for mid, row in rows.items()
+                     if row >= len(ids_then) or ids_then[row] != mid]
+            columns = self._columns[:, [rows[mid] for mid in moved]].T.copy() if moved else None
+        out = {mid: float(sims[row]) for mid, row in rows.items() if mid not in moved}
+        if columns is not None:
+            out.update(zip(moved, (columns @ query).tolist(), strict=True))
+        return out
+
+    def derived(self, ids: Sequence[str],
+                compute: Callable[[Matrix], npt.NDArray[np.float32]]) -> dict[str, float]:
+        """``compute``'s value (one per row of the vectors given) of each of ``ids`` the index
+        holds, from a bounded memo where that vector was computed before: the confident
+        tier's best cosine of a memory with the generic texts (``recall.py``). A change of the
+        vector drops its entry. One ``compute`` per index: the memo does not tell two apart."""
+        with self._lock:
+            out = {mid: self._derived[mid] for mid in ids if mid in self._derived}
+            for mid in out:
+                self._derived.move_to_end(mid)
+            rows = {mid: row for mid in ids
+                    if mid not in out and (row := self._rows.get(mid)) is not None}
+            columns = self._columns[:, list(rows.values())].T.copy() if rows else None
+            generation = self._generation
+        if columns is None:
+            return out
+        fresh = dict(zip(rows, compute(columns).tolist(), strict=True))
+        out.update(fresh)
+        with self._lock:
+            if self._generation == generation:  # no vector changed while it computed
+                self._derived.update(fresh)
+                while len(self._derived) > DERIVED_ENTRIES:
+                    self._derived.popitem(last=False)
+        return out
 
     def upsert(self, memory_id: str, vector: npt.ArrayLike) -> None:
         values = np.asarray(vector, dtype=np.float32).reshape(-1)
@@ -132,6 +173,8 @@ class VectorIndex:
             self._upsert(memory_id, values)
 
     def _upsert(self, memory_id: str, values: npt.NDArray[np.float32]) -> None:
+        self._derived.pop(memory_id, None)
+        self._generation += 1
         row = self._rows.get(memory_id)
         if row is None:
             row = len(self._ids)
@@ -195,6 +238,8 @@ class VectorIndex:
             self._remove(memory_id)
 
     def _remove(self, memory_id: str) -> None:
+        self._derived.pop(memory_id, None)
+        self._generation += 1
         row = self._rows.pop(memory_id, None)
         if row is None:
             return

@@ -151,7 +151,7 @@ async def test_shortcuts_answer_as_the_straightforward_computation(tmp_path: Pat
         compared = 0
         for request, vector in cases:
             semantic = Semantic(*store.index.snapshot(vector), vector=vector,
-                                vectors_of=store.index.vectors_of)
+                                index=store.index)
             for mode in ("syncd", "plane", "vector", "keyword"):
                 fast = run(Recall(fetch, semantic, store.settings, lambda: NOW), request, mode)
                 ranked = statements["ranked by FTS5"]

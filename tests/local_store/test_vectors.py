@@ -169,3 +169,44 @@ def test_from_rows_refuses_a_count_mismatch() -> None:
         VectorIndex.from_rows("m", 4, ["a", "b"], [blob])
     with pytest.raises(ValueError):  # a blob of the wrong width
         VectorIndex.from_rows("m", 4, ["a"], [blob + blob])
+
+
+def unit_vectors(n: int, dim: int = 16, seed: int = 0) -> np.ndarray:
+    rows = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
+    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+
+def test_cosines_come_from_the_snapshot_and_are_computed_for_moved_rows() -> None:
+    vectors = unit_vectors(6)
+    index = VectorIndex("m", 16)
+    for i, v in enumerate(vectors):
+        index.upsert(f"memory:{i}", v)
+    query = vectors[0]
+    snapshot = index.snapshot(query)
+    index.remove("memory:1")  # memory:5 moves into its row after the snapshot
+    got = index.cosines(["memory:2", "memory:5", "memory:1", "memory:9"], query, snapshot)
+    assert set(got) == {"memory:2", "memory:5"}  # removed and unknown ids have none
+    for mid in got:
+        assert got[mid] == pytest.approx(float(vectors[int(mid[-1])] @ query), abs=1e-6)
+
+
+def test_derived_values_are_remembered_until_the_vector_changes() -> None:
+    vectors = unit_vectors(3)
+    index = VectorIndex("m", 16)
+    for i, v in enumerate(vectors):
+        index.upsert(f"memory:{i}", v)
+    rows_seen: list[int] = []
+
+    def first_element(matrix: np.ndarray) -> np.ndarray:
+        rows_seen.append(len(matrix))
+        return matrix[:, 0].copy()
+
+    assert index.derived(["memory:0", "memory:1"], first_element) == pytest.approx(
+        {"memory:0": float(vectors[0][0]), "memory:1": float(vectors[1][0])})
+    assert index.derived(["memory:0", "memory:1", "memory:2"], first_element)["memory:2"] == (
+        pytest.approx(float(vectors[2][0])))
+    assert rows_seen == [2, 1]  # the second call computed memory:2 only
+    index.upsert("memory:0", -vectors[0])  # a new vector: computed again
+    assert index.derived(["memory:0"], first_element)["memory:0"] == pytest.approx(
+        -float(vectors[0][0]))
+    assert rows_seen == [2, 1, 1]

@@ -93,7 +93,7 @@ async def run_recall(conn: Conn, request: QueryRequest,
             if vector.any():
                 semantic = Semantic(*vectors.index.snapshot(vector), vector=vector,
                                     reference=vectors.reference(embedder),
-                                    vectors_of=vectors.index.vectors_of)
+                                    index=vectors.index)
         return PgRecall(fetch, semantic, settings).run(request, "syncd", True, started)
 
     return await asyncio.to_thread(run)

@@ -17,9 +17,11 @@ Rules:
     push time, after the pull; repairs keep their versions — see ``local_store/replica.py``),
     packs batches under ``push_batch_bytes``, halves a batch on 413, clears entries only on 2xx
     with no errors (per row when the plane reports rows; nothing when a row error names no
-    row of the batch), and stops the pass on any other failure. A row the plane refuses even
-    alone (413), or refuses by a row error, stays queued and is skipped for the rest of the
-    pass, which pushes the rest and ends ``held_back`` (no backoff: the plane answered).
+    row of the batch), halves a batch refused with errors that name no row until the refused
+    rows are alone (``_bisect``), and stops the pass on any other failure. A row the plane
+    refuses even alone (413, or errors), or refuses by a row error, stays queued and is
+    skipped for the rest of the pass, which pushes the rest and ends ``held_back`` (no
+    backoff: the plane answered).
   * Nothing is re-stamped in a pass whose pull stopped short: re-stamped, a stale local edit
     would beat a delete the pull has not reached yet (R12). Queued versions old enough to need
     it stay queued until a pull completes; recent ones are pushed as they are.
@@ -84,6 +86,7 @@ log = logging.getLogger("syncd.sync")
 PAGE_ROWS = 2000
 FIRST_PAGE_ROWS = 250  # small, so applying starts early while the next page streams in
 STAGE_ROWS = 2000
+BISECT_SPLITS = 64  # a pass's halvings of batches the plane refused naming no row
 BAD_ROW_PASSES = 3
 OFFSET_MIN_NS = 2_000_000_000  # Date has 1 s resolution: smaller offsets are noise
 # The instants a plane's clock is believed to read (its Date, its until): outside them it is a
@@ -131,6 +134,7 @@ class PassReport:
     pushed_edges: int = 0
     push_requests: int = 0
     push_splits: int = 0
+    push_bisections: int = 0  # halvings of batches refused naming no row (``_bisect``)
     push_row_errors: int = 0
     push_too_large: list[str] = field(default_factory=list)  # refused alone (413): still queued
     push_refused: list[str] = field(default_factory=list)  # row errors: still queued
@@ -326,7 +330,8 @@ class SyncEngine:
         status.drift_rejections = self.store.clock.drift_rejections
         status.egress_refusals = self.client.egress_refusals
         for key in ("pulled_nodes", "pulled_edges", "pushed_nodes", "pushed_edges",
-                    "requeued", "requests", "bytes_in", "bytes_out", "push_splits"):
+                    "requeued", "requests", "bytes_in", "bytes_out", "push_splits",
+                    "push_bisections"):
             status.totals[key] = status.totals.get(key, 0) + int(getattr(report, key))
         status.last_pass = report.as_dict()
 
@@ -571,8 +576,9 @@ class SyncEngine:
         edge_entries = [e for e, _ in batch if e[0] == "edge"]
         refused: set[tuple[str, int]] = set()
         if result.errors or result.row_errors:
-            if not result.row_errors:  # the plane's all-or-nothing: keep every entry
-                raise PlaneError(f"import reported errors: {'; '.join(result.errors)[:300]}")
+            if not result.row_errors:  # the plane's all-or-nothing, naming no row
+                await self._bisect(batch, result.errors, report)
+                return
             sizes = {"node": len(node_entries), "edge": len(edge_entries)}
             stray = [r for r in result.row_errors if not 0 <= r.index < sizes.get(r.kind, 0)]
             if stray:  # which rows the plane refused is unknown: keep every entry
@@ -595,6 +601,28 @@ class SyncEngine:
             report.push_refused += [_label(e) for i, e in enumerate(edge_entries)
                                     if ("edge", i) in refused]
             report.push_refusal = report.push_refusal or said[0][:200]
+
+    async def _bisect(self, batch: list[tuple[tuple[str, str, int], bytes]], errors: list[str],
+                      report: PassReport) -> None:
+        """The plane refused ``batch`` naming no row (its import is all-or-nothing per table):
+        nothing of it is acknowledged, and its halves are sent apart until the refused rows
+        are alone. Only they stay queued (tried again next pass, named in the report and in
+        status); the rest goes in this pass. Import is idempotent, so a half the plane had
+        partly written (its other table) is safely sent again. At most ``BISECT_SPLITS`` splits
+        a pass (one bad row in 500 takes 9): a plane that refuses everything fails the pass
+        with what it said, the rest still queued."""
+        said = "; ".join(errors)[:300]
+        if len(batch) == 1:
+            report.push_refused.append(_label(batch[0][0]))
+            report.push_refusal = report.push_refusal or said[:200]
+            return
+        if report.push_bisections >= BISECT_SPLITS:
+            raise PlaneError(f"import reported errors naming no row, and {BISECT_SPLITS} smaller "
+                             f"batches did not single out the refused rows: {said}")
+        report.push_bisections += 1
+        half = len(batch) // 2
+        await self._send(batch[:half], report)
+        await self._send(batch[half:], report)
 
     # ------------------------------------------------------------------ anti-entropy
 

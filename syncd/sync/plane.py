@@ -31,6 +31,7 @@ Rules:
 from __future__ import annotations
 
 import email.utils
+import io
 import logging
 import os
 import re
@@ -261,7 +262,9 @@ class PlaneClient:
         self.requests += 1
         proxy = self.proxy
         try:
-            async with session.request(method, self.url + path, params=params, data=body,
+            # a body as a stream: aiohttp writes raw bytes over 1 MiB in one piece (and warns)
+            stream = None if body is None else io.BytesIO(body)
+            async with session.request(method, self.url + path, params=params, data=stream,
                                        headers=headers, timeout=self._timeout
                                        if body is None else self._send_timeout,
                                        proxy=None if proxy is None else proxy.url,

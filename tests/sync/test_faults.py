@@ -519,9 +519,11 @@ async def fake_plane() -> AsyncIterator[Callable[..., Awaitable[FakePlane]]]:
             await runner.cleanup()
 
 
-async def test_200_with_errors_keeps_every_entry(
+async def test_200_with_errors_naming_no_row_acks_nothing_it_covers(
         fake_plane: Callable[..., Awaitable[FakePlane]], laptop: Opener) -> None:
-    """R21: a 200 whose ``errors`` is not empty (the plane's all-or-nothing) acks nothing."""
+    """R21: a 200 whose ``errors`` is not empty (the plane's all-or-nothing) acks nothing of
+    its batch. The halves are tried apart to single out the refused rows; a plane refusing
+    every row refuses each alone, and all stay queued (tried again next pass)."""
     plane = await fake_plane(lambda body: {"applied_nodes": 0, "applied_edges": 0,
                                            "errors": ["nodes: boom"]})
     a = await laptop("a", plane.url, "token")
@@ -532,10 +534,13 @@ async def test_200_with_errors_keeps_every_entry(
     report = await a.sync()
     assert not report.ok and "boom" in (report.error or ""), report
     assert report.pushed_nodes == 0 and report.pushed_edges == 0
-    assert len(plane.bodies) == 1
+    assert len(report.push_refused) == 4 and report.push_bisections == 3, report
+    assert len(plane.bodies) == 1 + 2 + 4  # the batch, its halves, each row
+    assert sorted(len(b["memory_nodes"]) + len(b["memory_edges"]) for b in plane.bodies) == [
+        1, 1, 1, 1, 2, 2, 4]
     assert await outbox_keys(a.store) == queued and len(queued) == 4
     report = await a.sync()  # still refused: still queued, pushed again
-    assert not report.ok and len(plane.bodies) == 2
+    assert not report.ok and len(plane.bodies) == 14
     assert await outbox_keys(a.store) == queued
 
 

@@ -27,6 +27,8 @@ class KymaLike:
     def __init__(self) -> None:
         self.nodes: list[dict[str, Any]] = []
         self.edges: list[dict[str, Any]] = []
+        self.max_content: int | None = None  # a limit it refuses the whole import over
+        self.imports = 0
 
     def latest(self, since: str = "") -> list[dict[str, Any]]:
         best: dict[str, dict[str, Any]] = {}
@@ -38,7 +40,12 @@ class KymaLike:
 
     async def import_(self, request: web.Request) -> web.Response:
         body = json.loads(await request.read())
+        self.imports += 1
         nodes = body.get("memory_nodes", [])
+        limit = self.max_content
+        if limit is not None and any(len(n.get("content") or "") > limit for n in nodes):
+            return web.json_response({"applied_nodes": 0, "applied_edges": 0,  # names no row
+                                      "errors": [f"nodes: content exceeds {limit} characters"]})
         if any(len(n.get("embedding") or []) != 384 for n in nodes):
             return web.json_response({"applied_nodes": 0, "applied_edges": 0,
                                       "errors": ["nodes: expected array of 384 floats"]})
@@ -133,5 +140,39 @@ async def test_an_edge_the_plane_holds_several_rows_of_is_compared_by_its_latest
             report = await a.sync()
             assert report.ok and report.anti_entropy and report.requeued == 0, report
         assert len(plane.edges) == rows
+    finally:
+        await a.close()
+
+
+async def test_one_row_the_plane_refuses_naming_none_waits_alone(
+        kyma: tuple[KymaLike, str], tmp_path: Path) -> None:
+    """The plane's import is all-or-nothing per table and names no row: one row it refuses
+    (here, content over its limit) held back the whole batch of 500, pass after pass. Now the
+    batch is halved until the row is alone: the 499 others are pushed in the same pass, and
+    only that row waits, named in the pass report and in status."""
+    plane, url = kyma
+    plane.max_content = 10_000
+    a = await start_laptop("a", tmp_path / "a", url, "token", push_batch_bytes=64 << 20)
+    try:
+        saved = await a.store.save_many([{"content": f"note {i} on the release train"}
+                                         for i in range(250)])
+        bad = (await a.store.save({"content": "a pasted log " + "x" * 20_000}))["node_id"]
+        saved_after = await a.store.save_many([{"content": f"later note {i} on the train"}
+                                               for i in range(249)])
+        report = await a.sync()
+        assert report.pushed_nodes == 499 and report.push_refused == [f"node {bad}"], report
+        assert 0 < report.push_bisections <= 10 and not report.ok
+        assert bad in (report.error or "") and "exceeds 10000" in (report.error or "")
+        assert bad in (a.engine.status.last_error or "")
+        assert len({n["id"] for n in plane.nodes}) == 499
+        assert {f"memory:{i}" for i in (*saved["ids"], *saved_after["ids"])} == {
+            n["id"] for n in plane.nodes}
+        imports = plane.imports
+        report = await a.sync()  # the next pass tries that row alone, once
+        assert plane.imports == imports + 1 and report.push_refused == [f"node {bad}"], report
+        plane.max_content = None  # the plane's limit is lifted: the row goes
+        report = await a.sync()
+        assert report.ok and report.pushed_nodes == 1, report
+        assert await a.store.outbox_depth() == 0
     finally:
         await a.close()

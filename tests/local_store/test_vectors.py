@@ -190,9 +190,9 @@ def test_cosines_come_from_the_snapshot_and_are_computed_for_moved_rows() -> Non
         assert got[mid] == pytest.approx(float(vectors[int(mid[-1])] @ query), abs=1e-6)
 
 
-def test_derived_values_are_remembered_until_the_vector_changes() -> None:
-    vectors = unit_vectors(3)
-    index = VectorIndex("m", 16)
+def test_derived_values_are_kept_until_the_vector_changes_or_moves() -> None:
+    vectors = unit_vectors(4)
+    index = VectorIndex("m", 16, capacity=2)  # it grows while values are kept
     for i, v in enumerate(vectors):
         index.upsert(f"memory:{i}", v)
     rows_seen: list[int] = []
@@ -201,12 +201,38 @@ def test_derived_values_are_remembered_until_the_vector_changes() -> None:
         rows_seen.append(len(matrix))
         return matrix[:, 0].copy()
 
-    assert index.derived(["memory:0", "memory:1"], first_element) == pytest.approx(
-        {"memory:0": float(vectors[0][0]), "memory:1": float(vectors[1][0])})
+    def expected(i: int, sign: float = 1.0) -> float:
+        return pytest.approx(sign * float(vectors[i][0]))
+
+    got = index.derived(["memory:0", "memory:1"], first_element)
+    assert got == {"memory:0": expected(0), "memory:1": expected(1)}
     assert index.derived(["memory:0", "memory:1", "memory:2"], first_element)["memory:2"] == (
-        pytest.approx(float(vectors[2][0])))
+        expected(2))
     assert rows_seen == [2, 1]  # the second call computed memory:2 only
     index.upsert("memory:0", -vectors[0])  # a new vector: computed again
-    assert index.derived(["memory:0"], first_element)["memory:0"] == pytest.approx(
-        -float(vectors[0][0]))
+    assert index.derived(["memory:0"], first_element)["memory:0"] == expected(0, -1.0)
     assert rows_seen == [2, 1, 1]
+    index.remove("memory:1")  # memory:3 moves into its row, without a value yet
+    assert index.derived(["memory:3", "memory:2"], first_element) == {
+        "memory:3": expected(3), "memory:2": expected(2)}
+    assert rows_seen == [2, 1, 1, 1]
+
+
+def test_fill_derived_computes_every_missing_value_a_block_at_a_time() -> None:
+    vectors = unit_vectors(10)
+    index = VectorIndex("m", 16)
+    index.apply([(f"memory:{i}", v) for i, v in enumerate(vectors)])
+    blocks: list[int] = []
+
+    def first_element(matrix: np.ndarray) -> np.ndarray:
+        blocks.append(len(matrix))
+        return matrix[:, 0].copy()
+
+    index.derived([f"memory:{i}" for i in range(4, 8)], first_element)  # rows 4-7 have one
+    assert index.fill_derived(first_element, chunk=4) == 6  # rows 0-3 and 8-9
+    assert blocks == [4, 4, 2]
+    assert index.fill_derived(first_element, chunk=4) == 0  # nothing left
+    got = index.derived([f"memory:{i}" for i in range(10)], first_element)
+    assert got == {f"memory:{i}": pytest.approx(float(vectors[i][0])) for i in range(10)}
+    assert blocks == [4, 4, 2]  # all read back, none computed
+    assert index.fill_derived(first_element, stop=lambda: True) == 0

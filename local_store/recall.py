@@ -8,12 +8,14 @@ Where ``syncd`` mode departs from ``plane`` mode (each is listed in the README):
   * keyword leg on FTS5/BM25 with quoted tokens (strict AND, relaxed to OR without stopwords
     when AND finds nothing), instead of substring counting;
   * semantic leg ranked by cosine alone (the plane mixes in importance), and candidates must
-    clear a relevance floor, so a nonsense query matches nothing;
+    clear a relevance floor; a keyword hit beyond the semantic leg's 50 still gets its cosine;
   * graph expansion dedupes edges by id, skips tombstones, orders edges deterministically, and
     applies the realm/status/validity filters to what it pulls in (the plane leaks archived,
     invalidated and other-realm memories through the graph);
   * superseded memories are penalised; one memory per ``dedupe_key``;
-  * when nothing matches, the most important recent memories come back marked ``fallback``.
+  * two tiers: every memory returned says whether it is ``confident`` (below), and
+    ``confident_only`` returns only those; when no candidate clears the floor, the most
+    important recent memories come back marked ``fallback``.
 
 ``plane`` mode departs from the plane in one way: its keyword leg counts a query's first
 ``PLANE_MAX_TOKENS`` distinct tokens, not all of them (a pasted log would take seconds).

@@ -125,11 +125,10 @@ def coverage(tokens: Sequence[str], text: str) -> float:
     return (len(words) - len(missing)) / len(words)
 
 
-def specific_share(tokens: Sequence[str], text: str, common: frozenset[str]) -> float:
-    """The share of the query's specific words — keyword words (``fts_words``) not in
-    ``common`` — that occur in ``text`` (as ``coverage`` compares them); 0 when it has none."""
-    specific = [t for t in fts_words(tokens, relaxed=False) if t not in common]
-    return coverage(specific, text) if specific else 0.0
+def specific_words(tokens: Sequence[str], common: frozenset[str]) -> list[str]:
+    """The query's specific words: its keyword words (``fts_words``) not in ``common``. The
+    share of them a text holds is ``coverage(specific_words(…), text)``."""
+    return [t for t in fts_words(tokens, relaxed=False) if t not in common]
 
 
 def fold(text: str) -> str:
@@ -235,7 +234,7 @@ def score_syncd(c: Candidate, w: Weights, recency_value: float, importance: floa
                 superseded: bool) -> float:
     """Relevance first, then small settings-weighted terms (module docstring). The keyword
     rank's RRF vote is weighted by ``c.kw_vote``: whole for a strict hit, and for a hit of the
-    relaxed (OR) query the share of the query's specific words it holds (``specific_share``).
+    relaxed (OR) query the share of the query's specific words it holds (``specific_words``).
     A partial match on common words ("version", "live", "team") is no evidence — as a whole
     vote it put such matches above the nearest memory of paraphrases, which share no word with
     their answer — while one that holds the name or identifier the query asks about is."""

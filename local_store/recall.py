@@ -43,12 +43,11 @@ from local_store.ranking import (
     coverage,
     dedupe_linked,
     fts_match,
-    fts_words,
     order,
     recency,
     score_plane,
     score_syncd,
-    specific_share,
+    specific_words,
     tokenize,
 )
 from local_store.reader import RowMemo
@@ -297,8 +296,7 @@ class Recall:
         returned)."""
         direct = [c for c in ranked if (c.vec_rank is not None or c.kw_rank is not None)
                   and not is_placeholder((c.row or {}).get("tags"))]
-        specific = strict_hit and any(word not in generic_words()
-                                      for word in fts_words(tokens, relaxed=False))
+        specific = strict_hit and bool(specific_words(tokens, generic_words()))
         confident = {c.id for c in direct if specific and c.kw_rank is not None}
         semantic = self._semantic if any(c.cosine is not None for c in direct) else None
         prompt_side = None if semantic is None else semantic.off_topic()
@@ -467,10 +465,11 @@ class Recall:
                 power = 2 if relaxed else 1
                 best = max(score for score, _ in rows) or 1.0
                 out: list[tuple[str, float, float, dict[str, Any] | None]] = []
+                specific = specific_words(tokens, generic_words()) if relaxed else []
                 for score, row in rows:
                     text = f"{row['title'] or ''} {row['content']} {row['tags']}"
                     raw = max(0.0, score) / best * coverage(tokens, text) ** power
-                    vote = specific_share(tokens, text, generic_words()) if relaxed else 1.0
+                    vote = 1.0 if not relaxed else coverage(specific, text) if specific else 0.0
                     out.append((row["id"], raw, vote, row))
                 return out, not relaxed
         return [], False

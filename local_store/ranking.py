@@ -6,9 +6,13 @@ Two scorers share the candidate pipeline (contract §6):
     ``w_rrf·rrf + w_semantic·sem + w_keyword·kw + w_graph·graph + w_importance·imp
     + w_recency·recency`` with 0-based ranks in ``1/(rrf_k + rank)``.
   * ``syncd`` (default): relevance first. ``rel = max(sem, kw) + 0.3·min(sem, kw)`` (raw cosine
-    and coverage-weighted, per-query-normalised BM25), then small settings-weighted terms for
-    graph, importance and recency, and a penalty for superseded memories — so recency and
-    importance can reorder close matches but never outrank relevance (PRIOR-ART "Recall").
+    and coverage-weighted, per-query-normalised BM25), plus the RRF votes, a graph term (links
+    of the best match only, ``recall._expand``) and a penalty for superseded memories; that sum
+    is then scaled by importance and recency, ``×(1 + 0.1·w_importance·imp + 0.1·w_recency·rec)``.
+    A prior re-weighs evidence and is not evidence itself: added as terms of their own, they
+    lifted weak matches over the nearest memory of paraphrased questions, whose cosines differ
+    by a few hundredths, while scaled they reorder close matches and never outrank relevance
+    (PRIOR-ART "Recall").
 """
 
 from __future__ import annotations
@@ -232,7 +236,7 @@ SYNCD_GRAPH_SCALE = 0.5
 
 def score_syncd(c: Candidate, w: Weights, recency_value: float, importance: float,
                 superseded: bool) -> float:
-    """Relevance first, then small settings-weighted terms (module docstring). The keyword
+    """Evidence scaled by the priors (module docstring). The keyword
     rank's RRF vote is weighted by ``c.kw_vote``: whole for a strict hit, and for a hit of the
     relaxed (OR) query the share of the query's specific words it holds (``specific_words``).
     A partial match on common words ("version", "live", "team") is no evidence — as a whole
@@ -247,9 +251,10 @@ def score_syncd(c: Candidate, w: Weights, recency_value: float, importance: floa
                "graph": c.graph_proximity, "importance": importance, "recency": recency_value,
                "penalty": penalty}
     graph = c.graph_proximity * c.seed_relevance
-    return (relevance + w.w_rrf * fused + SYNCD_GRAPH_SCALE * w.w_graph * graph
-            + SYNCD_IMPORTANCE_SCALE * w.w_importance * importance
-            + SYNCD_RECENCY_SCALE * w.w_recency * recency_value - penalty)
+    evidence = (relevance + w.w_rrf * fused + SYNCD_GRAPH_SCALE * w.w_graph * graph - penalty)
+    prior = (1.0 + SYNCD_IMPORTANCE_SCALE * w.w_importance * importance
+             + SYNCD_RECENCY_SCALE * w.w_recency * recency_value)
+    return evidence * prior if evidence > 0 else evidence
 
 
 def order(candidates: Iterable[Candidate]) -> list[Candidate]:

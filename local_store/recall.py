@@ -114,6 +114,7 @@ SEMANTIC_WAIT_S = 60.0
 SEED_N = 10
 EXPAND_CAP = 200
 MAX_HOPS = 2
+MAX_SUCCESSIONS = 8  # syncd: how far a chain of supersessions is followed into the answer
 FIRST_SAMPLE = 2  # semantic leg: look at 2×50 nearest first, then 8× more while filters drop
 OVERSAMPLE = 8   # (or, in plane mode, while a memory further out could still blend into the 50)
 RELEVANCE_WEIGHT = 0.7  # the plane's semantic leg ranks by 0.7·cos + 0.3·importance
@@ -266,6 +267,7 @@ class Recall:
         self._hydrate(cands, filters, mode)
         if mode == "syncd":
             cands = {k: c for k, c in cands.items() if _relevance(c) >= CANDIDATE_FLOOR}
+            self._add_successors(cands, filters)
         linked: list[Linked] = []
         if hops >= 1 and cands:
             linked = self._expand(cands, filters, hops, limit, mode)
@@ -541,10 +543,33 @@ class Recall:
             for r in rows:
                 cands[r[0]].row = dict(zip(ROW_COLUMNS, r, strict=True))
 
+    def _add_successors(self, cands: dict[str, Candidate], filters: Filters) -> None:
+        """syncd: the memory that superseded a candidate joins the answer when the filters let
+        it (a chain: each in turn), with its own cosine, so ``_successors_first`` can put what
+        is true now before what a question matched in the past."""
+        for _ in range(MAX_SUCCESSIONS):
+            wanted = {s for c in cands.values()
+                      if (s := (c.row or {}).get("superseded_by")) and s not in cands
+                      and _superseded(c.row or {}, filters.as_of)}
+            if not wanted:
+                return
+            found = {mid: Candidate(mid) for mid in wanted}
+            self._hydrate(found, filters, "syncd", graph=True)
+            found = {mid: c for mid, c in found.items() if c.row is not None}
+            if not found:
+                return
+            semantic = self._semantic
+            if semantic is not None:
+                for mid, cosine in semantic.cosines(list(found)).items():
+                    found[mid].cosine = cosine
+            cands.update(found)
+
     def _expand(self, cands: dict[str, Candidate], filters: Filters, hops: int,
                       limit: int, mode: Mode) -> list[Linked]:
         seeds = sorted(cands.values(), key=lambda c: (c.best_rank, c.id))[:SEED_N]
         frontier = {c.id: c.id for c in seeds}  # node → the seed it came from
+        # syncd: memories count as linked to the best match only (``_best_match``).
+        best = _best_match(seeds) if mode == "syncd" else None
         seen_edges: set[str] = set()
         linked: list[Linked] = []
         added: dict[str, Candidate] = {}
@@ -572,6 +597,8 @@ class Recall:
                     if near not in frontier:
                         continue
                     if far.startswith("memory:"):
+                        if best is not None and frontier[near] != best:
+                            continue
                         seed_rel = _relevance(cands[frontier[near]])
                         proximity = 1.0 / (1 + depth)
                         if mode == "syncd" and far in cands and far != frontier[near]:
@@ -620,7 +647,7 @@ class Recall:
                 c.score = c.kw_raw or 0.0
             out.append(c)
         ranked = order(out)
-        return _one_per_key(ranked) if mode == "syncd" else ranked
+        return _successors_first(_one_per_key(ranked), as_of) if mode == "syncd" else ranked
 
     def _fallback(self, filters: Filters, limit: int) -> list[Candidate]:
         """The most important recent memories, one per ``dedupe_key`` like every syncd answer:
@@ -668,6 +695,42 @@ def _one_per_key(ranked: list[Candidate]) -> list[Candidate]:
             keys.add(key)
         kept.append(c)
     return kept
+
+
+def _best_match(seeds: Sequence[Candidate]) -> str:
+    """syncd: the seed with the highest relevance (ties by best rank, then id), the only one
+    whose links count. A memory linked to the memory that best answers the query is likely
+    about the same thing (its pitfall, its follow-up decision); one linked to the fifth-best
+    match is a guess about a guess, and as a graph term of its own it lifted the neighbours of
+    weak matches over the nearest memory of paraphrased questions. A placeholder (a name an
+    edge mentioned before it was noted) answers nothing itself, so it is the best match only
+    when every seed is one."""
+    real = [c for c in seeds if not is_placeholder((c.row or {}).get("tags"))]
+    return min(real or seeds, key=lambda c: (-_relevance(c), c.best_rank, c.id)).id
+
+
+def _successors_first(ranked: list[Candidate], as_of: str | None) -> list[Candidate]:
+    """syncd: a superseded memory never ranks above the memory that superseded it when both
+    are in the answer — the newer one says what is true now of what the older one said (a
+    question that still matches the old wording best is asked of today). The successor moves
+    up to just before it, and takes its score, so scores still read best first; chains of
+    supersessions settle in as many passes as they are long."""
+    ranked = list(ranked)
+    for _ in range(len(ranked)):
+        where = {c.id: i for i, c in enumerate(ranked)}
+        moved = False
+        for i, c in enumerate(ranked):
+            row = c.row or {}
+            successor = row.get("superseded_by")
+            if successor in where and where[successor] > i and _superseded(row, as_of):
+                newer = ranked.pop(where[successor])
+                newer.score = max(newer.score, c.score)
+                ranked.insert(i, newer)
+                moved = True
+                break
+        if not moved:
+            break
+    return ranked
 
 
 def _superseded(row: dict[str, Any], as_of: str | None) -> bool:

@@ -42,8 +42,9 @@ def wire_nodes(rows: Iterable[Row], vectors: Mapping[str, list[float]],
                dim: int | None) -> list[NodeRow]:
     """Rows as wire rows, each with its vector in ``vectors``. With ``dim``, the width of the
     vectors' model, a row with no vector or one of another width carries ``dim`` zeros instead
-    — the plane's "no vector" (it skips a zero vector in its semantic leg, and
-    ``apply.vector_from_wire`` reads zeros as none), never a vector the plane would refuse.
+    — a syncd hub's "no vector" (``apply.vector_from_wire`` reads zeros as none), never a
+    vector the plane would refuse. A Kyma plane ranks zeros first, so the sync engine sends
+    such a row there only with a vector of its model (``SyncEngine._plane_vectors``).
     ``dim`` None (a model whose width is not known here): rows without a vector carry none."""
     if dim is None:
         return [wire_node(row, vectors.get(row["id"])) for row in rows]

@@ -311,7 +311,25 @@ def _sync_factory(config: Any) -> Any:
                           anti_entropy_secs=sync.anti_entropy_secs)
     return lambda store: SyncRunner.create(store, url=plane.url, token=token, options=options,
                                            interval=sync.interval_secs, jitter=sync.jitter,
-                                           token_file=plane.token_file, proxy=plane.proxy)
+                                           token_file=plane.token_file, proxy=plane.proxy,
+                                           plane_embedder=_plane_embedder(config))
+
+
+def _plane_embedder(config: Any) -> Any:
+    """What builds an embedder of the plane's model, for memories a Kyma plane would otherwise
+    get without a vector it can rank (``SyncEngine._plane_vectors``): bge-small-en-v1.5 from
+    the files already under ``embedding.cache_dir`` (never downloaded). None for another model."""
+    from local_store.embed_minilm import BGE_MODEL_ID, EmbedderUnavailable, FastEmbedBGE
+    if config.control_plane.embedding_model != BGE_MODEL_ID:
+        return None
+    cache_dir = config.embedding.cache_dir
+
+    def build() -> Any:
+        if cache_dir is None:
+            raise EmbedderUnavailable(f"{BGE_MODEL_ID} is unavailable: embedding.cache_dir is "
+                                      "not set (the directory that holds its files)")
+        return FastEmbedBGE(cache_dir, threads=config.embedding.threads)
+    return build
 
 
 def _entitlement_setup(config: Any) -> Any:

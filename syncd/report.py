@@ -84,6 +84,8 @@ def _sync_lines(sync: dict[str, Any]) -> list[str]:
         f"    {key:20} {_shown(sync.get(key))}" for key in (
             "last_success", "last_error", "cursor", "outbox", "clock_offset_ms",
             "consecutive_failures", "auth_blocked")] + [
+        f"    {'awaiting_vector':20} {waiting} memories wait for a vector of the plane's model "
+        f"(see last_error)" for waiting in [sync.get("awaiting_vector")] if waiting] + [
         f"    {key:20} {', '.join(rows)}" for key in ("skipped_rows", "too_large_rows")
         if (rows := sync.get(key))] + [
         f"    {'clock_refused':20} {refused}"

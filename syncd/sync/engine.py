@@ -65,6 +65,7 @@ from typing import Any
 import msgspec
 
 from local_store import Store
+from local_store.embed import Embedder
 from local_store.replica import (
     RESTORED_OUTBOX,
     Entry,
@@ -101,6 +102,7 @@ BACKOFF_CAP_SECS = 600.0
 LOG_EVERY_SECS = 60.0
 PLANE_DIM = 384
 RESYNC = "resync_pending"  # sync state: a reset was detected, anti-entropy has not finished
+NAMES_MODEL = "plane_names_model"  # sync state: "1" when the plane's settings name its model
 HELD_BACK = "held_back"  # error_kind of a pass that reached its end but left rows behind
 RESET_STATE: dict[str, str | None] = {"cursor": None, "plane_store_id": None, RESYNC: "1"}
 KEEP_ALL_NS = 2**62  # as ``keep_within_ns``: staging re-stamps nothing
@@ -140,6 +142,8 @@ class PassReport:
     push_refused: list[str] = field(default_factory=list)  # row errors: still queued
     push_refusal: str | None = None  # the plane's word on the first of them
     push_held: int = 0  # old queued versions kept back by a short pull: still queued
+    push_awaiting_vector: int = 0  # memories with no vector of the plane's model: still queued
+    push_vector_missing: str | None = None  # why none could be made (what to do)
     anti_entropy: bool = False
     requeued: int = 0
     reset: str | None = None
@@ -178,6 +182,7 @@ class SyncStatus:
     egress_refusals: int = 0
     skipped_rows: list[str] = field(default_factory=list)
     too_large_rows: list[str] = field(default_factory=list)  # as of the last pass that saw any
+    awaiting_vector: int = 0  # as of the last pass: memories held for a plane-model vector
     totals: dict[str, int] = field(default_factory=dict)
     last_pass: dict[str, Any] | None = None
 
@@ -185,10 +190,16 @@ class SyncStatus:
 class SyncEngine:
     def __init__(self, store: Store, client: PlaneClient, options: SyncOptions, *,
                  wall: Callable[[], int] = time.time_ns,
-                 gate: Callable[[], str | None] | None = None) -> None:
-        """``gate`` answers None while sync may run, else why not (the entitlement gate)."""
+                 gate: Callable[[], str | None] | None = None,
+                 plane_embedder: Callable[[], Embedder] | None = None) -> None:
+        """``gate`` answers None while sync may run, else why not (the entitlement gate).
+        ``plane_embedder`` builds an embedder of the plane's model (it raises, saying what is
+        missing, when it cannot): a memory the plane could rank and that has no vector of that
+        model is embedded with it before it is pushed, or held (``_plane_vectors``)."""
         self.store, self.client, self.options = store, client, options
         self.gate = gate
+        self._plane_embedder_factory = plane_embedder
+        self._plane_embedder: Embedder | None = None
         self.status = SyncStatus(url=client.url, realm=options.realm)
         self._flight = asyncio.Lock()
         self._wall = wall
@@ -247,7 +258,7 @@ class SyncEngine:
         before = (self.client.requests, self.client.bytes_in, self.client.bytes_out)
         try:
             state = await self.store.sync_state()
-            if "plane_model" not in state:
+            if "plane_model" not in state or NAMES_MODEL not in state:
                 state = await self._learn_plane_model()
             reset = await self._pull(report, state)
             if RESTORED_OUTBOX in await self.store.sync_state():
@@ -524,11 +535,15 @@ class SyncEngine:
         depth = await self.store.outbox_depth()
         if not depth:
             return False  # the idle pass: one count, no state read, no write
-        model = self._plane_model(await self.store.sync_state())
+        state = await self.store.sync_state()
+        model = self._plane_model(state)
         dim = self.store.embedder.dim if model == self.store.embedder.model_id else PLANE_DIM
+        # Zeros are "no vector" to a syncd hub (it names its model); Kyma ranks them first.
+        needs_vector = model != self.store.embedder.model_id and not state.get(NAMES_MODEL)
         keep = int(self.options.overlap_secs * 1e9) // 2
         hold = report.pull_stopped
         held: set[str] = set()
+        awaiting: set[str] = set()
         pushed = False
         for _ in range(depth // STAGE_ROWS + 2):
             entries, nodes, edges = await self.store.stage_push(
@@ -537,11 +552,14 @@ class SyncEngine:
             if not entries:
                 break
             rows = _rows(entries, nodes, edges)
+            if needs_vector:
+                rows, waiting = await self._plane_vectors(rows, model, report)
+                awaiting |= waiting
             if hold:
                 bound = restamp_bound(self.store.clock.physical_ns(), keep)
                 held |= {_label(e) for e, row in rows if needs_restamp(row.updated_at, bound)}
             # too large (refused alone) or refused row by row: tried once a pass
-            skip = held | set(report.push_too_large) | set(report.push_refused)
+            skip = held | awaiting | set(report.push_too_large) | set(report.push_refused)
             items = [(e, _encoder.encode(row)) for e, row in rows if _label(e) not in skip]
             for batch in _pack(items, self.options.push_batch_bytes):
                 await self._send(batch, report)
@@ -549,7 +567,59 @@ class SyncEngine:
             if len(entries) < STAGE_ROWS or not items:
                 break
         report.push_held = max(report.push_held, len(held))
+        report.push_awaiting_vector = max(report.push_awaiting_vector, len(awaiting))
+        self.status.awaiting_vector = report.push_awaiting_vector
         return pushed
+
+    async def _plane_vectors(self, rows: list[tuple[Entry, NodeRow | EdgeRow]], model: str,
+                             report: PassReport,
+                             ) -> tuple[list[tuple[Entry, NodeRow | EdgeRow]], set[str]]:
+        """A Kyma plane takes the vector a row carries as it is and ranks by it: a vector of
+        another model gets ranks it did not earn, and a zero vector (the "no vector" of a syncd
+        hub) has a NULL cosine, which its semantic leg sorts first. So a memory the plane's
+        recall can return (active, not invalidated) goes with a vector of the plane's model or
+        not yet: one staged without (zeros) is embedded with ``plane_embedder``, or, when there
+        is none, stays queued and is counted (``push_awaiting_vector``, with what to do in
+        ``push_vector_missing``). Archived, invalidated and deleted rows, which the plane's
+        recall never returns, go as they are."""
+        missing = [i for i, (entry, row) in enumerate(rows) if isinstance(row, NodeRow)
+                   and _rankable(row) and not any(row.embedding or ())]
+        if not missing:
+            return rows, set()
+        embedder, why = await self._plane_model_embedder(model)
+        if embedder is not None:
+            texts = [rows[i][1].content or "" for i in missing]  # type: ignore[union-attr]
+            try:
+                vectors = await asyncio.to_thread(embedder.embed, texts)
+            except Exception as exc:  # the model's files went missing, or it broke
+                why = f"{model} failed: {exc}"
+            else:
+                out = list(rows)
+                for i, vector in zip(missing, vectors, strict=True):
+                    entry, row = rows[i]
+                    out[i] = (entry, msgspec.structs.replace(
+                        row, embedding=[float(x) for x in vector]))
+                return out, set()
+        report.push_vector_missing = why
+        return rows, {_label(rows[i][0]) for i in missing}
+
+    async def _plane_model_embedder(self, model: str) -> tuple[Embedder | None, str]:
+        """An embedder of ``model`` (built once, off the loop: it looks for files), or None
+        and why not, with what to do."""
+        if self._plane_embedder is not None and self._plane_embedder.model_id == model:
+            return self._plane_embedder, ""
+        fix = (f"the plane ranks by {model}: give this laptop that model (embedding.model = "
+               f"\"{model}\", or its files under embedding.cache_dir; docs/plane-vectors.md)")
+        if self._plane_embedder_factory is None:
+            return None, fix
+        try:
+            embedder = await asyncio.to_thread(self._plane_embedder_factory)
+        except Exception as exc:  # EmbedderUnavailable names the package or files it lacks
+            return None, f"{fix}: {exc}"
+        if embedder.model_id != model:
+            return None, f"{fix}: this laptop has {embedder.model_id}"
+        self._plane_embedder = embedder
+        return embedder, ""
 
     async def _send(self, batch: list[tuple[tuple[str, str, int], bytes]],
                     report: PassReport) -> None:
@@ -636,7 +706,8 @@ class SyncEngine:
         self._admit()
         settings = await self.client.settings()
         model = settings.embedding_model or self.options.plane_model
-        await self.store.set_sync_state({"plane_model": model})
+        await self.store.set_sync_state({"plane_model": model,
+                                         NAMES_MODEL: "1" if settings.embedding_model else ""})
         return await self.store.sync_state()
 
     async def _anti_entropy(self, report: PassReport) -> None:
@@ -723,7 +794,16 @@ def _held_back(report: PassReport) -> str | None:
     if report.push_refused:
         reasons.append(f"the plane refused {len(report.push_refused)} queued rows, which stay "
                        f"queued: {', '.join(report.push_refused[:5])} ({report.push_refusal})")
+    if report.push_awaiting_vector:
+        reasons.append(f"{report.push_awaiting_vector} memories stay queued until they have a "
+                       f"vector of the plane's model: {report.push_vector_missing}")
     return "; ".join(reasons) or None
+
+
+def _rankable(row: NodeRow) -> bool:
+    """Whether the plane's recall can return the row (its filters: not archived, not
+    invalidated; a deleted row goes to Kyma as archived and invalidated)."""
+    return not row.deleted and row.status != "archived" and row.invalid_at is None
 
 
 def _rows(entries: list[Entry], nodes: list[NodeRow],

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from local_store import Store
+from local_store.embed import Embedder
 from syncd.sync.engine import HELD_BACK, RESYNC, PassReport, SyncEngine, SyncOptions
 from syncd.sync.plane import PlaneClient
 
@@ -70,10 +71,12 @@ class SyncRunner:
     @classmethod
     def create(cls, store: Store, *, url: str, token: str | None, options: SyncOptions,
                interval: float, jitter: float, timeout: float = 30.0,
-               token_file: Path | None = None, proxy: str | None = None) -> SyncRunner:
-        """``proxy``: ``control_plane.proxy`` (None: the environment's proxy variables)."""
+               token_file: Path | None = None, proxy: str | None = None,
+               plane_embedder: Callable[[], Embedder] | None = None) -> SyncRunner:
+        """``proxy``: ``control_plane.proxy`` (None: the environment's proxy variables);
+        ``plane_embedder``: builds an embedder of the plane's model (``SyncEngine``)."""
         plane = PlaneClient(url, token, timeout=timeout, proxy=proxy)
-        return cls(SyncEngine(store, plane, options),
+        return cls(SyncEngine(store, plane, options, plane_embedder=plane_embedder),
                    interval=interval, jitter=jitter, token_file=token_file)
 
     async def start(self) -> None:
@@ -158,4 +161,5 @@ class SyncRunner:
                 "drift_rejections": status.drift_rejections,
                 "egress_refusals": status.egress_refusals, "skipped_rows": status.skipped_rows,
                 "too_large_rows": status.too_large_rows,
+                "awaiting_vector": status.awaiting_vector,
                 "totals": status.totals, "last_pass": status.last_pass}

@@ -8,16 +8,22 @@ there instead of coming back to life."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from aiohttp import web
 
+from local_store import HashingEmbedder, Store
+from local_store.embed_minilm import EmbedderUnavailable, FastEmbedBGE
 from protocol.rows import EDGE_COLUMNS, NODE_EXPORT_COLUMNS
+from syncd.sync.engine import SyncEngine, SyncOptions
+from syncd.sync.plane import PlaneClient
 from tests.sync.harness import start_laptop, two_laptops
 
 
@@ -54,6 +60,26 @@ class KymaLike:
         self.edges += [{k: v for k, v in e.items() if k in EDGE_COLUMNS} for e in edges]
         return web.json_response({"applied_nodes": len(nodes), "applied_edges": len(edges),
                                   "errors": []})
+
+    def semantic_leg(self, query: list[float], limit: int = 50) -> list[str]:
+        """The ids the plane's semantic leg ranks first for a query vector, as its SQL does
+        (``recall_sql``): rows its recall can return (not archived, not invalidated), ordered
+        by ``0.7·(1 - distance) + 0.3·importance DESC`` with no NULL filter and no ``NULLS
+        LAST``. Its ``cosine()`` of a zero vector is NULL, and DataFusion, like PostgreSQL,
+        sorts NULL as the largest value: first under DESC."""
+        q = np.asarray(query, dtype=np.float64)
+
+        def key(row: dict[str, Any]) -> tuple[int, float]:
+            v = np.asarray(row.get("embedding") or [0.0] * len(q), dtype=np.float64)
+            norms = float(np.linalg.norm(v) * np.linalg.norm(q))
+            if norms == 0.0:
+                return (0, 0.0)  # NULL: before every number
+            blend = 0.7 * float(v @ q) / norms + 0.3 * float(row.get("importance") or 0.0)
+            return (1, -blend)
+
+        live = [r for r in self.latest() if r.get("status") != "archived"
+                and not r.get("invalid_at")]
+        return [r["id"] for r in sorted(live, key=key)[:limit]]
 
     async def changes(self, request: web.Request) -> web.Response:
         since = request.query.get("since", "").strip() or "1970-01-01T00:00:00Z"
@@ -176,3 +202,115 @@ async def test_one_row_the_plane_refuses_naming_none_waits_alone(
         assert await a.store.outbox_depth() == 0
     finally:
         await a.close()
+
+
+PLANE_MODEL = "plane-model-384"  # the plane's embedder; the laptops embed with hashing-384
+
+
+def plane_embedder() -> HashingEmbedder:
+    return HashingEmbedder(model_id=PLANE_MODEL)
+
+
+async def laptop_on_another_model(data_dir: Path, url: str,
+                                  factory: Any = None) -> tuple[Store, SyncEngine]:
+    store = await Store.open(data_dir, embedder=HashingEmbedder())
+    engine = SyncEngine(store, PlaneClient(url, "token"), SyncOptions(plane_model=PLANE_MODEL),
+                        plane_embedder=factory)
+    await engine.start()
+    return store, engine
+
+
+def query_vector(text: str) -> list[float]:
+    return [float(x) for x in plane_embedder().embed([text])[0]]
+
+
+async def test_the_fake_plane_ranks_a_zero_vector_first_as_kyma_does(
+        kyma: tuple[KymaLike, str]) -> None:
+    """Why no zero vector may reach it: whatever the query, a row without a vector takes the
+    top of the plane's semantic leg."""
+    plane, _ = kyma
+    vec = query_vector("rotate the signing keys every quarter")
+    plane.nodes += [
+        {"id": "memory:earned", "content": "rotate the signing keys every quarter",
+         "embedding": vec, "importance": 0.5, "status": "active", "updated_at": "1"},
+        {"id": "memory:zeros", "content": "lunch is at noon", "embedding": [0.0] * 384,
+         "importance": 0.1, "status": "active", "updated_at": "1"}]
+    assert plane.semantic_leg(vec) == ["memory:zeros", "memory:earned"]
+
+
+async def test_memories_wait_for_a_plane_model_vector_and_never_take_unearned_ranks(
+        kyma: tuple[KymaLike, str], tmp_path: Path) -> None:
+    """Local model != the plane's, and no embedder of the plane's model here: a memory the
+    plane could rank stays queued, counted and explained in the report and in status, instead
+    of going with zeros (the top of every query on the plane) or a local-model vector (ranks
+    by chance); an archived one, which the plane's recall never returns, goes."""
+    plane, url = kyma
+    plane.nodes.append({"id": "memory:theirs", "content": "the staging cluster is eu-west-1",
+                        "embedding": query_vector("the staging cluster is eu-west-1"),
+                        "importance": 0.5, "status": "active", "updated_at": "1"})
+    store, engine = await laptop_on_another_model(tmp_path / "a", url)
+    try:
+        mine = [(await store.save({"content": f"local note {i} about lunch"}))["node_id"]
+                for i in range(3)]
+        gone = (await store.save({"content": "an old note"}))["node_id"]
+        await store.update_status(gone, "archived")
+        report = await engine.run_pass("manual")
+        assert not report.ok and report.error_kind == "held_back", report
+        assert report.push_awaiting_vector == 3 and report.pushed_nodes == 1, report
+        assert PLANE_MODEL in (report.error or "") and "embedding.model" in (report.error or "")
+        assert engine.status.awaiting_vector == 3
+        assert {n["id"] for n in plane.nodes} == {"memory:theirs", gone}
+        assert await store.outbox_depth() == 3
+        for text in ("local note about lunch", "staging cluster", "anything at all"):
+            assert plane.semantic_leg(query_vector(text))[0] == "memory:theirs"
+        assert not set(mine) & {n["id"] for n in plane.nodes}
+    finally:
+        await engine.close()
+        await store.close()
+
+
+async def test_a_laptop_with_the_plane_model_pushes_vectors_the_plane_ranks_by_merit(
+        kyma: tuple[KymaLike, str], tmp_path: Path) -> None:
+    plane, url = kyma
+    store, engine = await laptop_on_another_model(tmp_path / "a", url, plane_embedder)
+    try:
+        texts = ["rotate the signing keys every quarter", "lunch is at noon on fridays",
+                 "the billing database is postgres fifteen"]
+        ids = [(await store.save({"content": t}))["node_id"] for t in texts]
+        report = await engine.run_pass("manual")
+        assert report.ok and report.pushed_nodes == 3 and not report.push_awaiting_vector
+        by_id = {n["id"]: n for n in plane.nodes}
+        for mid, text in zip(ids, texts, strict=True):
+            assert by_id[mid]["embedding"] == pytest.approx(query_vector(text), abs=1e-6)
+        for mid, text in zip(ids, texts, strict=True):
+            assert plane.semantic_leg(query_vector(text))[0] == mid
+        # the laptop still ranks with its own model's vectors
+        assert (await store.recall({"query": texts[2]})).memories[0].id == ids[2]
+    finally:
+        await engine.close()
+        await store.close()
+
+
+async def test_missing_plane_model_files_hold_the_rows_with_an_error_that_names_them(
+        kyma: tuple[KymaLike, str], tmp_path: Path) -> None:
+    """bge-small through fastembed, its files absent (syncd never downloads): a clear error,
+    and the rule's fallback — the rows wait."""
+    plane, url = kyma
+    empty = tmp_path / "models"
+    empty.mkdir()
+    with pytest.raises(EmbedderUnavailable, match=r"model_optimized\.onnx"):
+        await asyncio.to_thread(FastEmbedBGE, empty)
+    store = await Store.open(tmp_path / "a", embedder=HashingEmbedder())
+    engine = SyncEngine(store, PlaneClient(url, "token"),
+                        SyncOptions(plane_model="bge-small-en-v1.5"),
+                        plane_embedder=lambda: FastEmbedBGE(empty))
+    await engine.start()
+    try:
+        await store.save({"content": "a note for the plane"})
+        report = await engine.run_pass("manual")
+        assert report.push_awaiting_vector == 1 and not plane.nodes
+        assert "bge-small-en-v1.5 is unavailable" in (report.error or "")
+        assert str(empty) in (report.error or "")
+    finally:
+        await engine.close()
+        await store.close()

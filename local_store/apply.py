@@ -32,6 +32,7 @@ from concurrent.futures import Executor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -52,7 +53,7 @@ from local_store.redact import (
     strip_private,
     strip_private_json_text,
 )
-from local_store.writes import Row, Vector, Writer
+from local_store.writes import Row, Vector, Writer, chunks, marks
 from protocol.rows import EdgeRow, NodeRow, edge_id
 from protocol.timestamp import format_ns
 
@@ -350,9 +351,10 @@ def _props_say_deleted(props: str | None) -> bool:
 
 def apply_batch(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow],
                 model: str, hasher: Executor | None = None, *,
-                dim: int | None = None) -> ApplyResult:
+                dim: int | None = None, kept: tuple[str, ...] = ()) -> ApplyResult:
     """Run inside the writer's transaction. Nodes first, then edges (endpoints may be absent).
-    ``dim``: the width ``model``'s vectors must have, when known (``check_width``).
+    ``dim``: the width ``model``'s vectors must have, when known (``check_width``). ``kept``:
+    node columns the sender never returns (``held_columns``).
 
     ``hasher``, a thread of its own, hashes the wire rows while this thread looks up their
     stored keys: that lookup is one SQLite statement, which runs without the GIL (a 10k-row
@@ -369,7 +371,34 @@ def apply_batch(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow],
     each pulled row's 384-float embedding list included (~65 ms per 10k rows). Paused for the
     batch, fresh applies ran at 14.3k against 12.9k rows/s (9 alternated pairs)."""
     with gc_paused(len(nodes) + len(edges) >= HELPER_FROM):
+        if kept:
+            nodes = held_columns(writer, nodes, kept)
         return _apply_batch(writer, nodes, edges, model, hasher, dim)
+
+
+def held_columns(writer: Writer, nodes: list[NodeRow], columns: tuple[str, ...]) -> list[NodeRow]:
+    """Rows from a sender that never returns ``columns`` (a Kyma plane's ``changes`` and
+    ``export`` select a fixed list without ``space``, ``memory_class``, ``writer_agent_id``):
+    there a missing value says nothing, so where a row has none, the value this store holds
+    for its id stays. Without it, a pulled version of a ``private:<agent>`` memory made it
+    visible to every agent. None of these columns is hashed (``merge.NODE_HASHED``): an echo of
+    a row this store holds is still recognised as held."""
+    wanted = [w.id.strip() for w in nodes if isinstance(w.id, str)
+              and any(getattr(w, c) is None for c in columns)]
+    if not wanted:
+        return nodes
+    held: dict[str, tuple[object, ...]] = {}
+    for chunk in chunks(wanted):
+        for r in writer.conn.execute(f"SELECT id, {', '.join(columns)} FROM memories "
+                                     f"WHERE id IN ({marks(chunk)})", chunk):
+            held[r[0]] = tuple(r[1:])
+    out = []
+    for w in nodes:
+        values = held.get(w.id.strip()) if isinstance(w.id, str) else None
+        fill = {c: v for c, v in zip(columns, values or (), strict=False)
+                if v is not None and getattr(w, c) is None}
+        out.append(msgspec.structs.replace(w, **fill) if fill else w)
+    return out
 
 
 @contextmanager

@@ -59,11 +59,12 @@ class Staged:
 
 def pull(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow], model: str,
          state: Mapping[str, str | None], until: str | None,
-         dim: int | None = None) -> ApplyResult:
+         dim: int | None = None, kept: tuple[str, ...] = ()) -> ApplyResult:
     """Apply a pulled batch, run the HLC receive rule on ``until`` too, and store ``state`` —
     without its ``cursor`` when a row could not be applied (R5: the cursor never passes it).
-    ``dim``: the width ``model``'s vectors must have, when known (``apply.check_width``)."""
-    result = apply_batch(writer, nodes, edges, model, dim=dim)
+    ``dim``: the width ``model``'s vectors must have, when known (``apply.check_width``);
+    ``kept``: columns the plane never returns (``apply.held_columns``)."""
+    result = apply_batch(writer, nodes, edges, model, dim=dim, kept=kept)
     if until:
         with contextlib.suppress(ValueError):
             writer.clock.receive(until)

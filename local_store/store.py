@@ -513,14 +513,15 @@ class Store:
     # ------------------------------------------------------------------ replication
 
     async def apply(self, nodes: Sequence[NodeRow], edges: Sequence[EdgeRow], *,
-                    model: str) -> ApplyResult:
+                    model: str, kept: tuple[str, ...] = ()) -> ApplyResult:
         """Apply remote rows (LWW, idempotent); ``model`` names the embedder of their vectors.
         Vectors of this store's own model must be of its width (a row with another is refused,
-        naming ``embedding``); another model's keep theirs."""
+        naming ``embedding``); another model's keep theirs. ``kept``: node columns the sender
+        never returns, whose held values a row without them keeps (``apply.held_columns``)."""
         node_list, edge_list = list(nodes), list(edges)
         dim = _width(self.embedder, model)
         result = await self._write(lambda w: apply_batch(w, node_list, edge_list, model,
-                                                            self._hash_pool, dim=dim),
+                                                            self._hash_pool, dim=dim, kept=kept),
                                    foreign_keys=False)
         if result.applied_nodes:  # rows of another model, or without a vector, need one
             self._owe_vectors()
@@ -639,13 +640,15 @@ class Store:
         return await self._write(run)
 
     async def pull(self, nodes: Sequence[NodeRow], edges: Sequence[EdgeRow], *, model: str,
-                   state: Mapping[str, str | None], until: str | None = None) -> ApplyResult:
+                   state: Mapping[str, str | None], until: str | None = None,
+                   kept: tuple[str, ...] = ()) -> ApplyResult:
         """Apply a pulled batch, let the HLC receive ``until``, and store ``state`` (the new
-        cursor) — all in one transaction."""
+        cursor) — all in one transaction. ``kept`` as for ``apply``."""
         node_list, edge_list = list(nodes), list(edges)
         dim = _width(self.embedder, model)
         return await self._write(
-            lambda w: replica.pull(w, node_list, edge_list, model, state, until, dim=dim),
+            lambda w: replica.pull(w, node_list, edge_list, model, state, until, dim=dim,
+                                   kept=kept),
             foreign_keys=False)
 
     async def correct_clock(self, offset_ns: int) -> bool:
@@ -668,7 +671,8 @@ class Store:
         """Stage up to ``limit`` queued items (re-stamping those older than ``keep_within_ns``)
         and return them as wire rows. Each node carries
         its ``model`` vector, or zeros when there is none or it is not ``dim`` wide (the plane
-        requires a vector of its width and skips a zero one in its semantic leg)."""
+        requires a vector of its width; a syncd hub reads zeros as none, and the sync engine
+        sends a Kyma plane no zeros it could rank: ``SyncEngine._plane_vectors``)."""
         def run(w: Writer) -> tuple[replica.Staged, list[tuple[str, bytes]]]:
             # The vectors are read in the staging transaction: read after it, a save landing
             # in between could pair a staged row with its next version's vector.

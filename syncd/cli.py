@@ -307,6 +307,7 @@ def _sync_factory(config: Any) -> Any:
     except SyncSetupError as exc:
         raise StartupError(str(exc), EXIT_CONFIG) from None
     options = SyncOptions(realm=plane.realm, plane_model=plane.embedding_model,
+                          private_memories=plane.private_memories,
                           overlap_secs=sync.overlap_secs, push_batch_bytes=sync.push_batch_bytes,
                           anti_entropy_secs=sync.anti_entropy_secs)
     return lambda store: SyncRunner.create(store, url=plane.url, token=token, options=options,

@@ -38,6 +38,7 @@ from syncd.hub.dsn import check_store
 LogLevel = Literal["debug", "info", "warning", "error"]
 EmbeddingModel = Literal["all-MiniLM-L6-v2", "hashing", "bge-small-en-v1.5"]
 HubCursor = Literal["ingest", "origin"]
+PrivateMemories = Literal["auto", "push", "local"]
 
 APP_NAME = "syncd"
 CONFIG_FILE_NAME = "config.toml"
@@ -400,6 +401,10 @@ class ControlPlaneConfig(_Section, kw_only=True, forbid_unknown_fields=True, fro
     # The HTTP proxy to reach the plane through; wins over HTTPS_PROXY/HTTP_PROXY/NO_PROXY.
     # Unset: those variables decide (syncd.sync.proxy), as they do for curl and pip.
     proxy: str | None = None
+    # Whether `private:<agent>` memories go to the plane: "auto" only to one that returns a
+    # memory's space (a syncd hub; Kyma's changes and export drop it, so other laptops would get
+    # them public), "push" always, "local" never (docs/plane-vectors.md has its neighbour rule).
+    private_memories: PrivateMemories = "auto"
 
     def __post_init__(self) -> None:
         if self.url is not None:

@@ -73,7 +73,7 @@ from local_store.replica import (
     remote_versions,
     restamp_bound,
 )
-from protocol.rows import ChangesResponse, EdgeRow, NodeRow
+from protocol.rows import NODE_LATE_COLUMNS, ChangesResponse, EdgeRow, NodeRow
 from protocol.timestamp import format_ns, parse_ns
 from syncd.sync.plane import (
     AuthFailed,
@@ -102,6 +102,7 @@ BACKOFF_CAP_SECS = 600.0
 LOG_EVERY_SECS = 60.0
 PLANE_DIM = 384
 RESYNC = "resync_pending"  # sync state: a reset was detected, anti-entropy has not finished
+PRIVATE_PREFIX = "private:"
 NAMES_MODEL = "plane_names_model"  # sync state: "1" when the plane's settings name its model
 HELD_BACK = "held_back"  # error_kind of a pass that reached its end but left rows behind
 RESET_STATE: dict[str, str | None] = {"cursor": None, "plane_store_id": None, RESYNC: "1"}
@@ -117,6 +118,7 @@ class _Closed(Exception):
 class SyncOptions:
     realm: str | None = None
     plane_model: str = "bge-small-en-v1.5"
+    private_memories: str = "auto"  # "auto", "push" or "local" (``_keeps_private``)
     overlap_secs: float = 120.0
     push_batch_bytes: int = 3 * 1024 * 1024 // 2
     anti_entropy_secs: float = 3600.0
@@ -142,6 +144,7 @@ class PassReport:
     push_refused: list[str] = field(default_factory=list)  # row errors: still queued
     push_refusal: str | None = None  # the plane's word on the first of them
     push_held: int = 0  # old queued versions kept back by a short pull: still queued
+    push_kept_private: int = 0  # private memories a plane that drops space never gets
     push_awaiting_vector: int = 0  # memories with no vector of the plane's model: still queued
     push_vector_missing: str | None = None  # why none could be made (what to do)
     anti_entropy: bool = False
@@ -425,7 +428,7 @@ class SyncEngine:
             del new_state["cursor"]
         result = await self.store.pull(page.memory_nodes, page.memory_edges,
                                        model=self._plane_model(state), state=new_state,
-                                       until=page.until)
+                                       until=page.until, kept=_kept(state))
         report.pulled_nodes += result.applied_nodes
         report.pulled_edges += result.applied_edges
         report.future_rows += len(result.beyond_drift)
@@ -540,6 +543,7 @@ class SyncEngine:
         dim = self.store.embedder.dim if model == self.store.embedder.model_id else PLANE_DIM
         # Zeros are "no vector" to a syncd hub (it names its model); Kyma ranks them first.
         needs_vector = model != self.store.embedder.model_id and not state.get(NAMES_MODEL)
+        local_only = not _keeps_private(self.options.private_memories, state)
         keep = int(self.options.overlap_secs * 1e9) // 2
         hold = report.pull_stopped
         held: set[str] = set()
@@ -552,6 +556,8 @@ class SyncEngine:
             if not entries:
                 break
             rows = _rows(entries, nodes, edges)
+            if local_only:
+                rows = await self._keep_private_local(rows, report)
             if needs_vector:
                 rows, waiting = await self._plane_vectors(rows, model, report)
                 awaiting |= waiting
@@ -570,6 +576,21 @@ class SyncEngine:
         report.push_awaiting_vector = max(report.push_awaiting_vector, len(awaiting))
         self.status.awaiting_vector = report.push_awaiting_vector
         return pushed
+
+    async def _keep_private_local(self, rows: list[tuple[Entry, NodeRow | EdgeRow]],
+                                  report: PassReport) -> list[tuple[Entry, NodeRow | EdgeRow]]:
+        """A plane that cannot keep a memory's ``space`` serves it back to every laptop with
+        none, visible to every agent there: a ``private:<agent>`` memory stays on this laptop
+        (its outbox entry is done with, counted in ``push_kept_private``). Its tombstone still
+        goes, content scrubbed: the plane may hold an older, public version."""
+        private = [(entry, row) for entry, row in rows if isinstance(row, NodeRow)
+                   and not row.deleted and (row.space or "").startswith(PRIVATE_PREFIX)]
+        if not private:
+            return rows
+        await self.store.ack_push([entry for entry, _ in private])
+        report.push_kept_private += len(private)
+        local = {id(entry) for entry, _ in private}
+        return [(entry, row) for entry, row in rows if id(entry) not in local]
 
     async def _plane_vectors(self, rows: list[tuple[Entry, NodeRow | EdgeRow]], model: str,
                              report: PassReport,
@@ -713,7 +734,8 @@ class SyncEngine:
     async def _anti_entropy(self, report: PassReport) -> None:
         """Apply the plane's export page by page (only id → version maps are kept, not the
         rows), then queue whatever the plane lacks or holds older."""
-        model = (await self._learn_plane_model())["plane_model"]
+        learnt = await self._learn_plane_model()
+        model = learnt["plane_model"]
         remote_nodes: dict[str, str] = {}
         remote_edges: dict[str, str] = {}
         cursor: str | None = None
@@ -723,7 +745,8 @@ class SyncEngine:
             unreadable: list[UnreadableRow] = []
             page = await self.client.export(self.options.realm, PAGE_ROWS, cursor,
                                             unreadable=unreadable)
-            applied = await self.store.apply(page.memory_nodes, page.memory_edges, model=model)
+            applied = await self.store.apply(page.memory_nodes, page.memory_edges, model=model,
+                                             kept=_kept(learnt))
             report.pulled_nodes += applied.applied_nodes
             report.pulled_edges += applied.applied_edges
             remote_versions(page.memory_nodes, page.memory_edges, (remote_nodes, remote_edges))
@@ -798,6 +821,18 @@ def _held_back(report: PassReport) -> str | None:
         reasons.append(f"{report.push_awaiting_vector} memories stay queued until they have a "
                        f"vector of the plane's model: {report.push_vector_missing}")
     return "; ".join(reasons) or None
+
+
+def _kept(state: dict[str, str]) -> tuple[str, ...]:
+    """The node columns a plane never returns: all of Kyma's late ones (its ``changes`` and
+    ``export`` select a fixed list without them); none for a syncd hub (it names its model)."""
+    return () if state.get(NAMES_MODEL) else NODE_LATE_COLUMNS
+
+
+def _keeps_private(policy: str, state: dict[str, str]) -> bool:
+    """``control_plane.private_memories``: "push" always, "local" never, "auto" to a plane
+    that returns a memory's space (a syncd hub, which names its model)."""
+    return policy == "push" or (policy == "auto" and bool(state.get(NAMES_MODEL)))
 
 
 def _rankable(row: NodeRow) -> bool:

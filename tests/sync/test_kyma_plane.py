@@ -314,3 +314,55 @@ async def test_missing_plane_model_files_hold_the_rows_with_an_error_that_names_
     finally:
         await engine.close()
         await store.close()
+
+
+async def test_a_private_memory_stays_private_through_a_plane_that_drops_its_space(
+        kyma: tuple[KymaLike, str], tmp_path: Path) -> None:
+    """Kyma's changes and export carry no `space`: a `private:<agent>` memory pushed there
+    reaches the other laptop with none, visible to every agent. By default ("auto") it stays on
+    the laptop that holds it; the other memories go as always."""
+    plane, url = kyma
+    async with two_laptops(tmp_path, url, "token") as (a, b):
+        secret = (await a.store.save({"content": "alice's draft of the offer letter",
+                                      "space": "private:alice"}))["node_id"]
+        shared = (await a.store.save({"content": "the team offsite is in May"}))["node_id"]
+        for laptop in (a, b):
+            report = await laptop.sync()
+            assert report.ok, report.error
+        assert {n["id"] for n in plane.nodes} == {shared}
+        first = await a.sync()
+        assert first.ok and await a.store.outbox_depth() == 0
+        assert {r["id"] for r in (await b.store.list_memories())["rows"]} == {shared}
+        assert (await a.store.get(secret))["space"] == "private:alice"
+        # an edit of the private memory stays local too; a delete goes, scrubbed
+        await a.store.update_importance(secret, 0.9)
+        report = await a.sync()
+        assert report.ok and report.push_kept_private == 1 and secret not in {
+            n["id"] for n in plane.nodes}
+        await a.store.delete(secret, hard=True)
+        assert (await a.sync()).ok
+        gone = [n for n in plane.nodes if n["id"] == secret]
+        assert gone and all(n["content"] == "" for n in gone)
+
+
+async def test_a_pulled_row_without_the_columns_kyma_drops_keeps_the_replicas_values(
+        kyma: tuple[KymaLike, str], tmp_path: Path) -> None:
+    """With `private_memories = "push"` the user chose to send private memories anyway; a
+    version pulled back from the plane (an echo, or another laptop's edit) has no `space`,
+    `memory_class` or `writer_agent_id`, and must not erase the values the laptop holds."""
+    plane, url = kyma
+    async with two_laptops(tmp_path, url, "token") as (a, b):
+        for laptop in (a, b):
+            laptop.engine.options.private_memories = "push"
+        mine = (await a.store.save({"content": "alice's notes on the reorg",
+                                    "space": "private:alice"}))["node_id"]
+        for laptop in (a, b):
+            assert (await laptop.sync()).ok
+        assert all("space" not in n for n in plane.nodes)
+        assert (await a.store.get(mine))["space"] == "private:alice"
+        await b.store.update_importance(mine, 0.95)  # B holds it with no space: the plane's
+        assert (await b.sync()).ok
+        report = await a.sync()
+        assert report.ok and report.pulled_nodes >= 1
+        held = await a.store.get(mine)
+        assert held["importance"] == pytest.approx(0.95) and held["space"] == "private:alice"

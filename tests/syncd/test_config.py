@@ -125,7 +125,7 @@ def test_defaults() -> None:
         DEFAULT_EMBEDDING_MODEL, None, None)
     assert config.control_plane == ControlPlaneConfig(
         url=None, token_file=None, realm=None,
-        embedding_model=DEFAULT_CONTROL_PLANE_EMBEDDING_MODEL)
+        embedding_model=DEFAULT_CONTROL_PLANE_EMBEDDING_MODEL, private_memories="auto")
     assert (config.sync.interval_secs, config.sync.jitter, config.sync.overlap_secs,
             config.sync.push_batch_bytes, config.sync.anti_entropy_secs) == (
         DEFAULT_SYNC_INTERVAL_SECS, DEFAULT_SYNC_JITTER, DEFAULT_SYNC_OVERLAP_SECS,
@@ -268,6 +268,8 @@ def test_error_message_form() -> None:
     # choices
     ('[daemon]\nlog_level = "verbose"', {}, 'daemon.log_level = "verbose": must be one of'),
     ('[hub]\ncursor = "wall"', {}, 'hub.cursor = "wall": must be one of "ingest", "origin"'),
+    ('[control_plane]\nprivate_memories = "yes"', {},
+     'control_plane.private_memories = "yes": must be one of "auto", "local", "push"'),
     ('[embedding]\nmodel = "bge-small-en-v1.5"', {},
      "embedding.cache_dir: required when embedding.model"),
     # urls, addresses, paths

@@ -32,8 +32,10 @@ _SPACE = " \t\n\r"
 _NUMBER_GOES_ON = re.compile(r"[0-9.eE+-]*\Z")  # only such characters up to the piece's end
 
 
-def rows(handle: TextIO, chunk: int = CHUNK_CHARS, *,
-         require_an_array: bool = False) -> Iterator[tuple[str, int, object]]:
+def rows(handle: TextIO, chunk: int = CHUNK_CHARS, *, require_an_array: bool = False,
+         others: dict[str, object] | None = None) -> Iterator[tuple[str, int, object]]:
+    """The rows (module docstring); with ``others``, every other top-level key's value goes
+    there (a ``changes`` page's ``until``, ``has_more``, ...)."""
     reader = _Reader(handle, chunk)
     reader.expect("{", EXPORT_SHAPE)
     found = False
@@ -55,6 +57,8 @@ def rows(handle: TextIO, chunk: int = CHUNK_CHARS, *,
                 value = reader.value()
                 if key in ARRAYS and value is not None:
                     raise ValueError(f"{key} must be a list of rows, got {_type(value)}")
+                if others is not None and key not in ARRAYS:
+                    others[key] = value
             if not reader.separator("}"):
                 break
     if reader.peek():

@@ -81,7 +81,9 @@ from syncd.sync.plane import (
     PlaneError,
     TooLarge,
     UnreadableRow,
+    spooled_rows,
 )
+from syncd.sync.spool import Spool
 
 log = logging.getLogger("syncd.sync")
 PAGE_ROWS = 2000
@@ -362,26 +364,31 @@ class SyncEngine:
         fetch = asyncio.ensure_future(self._fetch_page(asked, FIRST_PAGE_ROWS))
         try:
             while True:
-                page, unreadable = await fetch
-                report.pull_pages += 1
-                await self._estimate_offset(report, page.until if page.feed != "ingest" else None)
-                suspicion = self._reset_suspected(state, cursor, page.until, page.store_id)
-                if suspicion and not reset:
-                    log.warning("control plane reset suspected (%s): full resync", suspicion)
-                    report.reset, reset, cursor_was_empty = suspicion, True, False
-                    await self.store.set_sync_state(RESET_STATE)
-                    state, cursor, asked = _after_reset(state), None, None
-                    fetch = asyncio.ensure_future(self._fetch_page(None, FIRST_PAGE_ROWS))
-                    continue
-                readable = _is_stamp(page.until)
-                stuck = page.has_more and not (readable and _advances(asked, page.until))
-                if page.has_more and not stuck:
-                    asked = page.until
-                    fetch = asyncio.ensure_future(self._fetch_page(page.until))
-                if not await self._apply_page(report, state, page, unreadable,
-                                              keep_cursor=not readable):
-                    report.pull_stopped = True
-                    return reset
+                page, unreadable, spool = await fetch
+                try:
+                    report.pull_pages += 1
+                    await self._estimate_offset(report,
+                                                page.until if page.feed != "ingest" else None)
+                    suspicion = self._reset_suspected(state, cursor, page.until, page.store_id)
+                    if suspicion and not reset:
+                        log.warning("control plane reset suspected (%s): full resync", suspicion)
+                        report.reset, reset, cursor_was_empty = suspicion, True, False
+                        await self.store.set_sync_state(RESET_STATE)
+                        state, cursor, asked = _after_reset(state), None, None
+                        fetch = asyncio.ensure_future(self._fetch_page(None, FIRST_PAGE_ROWS))
+                        continue
+                    readable = _is_stamp(page.until)
+                    stuck = page.has_more and not (readable and _advances(asked, page.until))
+                    if page.has_more and not stuck:
+                        asked = page.until
+                        fetch = asyncio.ensure_future(self._fetch_page(page.until))
+                    if not await self._apply_page(report, state, page, unreadable,
+                                                  keep_cursor=not readable, spool=spool):
+                        report.pull_stopped = True
+                        return reset
+                finally:
+                    if spool is not None:
+                        spool.close()
                 if stuck:  # asking again would get this page again, forever
                     raise PlaneError(
                         f"changes: the plane's cursor does not advance: asked since "
@@ -401,38 +408,48 @@ class SyncEngine:
         finally:  # a prefetched page not used: cancelled, and its failure (if any) read
             if not fetch.done():
                 fetch.cancel()
-            await asyncio.gather(fetch, return_exceptions=True)
+            (left,) = await asyncio.gather(fetch, return_exceptions=True)
+            if isinstance(left, tuple) and left[2] is not None:  # closing twice is harmless
+                left[2].close()
 
     async def _fetch_page(self, since: str | None, limit: int = PAGE_ROWS,
-                          ) -> tuple[ChangesResponse, list[UnreadableRow]]:
+                          ) -> tuple[ChangesResponse, list[UnreadableRow], Spool | None]:
         """An ingest-feed hub leaves out this replica's own versions (a plane ignores the
-        parameter, and already-held rows are skipped cheaply when they come back)."""
+        parameter, and already-held rows are skipped cheaply when they come back). A body
+        too large to hold (a Kyma plane's whole feed) comes as its envelope and a ``Spool``."""
         self._admit()
         unreadable: list[UnreadableRow] = []
-        page = await self.client.changes(since, self.options.realm, limit,
-                                         self.store.replica_id, unreadable=unreadable)
-        return page, unreadable
+        page, spool = await self.client.changes_spooled(
+            since, self.options.realm, limit, self.store.replica_id, unreadable=unreadable)
+        return page, unreadable, spool
 
     async def _apply_page(self, report: PassReport, state: dict[str, str],
                           page: ChangesResponse, unreadable: list[UnreadableRow], *,
-                          keep_cursor: bool = False) -> bool:
+                          keep_cursor: bool = False, spool: Spool | None = None) -> bool:
         """Apply one page with its cursor (without it when ``keep_cursor``: an ``until`` that
         is no timestamp); False when the cursor must not move past it. Rows that could not be
-        read hold the cursor as rows the store refuses do (R5)."""
+        read hold the cursor as rows the store refuses do (R5). A spooled page is applied a
+        batch at a time, and its cursor stored with its last batch: only once every row it
+        covers is in."""
         new_state: dict[str, str | None] = {
             "cursor": page.until, "feed": page.feed or "", "plane_store_id": page.store_id}
-        if not page.memory_nodes and not page.memory_edges and not unreadable and all(
-                state.get(k) == v for k, v in new_state.items()):
+        if spool is None and not page.memory_nodes and not page.memory_edges and not (
+                unreadable) and all(state.get(k) == v for k, v in new_state.items()):
             return True  # nothing new and nothing to record: no write transaction
-        if unreadable or keep_cursor:
+        problems: list[Any] = []
+        if spool is not None:
+            async for nodes, edges in spooled_rows(spool, unreadable):
+                batch = await self.store.pull(nodes, edges, model=self._plane_model(state),
+                                              state={}, until=page.until, kept=_kept(state))
+                self._count_pulled(report, batch)
+                problems += batch.problems
+        if unreadable or keep_cursor or problems:
             del new_state["cursor"]
         result = await self.store.pull(page.memory_nodes, page.memory_edges,
                                        model=self._plane_model(state), state=new_state,
                                        until=page.until, kept=_kept(state))
-        report.pulled_nodes += result.applied_nodes
-        report.pulled_edges += result.applied_edges
-        report.future_rows += len(result.beyond_drift)
-        problems: list[Any] = [*unreadable, *result.problems]
+        self._count_pulled(report, result)
+        problems = [*unreadable, *problems, *result.problems]
         if problems:
             report.pull_problems += len(problems)
             if not self._give_up_on(problems):
@@ -440,6 +457,12 @@ class SyncEngine:
             if not keep_cursor:
                 await self.store.set_sync_state({"cursor": page.until})
         return True
+
+    @staticmethod
+    def _count_pulled(report: PassReport, result: Any) -> None:
+        report.pulled_nodes += result.applied_nodes
+        report.pulled_edges += result.applied_edges
+        report.future_rows += len(result.beyond_drift)
 
     def _since(self, cursor: str | None, feed: str | None) -> str | None:
         if cursor is None or feed == "ingest":
@@ -743,13 +766,20 @@ class SyncEngine:
         while True:
             self._admit()
             unreadable: list[UnreadableRow] = []
-            page = await self.client.export(self.options.realm, PAGE_ROWS, cursor,
-                                            unreadable=unreadable)
-            applied = await self.store.apply(page.memory_nodes, page.memory_edges, model=model,
-                                             kept=_kept(learnt))
-            report.pulled_nodes += applied.applied_nodes
-            report.pulled_edges += applied.applied_edges
-            remote_versions(page.memory_nodes, page.memory_edges, (remote_nodes, remote_edges))
+            page, spool = await self.client.export_spooled(self.options.realm, PAGE_ROWS,
+                                                           cursor, unreadable=unreadable)
+            try:
+                parts = (spooled_rows(spool, unreadable) if spool is not None
+                         else _one(page.memory_nodes, page.memory_edges))
+                async for nodes, edges in parts:  # a spooled page a batch at a time
+                    applied = await self.store.apply(nodes, edges, model=model,
+                                                     kept=_kept(learnt))
+                    report.pulled_nodes += applied.applied_nodes
+                    report.pulled_edges += applied.applied_edges
+                    remote_versions(nodes, edges, (remote_nodes, remote_edges))
+            finally:
+                if spool is not None:
+                    spool.close()
             for row in unreadable:  # the plane holds a version of it: never pushed over blind
                 if row.id is not None:
                     (remote_nodes if row.kind == "node" else remote_edges)[row.id] = UNREAD
@@ -821,6 +851,11 @@ def _held_back(report: PassReport) -> str | None:
         reasons.append(f"{report.push_awaiting_vector} memories stay queued until they have a "
                        f"vector of the plane's model: {report.push_vector_missing}")
     return "; ".join(reasons) or None
+
+
+async def _one(nodes: list[NodeRow], edges: list[EdgeRow],
+               ) -> AsyncIterator[tuple[list[NodeRow], list[EdgeRow]]]:
+    yield nodes, edges
 
 
 def _kept(state: dict[str, str]) -> tuple[str, ...]:

@@ -30,13 +30,15 @@ Rules:
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import io
 import logging
 import os
 import re
+import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -56,6 +58,7 @@ from protocol.rows import (
 )
 from protocol.settings import MemorySettings, settings_decoder
 from syncd.sync.proxy import choose_proxy
+from syncd.sync.spool import SPOOL_FROM, Spool
 
 log = logging.getLogger("syncd.sync")
 
@@ -132,9 +135,11 @@ SEND_LIMIT_FACTOR = 10  # a whole POST, in client timeouts
 class PlaneClient:
     def __init__(self, url: str, token: str | None, *, timeout: float = 30.0,
                  wall: Any = time.time_ns, fetch_limit: float = FETCH_LIMIT_SECS,
-                 proxy: str | None = None, env: Mapping[str, str] | None = None) -> None:
+                 proxy: str | None = None, env: Mapping[str, str] | None = None,
+                 spool_from: int = SPOOL_FROM) -> None:
         """``proxy``: ``control_plane.proxy``; ``env``: where proxy variables are read (this
-        process's environment when None)."""
+        process's environment when None); ``spool_from``: the size from which a page's body
+        is kept on disk (``spool.py``)."""
         self.url = url.rstrip("/")
         self.proxy = choose_proxy(self.url, proxy, os.environ if env is None else env)
         credentials = {} if self.proxy is None or self.proxy.authorization is None else {
@@ -161,6 +166,8 @@ class PlaneClient:
         self.bytes_out = 0
         self.egress_refusals = 0
         self.last_timing: Timing | None = None
+        self.spool_from = spool_from
+        self.spooled = 0  # bodies kept on disk
 
     async def set_token(self, token: str | None) -> None:
         """Use another bearer token from the next request on (a rotated token file)."""
@@ -185,28 +192,35 @@ class PlaneClient:
                       unreadable: list[UnreadableRow] | None = None) -> ChangesResponse:
         """With ``unreadable``, rows that do not fit the row schema go there and the rest of
         the page is returned (R5); without it, such a row fails the page (``Transient``)."""
-        params = {"since": since or ""}
-        if exclude_origin is not None:
-            params["exclude_origin"] = exclude_origin
-        if realm is not None:
-            params["realm"] = realm
-        if limit is not None:
-            params["limit"] = str(limit)
+        params = _changes_params(since, realm, limit, exclude_origin)
         return await self._get_page(CHANGES_PATH, params, changes_decoder, ChangesResponse,
                                     unreadable)
+
+    async def changes_spooled(self, since: str | None, realm: str | None, limit: int | None,
+                              exclude_origin: str | None = None, *,
+                              unreadable: list[UnreadableRow],
+                              ) -> tuple[ChangesResponse, Spool | None]:
+        """As ``changes`` with ``unreadable``; a body over ``spool_from`` bytes stays on disk
+        and comes back as the page's envelope (no rows) and its ``Spool`` (``spooled_rows``
+        reads it; the caller closes it)."""
+        params = _changes_params(since, realm, limit, exclude_origin)
+        return await self._get_spooled(CHANGES_PATH, params, changes_decoder, ChangesResponse,
+                                       unreadable)
+
+    async def export_spooled(self, realm: str | None, limit: int | None, cursor: str | None,
+                             *, unreadable: list[UnreadableRow],
+                             ) -> tuple[ExportBody, Spool | None]:
+        """As ``export`` with ``unreadable``, spooled as ``changes_spooled``."""
+        params = _export_params(realm, limit, cursor)
+        return await self._get_spooled(EXPORT_PATH, params, export_decoder, ExportBody,
+                                       unreadable)
 
     async def export(self, realm: str | None, limit: int | None,
                      cursor: str | None, *,
                      unreadable: list[UnreadableRow] | None = None) -> ExportBody:
         """As ``changes``: with ``unreadable``, a row that does not fit the row schema costs
         only itself."""
-        params: dict[str, str] = {}
-        if realm is not None:
-            params["realm"] = realm
-        if limit is not None:
-            params["limit"] = str(limit)
-        if cursor is not None:
-            params["cursor"] = cursor
+        params = _export_params(realm, limit, cursor)
         return await self._get_page(EXPORT_PATH, params, export_decoder, ExportBody, unreadable)
 
     async def entitlement(self, device_id: str) -> tuple[str, int | None]:
@@ -253,8 +267,26 @@ class PlaneClient:
         unreadable.extend(rows)
         return page
 
+    async def _get_spooled(self, path: str, params: dict[str, str],
+                           decoder: msgspec.json.Decoder[P], page_type: type[P],
+                           unreadable: list[UnreadableRow]) -> tuple[P, Spool | None]:
+        data = await self._request("GET", path, params, None, spool_from=self.spool_from)
+        if not isinstance(data, Spool):
+            page, rows = decode_rows(data, decoder, page_type, path)
+            unreadable.extend(rows)
+            return page, None
+        self.spooled += 1
+        try:
+            envelope = await data.envelope()
+            envelope.pop("memory_nodes", None)
+            envelope.pop("memory_edges", None)
+            return msgspec.convert(envelope, page_type), data
+        except (ValueError, msgspec.ValidationError) as exc:  # not JSON, or a wrong envelope
+            data.close()
+            raise Transient(f"{path}: malformed response ({data.size} bytes): {exc}") from None
+
     async def _request(self, method: str, path: str, params: dict[str, str],
-                       body: bytes | None) -> bytes:
+                       body: bytes | None, *, spool_from: int | None = None) -> Any:
         session = self._open()
         headers = {**self._headers, **self._proxied_headers,
                    **({"Content-Type": "application/json"} if body is not None else {})}
@@ -269,17 +301,19 @@ class PlaneClient:
                                        if body is None else self._send_timeout,
                                        proxy=None if proxy is None else proxy.url,
                                        proxy_headers=self._proxy_headers) as resp:
-                data = await resp.read()
+                data = await (resp.read() if spool_from is None or resp.status >= 300
+                              else _read_or_spool(resp, spool_from))
                 self.last_timing = Timing(sent, self._wall(), _date_ns(resp.headers.get("Date")))
                 status, retry_after = resp.status, _retry_after(resp.headers.get("Retry-After"))
         except (aiohttp.ClientError, TimeoutError) as exc:
             via = "" if proxy is None else f" (through the proxy {proxy.url}, from {proxy.source})"
             raise Transient(f"{method} {path}: {type(exc).__name__}: {exc}{via}") from None
         self.bytes_out += len(body or b"")
-        self.bytes_in += len(data)
+        self.bytes_in += data.size if isinstance(data, Spool) else len(data)
         if 200 <= status < 300:
             return data
-        detail = f"{method} {path}: HTTP {status}: {data[:200].decode(errors='replace')}"
+        head = data[:200] if isinstance(data, bytes) else b""  # a refusal is never spooled
+        detail = f"{method} {path}: HTTP {status}: {head.decode(errors='replace')}"
         if status in (401, 403):
             raise AuthFailed(detail, status)
         if status == 413:
@@ -287,6 +321,57 @@ class PlaneClient:
         if status in (408, 425, 429) or status >= 500:
             raise Transient(detail, status, retry_after)
         raise Rejected(detail, status)
+
+
+def _changes_params(since: str | None, realm: str | None, limit: int | None,
+                    exclude_origin: str | None) -> dict[str, str]:
+    params = {"since": since or ""}
+    for name, value in (("exclude_origin", exclude_origin), ("realm", realm),
+                        ("limit", None if limit is None else str(limit))):
+        if value is not None:
+            params[name] = value
+    return params
+
+
+def _export_params(realm: str | None, limit: int | None, cursor: str | None) -> dict[str, str]:
+    return {name: value for name, value in (
+        ("realm", realm), ("limit", None if limit is None else str(limit)), ("cursor", cursor))
+        if value is not None}
+
+
+async def _read_or_spool(resp: aiohttp.ClientResponse, spool_from: int) -> bytes | Spool:
+    """The body in memory while it is at most ``spool_from`` bytes; a larger one goes on to an
+    anonymous temporary file as it arrives (``spool.py``)."""
+    head = bytearray()
+    async for piece in resp.content.iter_chunked(1 << 20):
+        head += piece
+        if len(head) > spool_from:
+            break
+    else:
+        return bytes(head)
+    file = await asyncio.to_thread(tempfile.TemporaryFile)
+    try:
+        size = len(head)
+        await asyncio.to_thread(file.write, head)
+        del head
+        async for piece in resp.content.iter_chunked(1 << 20):
+            size += len(piece)
+            await asyncio.to_thread(file.write, piece)
+    except BaseException:
+        file.close()
+        raise
+    return Spool(file, size)
+
+
+async def spooled_rows(spool: Spool, unreadable: list[UnreadableRow],
+                       ) -> AsyncIterator[tuple[list[NodeRow], list[EdgeRow]]]:
+    """A spooled page's rows a batch at a time (nodes or edges); rows that do not fit the row
+    schema go to ``unreadable`` with their index in the page's array, as ``decode_rows``."""
+    async for key, batch in spool.batches():
+        kind = "node" if key == "memory_nodes" else "edge"
+        row_type = NodeRow if kind == "node" else EdgeRow
+        rows = _convert_indexed(kind, batch, row_type, unreadable)
+        yield (rows, []) if kind == "node" else ([], rows)  # type: ignore[misc]
 
 
 def decode_rows(data: bytes, decoder: msgspec.json.Decoder[P], page_type: type[P],
@@ -323,8 +408,13 @@ _AT_FIELD = re.compile(r" - at `\$\.(\w+)")
 
 def _convert_rows(kind: str, raw: list[Any], row_type: type[T],
                   unreadable: list[UnreadableRow]) -> list[T]:
+    return _convert_indexed(kind, list(enumerate(raw)), row_type, unreadable)
+
+
+def _convert_indexed(kind: str, raw: list[tuple[int, Any]], row_type: type[T],
+                     unreadable: list[UnreadableRow]) -> list[T]:
     rows: list[T] = []
-    for index, item in enumerate(raw):
+    for index, item in raw:
         try:
             rows.append(msgspec.convert(item, row_type))
         except msgspec.ValidationError as exc:

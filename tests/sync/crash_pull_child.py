@@ -44,14 +44,14 @@ def die() -> None:
 
 def install(stage: str) -> None:
     if stage == "after_fetch":
-        real_changes = PlaneClient.changes
+        real_changes = PlaneClient.changes_spooled  # what the engine pulls with
 
         @functools.wraps(real_changes)
         async def changes(self: PlaneClient, *args: Any, **kwargs: Any) -> Any:
             await real_changes(self, *args, **kwargs)
             die()
 
-        PlaneClient.changes = changes  # type: ignore[method-assign]
+        PlaneClient.changes_spooled = changes  # type: ignore[method-assign]
     elif stage == "mid_apply":
         real_apply = Writer.apply_nodes
 

@@ -593,12 +593,12 @@ async def test_scheduled_and_manual_passes_never_overlap(
             events.append("end")
 
     async def counted_request(method: str, path: str, params: dict[str, str],
-                              body: bytes | None) -> bytes:
+                              body: bytes | None, **options: Any) -> Any:
         nonlocal in_flight, peak
         in_flight += 1
         peak = max(peak, in_flight)
         try:
-            return await request_fn(method, path, params, body)
+            return await request_fn(method, path, params, body, **options)
         finally:
             in_flight -= 1
 

@@ -35,6 +35,7 @@ class KymaLike:
         self.edges: list[dict[str, Any]] = []
         self.max_content: int | None = None  # a limit it refuses the whole import over
         self.imports = 0
+        self.raw_changes: bytes | None = None  # a body to answer ``changes`` with, verbatim
 
     def latest(self, since: str = "") -> list[dict[str, Any]]:
         best: dict[str, dict[str, Any]] = {}
@@ -82,6 +83,8 @@ class KymaLike:
         return [r["id"] for r in sorted(live, key=key)[:limit]]
 
     async def changes(self, request: web.Request) -> web.Response:
+        if self.raw_changes is not None:
+            return web.Response(body=self.raw_changes, content_type="application/json")
         since = request.query.get("since", "").strip() or "1970-01-01T00:00:00Z"
         nodes = self.latest(since)
         edges = [e for e in self.edges if e.get("created_at", "") > since]
@@ -366,3 +369,74 @@ async def test_a_pulled_row_without_the_columns_kyma_drops_keeps_the_replicas_va
         assert report.ok and report.pulled_nodes >= 1
         held = await a.store.get(mine)
         assert held["importance"] == pytest.approx(0.95) and held["space"] == "private:alice"
+
+
+async def spooling_laptop(data_dir: Path, url: str) -> tuple[Store, SyncEngine]:
+    """A laptop whose client keeps any page body over 64 KiB on disk (``spool.py``)."""
+    store = await Store.open(data_dir, embedder=HashingEmbedder())
+    engine = SyncEngine(store, PlaneClient(url, "token", spool_from=64 << 10),
+                        SyncOptions(plane_model=HashingEmbedder().model_id))
+    await engine.start()
+    return store, engine
+
+
+async def test_a_whole_feed_in_one_body_is_applied_from_disk_a_batch_at_a_time(
+        kyma: tuple[KymaLike, str], tmp_path: Path) -> None:
+    """Kyma answers `changes` and `export` with everything at once: such a body is spooled
+    and applied in batches (SPOOL_ROWS), with the cursor stored after its last batch."""
+    _, url = kyma
+    a = await start_laptop("a", tmp_path / "a", url, "token")
+    store, engine = await spooling_laptop(tmp_path / "b", url)
+    try:
+        saved = {"ids": []}
+        for start in range(0, 2500, 1000):  # save_many takes at most 1000
+            saved["ids"] += (await a.store.save_many([
+                {"content": f"note {i} on the release train"}
+                for i in range(start, min(start + 1000, 2500))]))["ids"]
+        first = (await a.store.save({"content": "the first of a linked pair"}))["node_id"]
+        await a.store.link({"memory_id": first, "target_node_id": f"memory:{saved['ids'][0]}",
+                            "relationship_type": "RELATES_TO"})
+        assert (await a.sync()).ok
+        report = await engine.run_pass("manual")
+        assert report.ok and report.pulled_nodes == 2501 and report.pulled_edges == 1, report
+        assert engine.client.spooled >= 1
+        assert (await store.stats())["memories"] == 2501
+        assert (await store.sync_state())["cursor"] is not None
+        engine.options.anti_entropy_secs = 0  # the next pass walks the export, spooled too
+        spooled = engine.client.spooled
+        report = await engine.run_pass("manual")
+        assert report.ok and report.anti_entropy and engine.client.spooled >= spooled + 2
+        assert await store.outbox_depth() == 0
+    finally:
+        await engine.close()
+        await store.close()
+        await a.close()
+
+
+async def test_a_spooled_body_costs_only_its_bad_rows_and_a_broken_one_applies_nothing(
+        kyma: tuple[KymaLike, str], tmp_path: Path) -> None:
+    plane, url = kyma
+    rows = [{"id": f"memory:{i:05d}", "labels": "Memory", "realm": "default",
+             "memory_type": "fact", "content": f"row {i} " + "x" * 40, "tags": "",
+             "importance": 0.5, "status": "active", "embedding": [0.0] * 384,
+             "created_at": "2026-11-01T00:00:00Z", "updated_at": "2026-11-01T00:00:00Z"}
+            for i in range(1500)]
+    rows[700]["importance"] = "very"  # not a number: this row alone is unreadable
+    body = {"since": "1970-01-01T00:00:00Z", "until": "2026-11-02T00:00:00+00:00",
+            "memory_nodes": rows, "memory_edges": []}
+    plane.raw_changes = json.dumps(body).encode()
+    store, engine = await spooling_laptop(tmp_path / "b", url)
+    try:
+        report = await engine.run_pass("manual")
+        assert engine.client.spooled == 1
+        assert report.pulled_nodes == 1499 and report.pull_problems == 1, report
+        assert "cursor" not in await store.sync_state()  # R5: the bad row holds it
+        truncated = json.dumps({**body, "until": "2026-11-03T00:00:00+00:00"}).encode()
+        plane.raw_changes = truncated[: len(truncated) // 2]
+        before = (await store.stats())["memories"]
+        report = await engine.run_pass("manual")
+        assert not report.ok and "malformed response" in (report.error or ""), report
+        assert report.pulled_nodes == 0 and (await store.stats())["memories"] == before
+    finally:
+        await engine.close()
+        await store.close()

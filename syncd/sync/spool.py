@@ -1,0 +1,89 @@
+"""A ``changes`` or ``export`` body too large to hold, kept on disk and read a batch at a time.
+
+A Kyma plane ignores ``limit`` and ``cursor`` and answers with its whole feed or store in one
+body (contract §4.3): at 100k memories with vectors, ~800 MB of JSON, which decoded whole took
+over a gigabyte of Python objects. A body larger than ``SPOOL_FROM`` bytes is written to an
+anonymous temporary file as it arrives (``PlaneClient``), and read from there:
+
+  * ``envelope`` reads the file through once, off the event loop, and returns every top-level
+    value but the two arrays (``until``, ``has_more``, ...), so the engine decides what to do
+    with the page before applying any of it — and a body that is not JSON, or that ends part
+    way, fails here, before any of its rows is applied;
+  * ``batches`` then yields its rows, ``SPOOL_ROWS`` at a time, as typed rows plus the rows
+    that do not fit the row schema (R5: each costs only itself), nodes before edges as the
+    body holds them.
+
+Only one batch of rows is held at a time. The file is removed when closed (or when the process
+ends: it has no name).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import AsyncIterator, Iterator
+from typing import IO, Any
+
+from protocol.rows import EdgeRow, NodeRow
+from syncd import jsonrows
+
+SPOOL_FROM = 32 << 20  # bytes: a body up to this is decoded in memory, as before
+SPOOL_ROWS = 1000
+
+
+class Spool:
+    """A body on disk (``file``: binary, readable, at any position); see the module rules."""
+
+    def __init__(self, file: IO[bytes], size: int, rows: int = SPOOL_ROWS) -> None:
+        self._file, self.size, self._rows = file, size, rows
+
+    def close(self) -> None:
+        self._file.close()
+
+    async def envelope(self) -> dict[str, Any]:
+        """Every top-level value but the arrays; ``ValueError`` when the body is not one."""
+        return await asyncio.to_thread(self._envelope)
+
+    def _envelope(self) -> dict[str, Any]:
+        others: dict[str, object] = {}
+        with self._text() as text:
+            for _ in jsonrows.rows(text, others=others):
+                pass
+        return others
+
+    async def batches(self) -> AsyncIterator[tuple[str, list[tuple[int, object]]]]:
+        """(array key, [(index, raw row), ...]) a batch at a time, each of one array."""
+        with self._text() as text:
+            found = jsonrows.rows(text)
+            while True:
+                batch = await asyncio.to_thread(_take, found, self._rows)
+                if not batch:
+                    return
+                for key in ("memory_nodes", "memory_edges"):
+                    part = [(index, row) for k, index, row in batch if k == key]
+                    if part:
+                        yield key, part
+
+    def _text(self) -> io.TextIOWrapper:
+        self._file.seek(0)
+        return _Borrowed(self._file, encoding="utf-8", newline="")
+
+
+class _Borrowed(io.TextIOWrapper):
+    """A text view of the spool's file that leaves the file open when it is done with."""
+
+    def __exit__(self, *exc: object) -> None:
+        self.detach()
+
+
+def _take(found: Iterator[tuple[str, int, object]], n: int) -> list[tuple[str, int, object]]:
+    out = []
+    for item in found:
+        out.append(item)
+        if len(out) >= n:
+            break
+    return out
+
+
+ROW_TYPES: dict[str, type[NodeRow] | type[EdgeRow]] = {
+    "memory_nodes": NodeRow, "memory_edges": EdgeRow}

@@ -281,6 +281,8 @@ async def test_the_page_end_to_end(browser: Browser, stack: Stack,
         await expect(page.locator("#sync-message")).to_contain_text("Pass done")
         await expect(page.locator('#sync-health [data-key="last_success"] time')).to_have_count(1)
         await expect(page.locator('#sync-health [data-key="outbox"]')).to_have_text("0")
+        # a hub names its model: nothing waits for a plane-model vector (docs/plane-vectors.md)
+        await expect(page.locator('#sync-health [data-key="awaiting_vector"]')).to_have_text("0")
         pushed = page.locator('#sync-last-pass [data-key="pushed_nodes"] dd')
         await expect(pushed).to_have_text(re.compile(r"^\d+$"))
         for phase in ("pull", "push", "repair", "wire"):

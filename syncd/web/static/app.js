@@ -1065,6 +1065,8 @@
             (status.skipped_rows || []).join(", ") : "0", "skipped_rows"],
           ["Too large to push", (status.too_large_rows || []).length ?
             (status.too_large_rows || []).join(", ") : "0", "too_large_rows"],
+          ["Waiting for a plane-model vector", String(status.awaiting_vector ?? 0),
+            "awaiting_vector"],
         ])));
       cards.append(h("section", {class: "card", id: "sync-last-pass"},
         h("h2", {}, "Last pass"), lastPass ? passView(lastPass) :

@@ -24,7 +24,6 @@ import io
 from collections.abc import AsyncIterator, Iterator
 from typing import IO, Any
 
-from protocol.rows import EdgeRow, NodeRow
 from syncd import jsonrows
 
 SPOOL_FROM = 32 << 20  # bytes: a body up to this is decoded in memory, as before
@@ -84,6 +83,3 @@ def _take(found: Iterator[tuple[str, int, object]], n: int) -> list[tuple[str, i
             break
     return out
 
-
-ROW_TYPES: dict[str, type[NodeRow] | type[EdgeRow]] = {
-    "memory_nodes": NodeRow, "memory_edges": EdgeRow}

@@ -9,6 +9,14 @@ Rules:
    unlike the export rows. syncd's extensions on them are always present too.
 3. ``QueryResponse`` always carries ``memories``, ``linked``, ``context`` and ``took_ms``.
    ``brief`` and syncd's extensions are omitted when None, as the plane omits ``brief``.
+   ``precedent`` is the current plane's worked-example block (``PrecedentBlock``,
+   ``memory_retrieve.rs``), which the plane always sends, ``null`` when none was found. syncd
+   finds none: an answer built with ``precedent=None`` sends ``null`` (the hub's answers and
+   the MCP search tools'), one built without it (``UNSET``) leaves the key out (the daemon's
+   REST answer, as before); a plane's block decodes.
+4. ``RetrievedMemory.realm`` is always a string, as the plane's (``String``; a row without one
+   gives ``""``): a ``None`` given to the constructor becomes ``""``. The annotation still
+   admits ``None`` because the local store builds answers from optional columns.
 """
 
 from typing import Annotated
@@ -63,6 +71,17 @@ class ScoreComponents(msgspec.Struct, kw_only=True):
     penalty: float = 0.0
 
 
+class Precedent(msgspec.Struct, kw_only=True):
+    """The plane's worked-example precedent: a past input close to the query and the memories
+    it produced."""
+
+    activity_id: str
+    activity_preview: str
+    activity_created_at: str | None
+    similarity: float  # 1 - distance, higher is closer
+    memory_ids: list[str]
+
+
 class RetrievedMemory(msgspec.Struct, kw_only=True):
     id: str
     memory_type: str
@@ -82,12 +101,17 @@ class RetrievedMemory(msgspec.Struct, kw_only=True):
     confident: bool = False  # syncd: evidence of its own that it answers the query
     superseded_by: str | None = None  # syncd
 
+    def __post_init__(self) -> None:
+        if self.realm is None:
+            self.realm = ""
+
 
 class QueryResponse(msgspec.Struct, kw_only=True, omit_defaults=True):
     memories: list[RetrievedMemory]
     linked: list[Linked]
     context: str
     took_ms: int
+    precedent: Precedent | msgspec.UnsetType | None = msgspec.UNSET
     brief: str | None = None
     gated: list[str] | None = None  # syncd
     gate_reason: str | None = None  # syncd

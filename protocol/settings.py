@@ -1,4 +1,6 @@
-"""The plane's ``MemorySettings`` (contract §4.5), with its coded defaults.
+"""The plane's ``MemorySettings`` (contract §4.5, and the blocks the current plane added:
+``pensieve-server/src/agent/memory_settings.rs``, docs/kyma-current-surface.md), with its
+coded defaults.
 
 Rules:
 1. Every field has the plane's default, so a partial body decodes (serde ``default``), and
@@ -14,16 +16,26 @@ Rules:
    ``json`` reads ``NaN``; stored, it would come back as ``null`` and no longer decode), an
    ``rrf_k`` that is not above 0 (``1/(rrf_k + rank)`` with rank 0), a count outside
    0..2^64-1 (the plane's counts are u64: its serde refuses them) and a mode outside the
-   plane's enums (HITL ``auto|post_hoc|gate``, dreaming ``full|housekeeping_only|sources``).
+   plane's enums (HITL ``auto|post_hoc|gate``, dreaming ``full|housekeeping_only|sources``,
+   ``default_visibility`` ``public|private``).
    Decoding stays lenient about modes: a newer plane may add one. ``load_settings`` reads
    stored settings that an older syncd let such a value into: each field that does not decode
    falls back to its default, so a store still opens.
+6. ``dreaming.connector_read_budget`` and ``connector_read_max_bytes`` are the plane's names
+   before its connectors became data sources: read (decoded, converted, patched) as aliases of
+   ``data_source_read_budget`` and ``data_source_read_max_bytes``, never written. An old name
+   given beside its new one in a patch is dropped (the new one wins).
+7. ``replace_settings`` is the plane's PUT: the body over the coded defaults (serde
+   ``default``), nothing of the current settings kept, checked as ``merge_patch`` checks.
 """
 
 import math
 from typing import Any
 
 import msgspec
+
+ALIASES = {"connector_read_budget": "data_source_read_budget",
+           "connector_read_max_bytes": "data_source_read_max_bytes"}  # old name -> new (rule 6)
 
 
 class DreamingSettings(msgspec.Struct, kw_only=True, frozen=True):
@@ -33,9 +45,60 @@ class DreamingSettings(msgspec.Struct, kw_only=True, frozen=True):
     realm_scope: list[str] = []
     max_tool_calls: int = 100
     wall_clock_secs: int = 3600
-    connector_read_budget: int = 25
-    connector_read_max_bytes: int = 4194304
+    data_source_read_budget: int = 25
+    data_source_read_max_bytes: int = 4194304
     mutation_cap: int = 60
+    connector_read_budget: int | msgspec.UnsetType = msgspec.UNSET  # input only (rule 6)
+    connector_read_max_bytes: int | msgspec.UnsetType = msgspec.UNSET  # input only (rule 6)
+
+    def __post_init__(self) -> None:
+        for old, new in ALIASES.items():
+            value = getattr(self, old)
+            if value is not msgspec.UNSET:
+                msgspec.structs.force_setattr(self, new, value)
+                msgspec.structs.force_setattr(self, old, msgspec.UNSET)
+
+
+class ReinforcementSettings(msgspec.Struct, kw_only=True, frozen=True):
+    """Usage-based reinforcement (the plane's M8.1): off, so ``w_reinforcement`` is ignored."""
+
+    enabled: bool = False
+    hit_weight: float = 0.3
+    miss_penalty: float = 0.3
+    half_life_days: float = 30.0
+
+
+class PrecedentSettings(msgspec.Struct, kw_only=True, frozen=True):
+    """Worked-example retrieval (M8.2): the plane's only block that defaults on."""
+
+    enabled: bool = True
+    max_distance: float = 0.15
+    memory_limit: int = 20
+
+
+class MmrSettings(msgspec.Struct, kw_only=True, frozen=True):
+    """MMR diversity re-ranking (M8.3a)."""
+
+    enabled: bool = False
+    lambda_: float = msgspec.field(default=0.7, name="lambda")
+    pool_multiplier: int = 3
+
+
+class ValidityGateSettings(msgspec.Struct, kw_only=True, frozen=True):
+    """The validity gate on new memories (M8.3b); ``min_confidence`` is an f32 (rule 4)."""
+
+    enabled: bool = False
+    llm_escalation_enabled: bool = False
+    min_confidence: float = 0.35
+    min_content_chars: int = 12
+
+
+class SchemaInductionSettings(msgspec.Struct, kw_only=True, frozen=True):
+    """Procedure induction during dreaming (M8.4)."""
+
+    enabled: bool = False
+    min_examples: int = 3
+    interval_days: int = 7
 
 
 class HitlOps(msgspec.Struct, kw_only=True, frozen=True):
@@ -73,9 +136,16 @@ class MemorySettings(msgspec.Struct, kw_only=True, frozen=True):
     w_recency: float = 0.3
     half_life_days: float = 30.0
     rrf_k: float = 60.0
+    w_reinforcement: float = 0.0
+    reinforcement: ReinforcementSettings = msgspec.field(default_factory=ReinforcementSettings)
+    precedent: PrecedentSettings = msgspec.field(default_factory=PrecedentSettings)
+    mmr: MmrSettings = msgspec.field(default_factory=MmrSettings)
+    validity_gate: ValidityGateSettings = msgspec.field(default_factory=ValidityGateSettings)
+    schema_induction: SchemaInductionSettings = msgspec.field(
+        default_factory=SchemaInductionSettings)
     dreaming: DreamingSettings = msgspec.field(default_factory=DreamingSettings)
     hitl: HitlSettings = msgspec.field(default_factory=HitlSettings)
-    w_reinforcement: float = 0.0  # late key
+    default_visibility: str = "public"  # public | private
     embedding_model: str | None = None  # syncd: the model the hub's embeddings use
 
 
@@ -96,26 +166,47 @@ def _merge(base: dict[str, Any], patch: dict[str, object]) -> dict[str, Any]:
     return merged
 
 
+def _new_names_win(patch: dict[str, object]) -> dict[str, object]:
+    """``patch`` without an old dreaming key given beside its new one (rule 6)."""
+    dreaming = patch.get("dreaming")
+    if not isinstance(dreaming, dict) or not any(
+            old in dreaming and new in dreaming for old, new in ALIASES.items()):
+        return patch
+    kept = {k: v for k, v in dreaming.items() if not (k in ALIASES and ALIASES[k] in dreaming)}
+    return {**patch, "dreaming": kept}
+
+
 def merge_patch(current: MemorySettings, patch: dict[str, object]) -> MemorySettings:
     """Apply only the keys in ``patch`` to ``current``; raise ``msgspec.ValidationError``
     naming the path on a bad type or value (rule 5)."""
-    merged = msgspec.convert(_merge(msgspec.to_builtins(current), patch), MemorySettings)
+    merged = msgspec.convert(_merge(msgspec.to_builtins(current), _new_names_win(patch)),
+                             MemorySettings)
     _check_numbers(merged, "$")
     if not merged.rrf_k > 0:
         raise msgspec.ValidationError(f"must be above 0, got {merged.rrf_k!r} - at `$.rrf_k`")
     return merged
 
 
+def replace_settings(body: dict[str, object]) -> MemorySettings:
+    """The plane's PUT (rule 7): ``body`` over the coded defaults."""
+    return merge_patch(DEFAULT_SETTINGS, body)
+
+
 HITL_MODES = ("auto", "post_hoc", "gate")
 DREAMING_MODES = ("full", "housekeeping_only", "sources")
+VISIBILITIES = ("public", "private")
 U64_MAX = 2**64 - 1  # the plane's counts are u64
 
 
 def _check_numbers(value: msgspec.Struct, path: str) -> None:
     """Rule 5, field by field: finite floats, counts in u64's range, modes of the plane's
     enums."""
-    for name in value.__struct_fields__:
-        field, where = getattr(value, name), f"{path}.{name}"
+    if isinstance(value, MemorySettings) and value.default_visibility not in VISIBILITIES:
+        raise msgspec.ValidationError(f"must be one of {', '.join(VISIBILITIES)}, got "
+                                      f"{value.default_visibility!r} - at `$.default_visibility`")
+    for info in msgspec.structs.fields(value):
+        name = info.name
+        field, where = getattr(value, name), f"{path}.{info.encode_name}"
         if isinstance(field, msgspec.Struct):
             _check_numbers(field, where)
         elif isinstance(field, float) and not math.isfinite(field):

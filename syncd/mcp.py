@@ -13,6 +13,12 @@ Rules:
   * Argument values are never logged: they may hold text meant to stay private. Names the
     client chose (argument keys, a method or tool name) pass the redactor before they reach a
     log line or an error message.
+  * The tools are the ``Surfacer``'s table (the daemon's ``TOOLS``, the hub's ``HUB_TOOLS``).
+    A transport that serves callers of the ``read`` role (the hub, whose MCP needs only
+    ``read`` as the plane's does) sets ``CALLER_CAN_WRITE`` to False for the request: then
+    ``tools/list`` holds only ``READ_ONLY_TOOLS`` and calling another tool is a -32602 naming
+    the tool and the role it needs, with nothing run. Unset, every tool is served (the
+    daemon's one token is its owner's).
   * A body is read as JSON whatever decoder it takes: valid JSON msgspec refuses (a number
     beyond double range, an escaped lone surrogate) is read by the stdlib, as the stdio bridge
     and the REST routes read it, so the request keeps its id; an answer msgspec cannot encode
@@ -25,6 +31,7 @@ import json
 import logging
 import math
 from collections.abc import Mapping
+from contextvars import ContextVar
 from typing import Any, Final
 
 import msgspec
@@ -32,7 +39,7 @@ import msgspec
 import syncd
 from local_store import Store, StoreError, ValidationError
 from local_store.redact import strip_private
-from syncd.tools import TOOLS, Surfacer
+from syncd.tools import Surfacer, Tool
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +70,10 @@ INSTRUCTIONS: Final = (
     "except inside <private>…</private>, which is redacted before anything is written."
 )
 
-_READ_ONLY: Final = frozenset({"memory_search", "recall_memory", "list_memories", "get_memory",
-                               "memory_compare", "verify_memory"})
+READ_ONLY_TOOLS: Final = frozenset({"memory_search", "recall_memory", "list_memories",
+                                    "get_memory", "memory_compare", "verify_memory",
+                                    "flush_memory", "list_memory_usage"})
+CALLER_CAN_WRITE: ContextVar[bool] = ContextVar("syncd_mcp_caller_can_write", default=True)
 _DESTRUCTIVE: Final = frozenset({"delete_memory", "memory_judge", "update_memory_status"})
 _IDEMPOTENT: Final = frozenset({"update_memory_status", "update_memory_importance",
                                 "ingest_entity", "memory_note", "delete_memory"})
@@ -82,16 +91,16 @@ def error_response(request_id: object, code: int, message: str) -> dict[str, Any
     return {"jsonrpc": JSONRPC, "id": request_id, "error": {"code": code, "message": message}}
 
 
-def _tool_entry(name: str) -> dict[str, Any]:
-    tool = TOOLS[name]
+def _tool_entry(tool: Tool) -> dict[str, Any]:
+    name = tool.name
     return {
         "name": tool.name,
         "description": tool.description,
         "inputSchema": tool.schema,
         "annotations": {
-            "readOnlyHint": name in _READ_ONLY,
+            "readOnlyHint": name in READ_ONLY_TOOLS,
             "destructiveHint": name in _DESTRUCTIVE,
-            "idempotentHint": name in _READ_ONLY or name in _IDEMPOTENT,
+            "idempotentHint": name in READ_ONLY_TOOLS or name in _IDEMPOTENT,
             "openWorldHint": False,
         },
     }
@@ -155,7 +164,9 @@ class McpServer:
         self.surfacer = surfacer
         self.server_name = server_name
         self.version = version
-        self._tools_list = {"tools": [_tool_entry(name) for name in TOOLS]}
+        entries = [_tool_entry(tool) for tool in surfacer.tools.values()]
+        self._tools_list = {"tools": entries}
+        self._read_tools_list = {"tools": [e for e in entries if e["name"] in READ_ONLY_TOOLS]}
 
     async def handle(self, payload: object) -> object | None:
         """Answer one decoded JSON-RPC message or batch; ``None`` means send nothing."""
@@ -222,7 +233,7 @@ class McpServer:
         if method == "tools/call":
             return await self._call_tool(params)
         if method == "tools/list":
-            return self._tools_list
+            return self._tools_list if CALLER_CAN_WRITE.get() else self._read_tools_list
         if method == "initialize":
             return self._initialize(params)
         if method == "ping":
@@ -245,9 +256,13 @@ class McpServer:
         name = params.get("name")
         if not isinstance(name, str):
             raise _ProtocolError(INVALID_PARAMS, 'Invalid params: "name" must be a string')
-        if name not in TOOLS:
+        if name not in self.surfacer.tools:
             raise _ProtocolError(INVALID_PARAMS, f"Unknown tool: {_shown(name)!r}; "
                                  "call tools/list for the tool names")
+        if name not in READ_ONLY_TOOLS and not CALLER_CAN_WRITE.get():
+            raise _ProtocolError(INVALID_PARAMS, f"Tool {name!r} needs the write role; this "
+                                 "token has the read role, which may call only the tools "
+                                 "tools/list shows it")
         arguments = params.get("arguments")
         if arguments is None:
             arguments = {}

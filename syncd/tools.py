@@ -12,21 +12,35 @@ Rules:
     (each read again, so a deleted or archived one drops out and purged text is not repeated).
   * Every argument is checked by the strict redactor before any handler runs, so a value no
     UTF-8 text can hold is refused naming its field, with nothing written.
+  * ``PLANE_TOOLS`` are the current plane's tools contract §5 lacks (``flush_memory``,
+    ``reinforce_memory``, ``list_memory_usage``; docs/kyma-current-surface.md), with the
+    plane's arguments and answers. ``HUB_TOOLS`` (the hub's MCP) has them; ``TOOLS`` (the
+    daemon's) does not yet.
+  * Usage counters (the plane's ``memory_usage_stats``) live beside the store, in
+    ``USAGE_FILE``, not on the memories: a count is telemetry, not an edit, and never syncs. A
+    ``Surfacer`` serving ``list_memory_usage`` counts a hit for every memory its search tools
+    return (the plane's passive signal); ``reinforce_memory`` records a verdict.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
+import sqlite3
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from local_store import Store, ValidationError
 from local_store.records import (
+    DEFAULT_REALM,
     MAX_CONTENT_CHARS,
     MAX_KEY_CHARS,
     MAX_TAG_CHARS,
@@ -42,6 +56,8 @@ from local_store.records import (
     slug,
 )
 from local_store.redact import REDACTED, strip_json_object, strip_private
+from protocol.query import QueryResponse
+from protocol.timestamp import format_autosi
 
 Handler = Callable[[Store, dict[str, Any]], Awaitable[Any]]
 
@@ -108,13 +124,18 @@ SAVE_PROPS = {"content": S, "title": S, "memory_type": S, "tags": SL, "realm": S
 async def _search(store: Store, args: dict[str, Any]) -> Any:
     request = {k: v for k, v in args.items() if k in RECALL_PROPS or k in (
         "expand_hops", "as_of", "include_invalidated")}
-    return msgspec.to_builtins(await store.recall(request))
+    return _answer(await store.recall(request))
 
 
 async def _recall(store: Store, args: dict[str, Any]) -> Any:
     request = {k: v for k, v in args.items() if k in RECALL_PROPS}
     request.update(expand_hops=1, as_of=None, include_invalidated=False)
-    return msgspec.to_builtins(await store.recall(request))
+    return _answer(await store.recall(request))
+
+
+def _answer(found: QueryResponse) -> Any:
+    """A recall as the plane's tools answer it: ``precedent`` is always there (none found)."""
+    return msgspec.to_builtins(msgspec.structs.replace(found, precedent=None))
 
 
 async def _save(store: Store, args: dict[str, Any]) -> Any:
@@ -376,6 +397,131 @@ async def _maybe_get(store: Store, memory_id: object, field: str) -> Any:
         raise
 
 
+# ---------------------------------------------------------------------- usage counters
+
+USAGE_FILE = "memory-usage.sqlite3"
+OUTCOMES = ("helpful", "not_helpful")
+USAGE_LIMIT, MAX_USAGE_LIMIT = 50, 500
+USAGE_SCHEMA = """CREATE TABLE IF NOT EXISTS memory_usage_stats (
+    memory_id TEXT PRIMARY KEY, realm TEXT NOT NULL,
+    hit_count INTEGER NOT NULL DEFAULT 0, reinforced_count INTEGER NOT NULL DEFAULT 0,
+    miss_count INTEGER NOT NULL DEFAULT 0,
+    last_surfaced_ns INTEGER, last_reinforced_ns INTEGER)"""
+USAGE_COLUMNS = ("hit_count, reinforced_count, miss_count, last_surfaced_ns, "
+                 "last_reinforced_ns")
+
+
+class Usage:
+    """The usage counters of the store in ``data_dir`` (rules above), the plane's semantics:
+    a hit bumps ``hit_count``, a verdict ``reinforced_count`` (helpful) or ``miss_count``; a
+    memory's realm is the one its first count was recorded under. The file is made by the
+    first count; every call runs on a worker thread."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / USAGE_FILE
+
+    async def surfaced(self, hits: list[tuple[str, str]]) -> None:
+        """One hit for each ``(memory_id, realm)``."""
+        if hits:
+            await asyncio.to_thread(self._surfaced, hits, time.time_ns())
+
+    async def feedback(self, memory_id: str, realm: str, helpful: bool) -> dict[str, Any]:
+        """Record a verdict; the memory's counters after it."""
+        return await asyncio.to_thread(self._feedback, memory_id, realm, helpful,
+                                       time.time_ns())
+
+    async def unreinforced(self, realm: str | None, limit: int) -> list[dict[str, Any]]:
+        """Memories surfaced but never judged, most hits first (then last surfaced first)."""
+        return await asyncio.to_thread(self._unreinforced, realm, limit)
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=10.0)
+        conn.execute(USAGE_SCHEMA)
+        return conn
+
+    def _surfaced(self, hits: list[tuple[str, str]], now: int) -> None:
+        with contextlib.closing(self._connect()) as conn, conn:
+            conn.executemany(
+                "INSERT INTO memory_usage_stats (memory_id, realm, hit_count, last_surfaced_ns) "
+                "VALUES (?, ?, 1, ?) ON CONFLICT (memory_id) DO UPDATE SET "
+                "hit_count = hit_count + 1, last_surfaced_ns = excluded.last_surfaced_ns",
+                [(mid, realm, now) for mid, realm in hits])
+
+    def _feedback(self, memory_id: str, realm: str, helpful: bool, now: int) -> dict[str, Any]:
+        good, bad = (1, 0) if helpful else (0, 1)
+        with contextlib.closing(self._connect()) as conn, conn:
+            row = conn.execute(
+                "INSERT INTO memory_usage_stats (memory_id, realm, reinforced_count, miss_count, "
+                "last_reinforced_ns) VALUES (?, ?, ?, ?, ?) ON CONFLICT (memory_id) DO UPDATE "
+                "SET reinforced_count = reinforced_count + excluded.reinforced_count, "
+                "miss_count = miss_count + excluded.miss_count, "
+                "last_reinforced_ns = excluded.last_reinforced_ns "
+                f"RETURNING {USAGE_COLUMNS}", (memory_id, realm, good, bad, now)).fetchone()
+        return _counts(row)
+
+    def _unreinforced(self, realm: str | None, limit: int) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        with contextlib.closing(self._connect()) as conn:
+            rows = conn.execute(
+                f"SELECT memory_id, {USAGE_COLUMNS} FROM memory_usage_stats WHERE hit_count > 0 "
+                "AND reinforced_count = 0 AND miss_count = 0 AND (? IS NULL OR realm = ?) "
+                "ORDER BY hit_count DESC, last_surfaced_ns DESC, memory_id LIMIT ?",
+                (realm, realm, limit)).fetchall()
+        return [{"memory_id": row[0], **_counts(row[1:])} for row in rows]
+
+
+def _counts(row: tuple[Any, ...]) -> dict[str, Any]:
+    hits, good, bad, surfaced, judged = row
+    return {"hit_count": hits, "reinforced_count": good, "miss_count": bad,
+            "last_surfaced_at": None if surfaced is None else format_autosi(surfaced),
+            "last_reinforced_at": None if judged is None else format_autosi(judged)}
+
+
+async def _flush(store: Store, args: dict[str, Any]) -> Any:
+    """Every write is committed before its tool answers: there is no queue to wait for."""
+    _strings(args, "realms")
+    return {"flushed": True}
+
+
+async def _reinforce(store: Store, args: dict[str, Any]) -> Any:
+    """The plane's verdict: a memory that cannot be read is counted under the default realm."""
+    mid = normalise_memory_id(args.get("memory_id"))
+    outcome = args.get("outcome")
+    if outcome not in OUTCOMES:
+        raise ValidationError("outcome", "must be helpful or not_helpful")
+    optional_str(args, "reason", limit=MAX_CONTENT_CHARS)  # the plane only logs it; syncd not
+    try:
+        realm = str((await store.get(mid))["realm"])
+    except Exception as exc:
+        if getattr(exc, "code", "") != "not_found":
+            raise
+        realm = DEFAULT_REALM
+    counts = await Usage(store.data_dir).feedback(mid, realm, outcome == "helpful")
+    return {"ok": True, "memory_id": mid, "hit_count": counts["hit_count"],
+            "reinforced_count": counts["reinforced_count"], "miss_count": counts["miss_count"]}
+
+
+async def _usage_list(store: Store, args: dict[str, Any]) -> Any:
+    limit = args.get("limit", USAGE_LIMIT)
+    if limit is None:
+        limit = USAGE_LIMIT
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+        raise ValidationError("limit", "must be an integer, 0 or more")
+    realm = optional_str(args, "realm")
+    found = await Usage(store.data_dir).unreinforced(realm, min(max(limit, 1), MAX_USAGE_LIMIT))
+    return {"memories": found}
+
+
+def _strings(args: Mapping[str, Any], name: str) -> list[str]:
+    value = args.get(name)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValidationError(name, "must be a list of strings")
+    return value
+
+
 # ---------------------------------------------------------------------- the table
 
 TOOLS: dict[str, Tool] = {t.name: t for t in (
@@ -434,6 +580,24 @@ TOOLS: dict[str, Tool] = {t.name: t for t in (
          _obj({"content": S, "realm": S, "tags": SL}, ("content",)), _learning),
 )}
 
+PLANE_TOOLS: dict[str, Tool] = {t.name: t for t in (
+    Tool("flush_memory", "Wait until saved memories are committed. syncd commits every write "
+         "before its tool answers, so this returns at once; kept for agents written for the "
+         "plane.", _obj({"realms": {**SL, "description": "Realms to flush; empty = all."}}),
+         _flush),
+    Tool("reinforce_memory", "After acting on a recalled memory, report whether it helped: "
+         "outcome 'helpful' or 'not_helpful'. Records usage counts, not an edit of the memory.",
+         _obj({"memory_id": S, "outcome": {**S, "enum": list(OUTCOMES)},
+               "reason": {**S, "description": "Why; not stored."}},
+              ("memory_id", "outcome")), _reinforce),
+    Tool("list_memory_usage", "Memories recalled at least once but never judged with "
+         "reinforce_memory, most recalled first: the worklist for inferring verdicts.",
+         _obj({"realm": {**S, "description": "One realm; omit for all."},
+               "limit": {**I, "minimum": 0, "description": "At most this many (default 50, "
+                         "1-500)."}}), _usage_list),
+)}
+HUB_TOOLS: dict[str, Tool] = {**TOOLS, **PLANE_TOOLS}
+
 
 def _check_conversation(value: object) -> None:
     """A conversation id is kept as a key (up to ``MAX_CONVERSATIONS`` of them) and echoed in
@@ -447,13 +611,16 @@ def _check_conversation(value: object) -> None:
 
 
 class Surfacer:
-    """Remembers, per conversation, what was surfaced, so it is repeated on later calls."""
+    """Remembers, per conversation, what was surfaced, so it is repeated on later calls; calls
+    the tools of ``tools``, counting usage when they include ``list_memory_usage``."""
 
-    def __init__(self) -> None:
+    def __init__(self, tools: Mapping[str, Tool] = TOOLS) -> None:
+        self.tools = tools
+        self.counts_usage = "list_memory_usage" in tools
         self._seen: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
 
     async def call(self, store: Store, name: str, args: Mapping[str, Any]) -> Any:
-        tool = TOOLS.get(name)
+        tool = self.tools.get(name)
         if tool is None:
             raise ValidationError("name", f"unknown tool {strip_private(name)[:80]!r}")
         if not isinstance(args, Mapping):
@@ -471,6 +638,9 @@ class Surfacer:
             raise ValidationError("memoryContext", "must be a string")
         conversation = conversation or f"conv-{uuid.uuid4()}"
         result = await tool.handler(store, params)
+        if self.counts_usage and name in SEARCH_TOOLS and isinstance(result, dict):
+            await Usage(store.data_dir).surfaced(
+                [(m["id"], m["realm"]) for m in result["memories"]])
         searched = None
         if context is None and name in SEARCH_TOOLS and isinstance(result, dict):
             searched = result["memories"]  # the search itself is the hint: reuse its answer

@@ -1,10 +1,20 @@
 """``create_hub_app``: the reference control plane's HTTP surface.
 
 Rules:
-  * Wire-compatible with the plane's memory routes (contract §4): ``changes``, ``export``,
-    ``import``, ``query``, ``settings`` and MCP, with bearer tokens and roles
-    ``read < write < admin``. ``import``, ``PUT settings`` and MCP need ``write`` (the plane
-    lets ``read`` change settings and write through MCP; the hub does not).
+  * Wire-compatible with the plane's memory routes (contract §4, and the current plane's
+    changes: docs/kyma-current-surface.md): ``changes``, ``export``, ``import``, ``query``,
+    ``settings`` and MCP, with bearer tokens and roles ``read < write < admin``. ``import``
+    and ``PUT settings`` need ``write``; MCP needs ``read``, as the plane's. (The plane lets
+    ``read`` change settings; the hub keeps ``read`` read-only, as it does in MCP.)
+  * MCP (``/mcp/v1``) serves ``HUB_TOOLS`` on a SQLite hub. A ``read`` token sees and calls
+    only the read-only tools; the others answer a JSON-RPC error naming the tool and the
+    ``write`` role (``syncd/mcp.py``): the plane lets ``read`` write through MCP, the hub does
+    not. The search tools and ``query`` count usage (``syncd/tools.py``, ``Usage``). A
+    PostgreSQL hub answers MCP with 501: the tools run on the local store, which it has not.
+  * ``PUT settings`` with a bearer token is the plane's: the body replaces the settings (its
+    missing keys take the coded defaults, ``replace_settings``) and the answer is
+    ``{"ok": true}``. The page's sessions keep the patch the page sends (only the changed
+    keys) and are answered the whole settings, as before.
   * ``cursor="ingest"`` (default): ``changes`` follows the hub's commit order (``feed.py``), with
     ``limit``/``has_more`` pagination and ``"feed": "ingest"`` in the body, so a late push is
     never skipped; ``exclude_origin=<replica id>`` leaves out the caller's own versions. ``cursor="origin"`` reproduces the plane: nodes filtered on their own
@@ -48,9 +58,11 @@ from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from local_store import Store, ValidationError
-from local_store.redact import quoted
-from protocol.query import QueryRequest
+from local_store.arguments import msgspec_field
+from local_store.redact import quoted, strip_json_object
+from protocol.query import QueryRequest, QueryResponse
 from protocol.rows import ChangesResponse, ExportBody, ImportRequest
+from protocol.settings import replace_settings
 from protocol.timestamp import format_ns
 from syncd import __version__
 from syncd.entitlement.token import Claims, sign
@@ -91,9 +103,17 @@ from syncd.hub.store import (
     SqliteHubStore,
     StoreUnavailableError,
 )
-from syncd.hub.tokens import PLANS, AuthError, TokenBook, TokenFileError, check_role, token_hash
-from syncd.mcp import McpServer
-from syncd.tools import Surfacer
+from syncd.hub.tokens import (
+    PLANS,
+    AuthError,
+    TokenBook,
+    TokenFileError,
+    check_role,
+    role_allows,
+    token_hash,
+)
+from syncd.mcp import CALLER_CAN_WRITE, McpServer
+from syncd.tools import HUB_TOOLS, Surfacer, Usage
 
 log = logging.getLogger("syncd.hub")
 
@@ -101,6 +121,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 HUB = web.AppKey("hub_store", object)
 CURSOR_MODE = web.AppKey("cursor_mode", str)
 ISSUER = web.AppKey("issuer", tuple)
+CALLER_ROLE = web.RequestKey("caller_role", str)  # the role the request was authenticated with
 NBF_SLACK_SECS = 300  # a token is valid from a little before issue, for clocks slightly behind
 MAX_PAGE = 10_000
 RETRY_AFTER_SECS = 5
@@ -125,7 +146,7 @@ def create_hub_app(backend: HubStore | Store, book: TokenBook | None = None, *,
     app[PAGE_SESSIONS], app[PAGE_KIND] = sessions, "hub"
     app[ISSUER] = (signing_key, token_lifetime_days)
     if isinstance(backend, SqliteHubStore):
-        app[MCP] = McpServer(backend.store, Surfacer())
+        app[MCP] = McpServer(backend.store, Surfacer(HUB_TOOLS))
     for method, path, handler, _role in ROUTES:
         app.router.add_route(method, path, handler)
     return app
@@ -245,8 +266,10 @@ def _auth(backend: HubStore,
                     # found with its token's role now: a revoked token's session was not found
                     check_role((session.name or "", session.role), need)
                     request[SESSION_KEY] = session
+                    request[CALLER_ROLE] = session.role
                 else:
-                    await backend.tokens.authenticate(request.headers.get("Authorization"), need)
+                    request[CALLER_ROLE] = (await backend.tokens.authenticate(
+                        request.headers.get("Authorization"), need))[1]
             except AuthError as exc:
                 refusals.note(request.method, shown_path(request), request.remote, exc)
                 headers = {"WWW-Authenticate": 'Bearer realm="syncd-hub"'} \
@@ -316,7 +339,17 @@ async def query(request: web.Request) -> web.Response:
     for name in ("memory_type", "space_agent", "as_of"):
         if "\x00" in (getattr(body, name) or ""):
             raise ValidationError(name, NUL_MESSAGE)
-    return reply(await hub_of(request).recall(body))
+    answer = await hub_of(request).recall(body)
+    await _count_hits(hub_of(request), answer)
+    return reply(msgspec.structs.replace(answer, precedent=None))  # the plane's key, none found
+
+
+async def _count_hits(hub: HubStore, answer: QueryResponse) -> None:
+    """A hit for each memory a recall returned (the plane's passive signal), on a SQLite hub:
+    a PostgreSQL hub keeps no usage counters (it serves no MCP to read them with)."""
+    if isinstance(hub, SqliteHubStore):
+        await Usage(hub.store.data_dir).surfaced(
+            [(m.id, m.realm or "") for m in answer.memories])
 
 
 async def entitlement(request: web.Request) -> web.Response:
@@ -353,19 +386,31 @@ async def get_settings(request: web.Request) -> web.Response:
 
 
 async def put_settings(request: web.Request) -> web.Response:
-    patch = await read_json(request)
-    if not isinstance(patch, dict):
+    """The plane's replace for a bearer token, the page's patch for a page session (rules)."""
+    body = await read_json(request)
+    if not isinstance(body, dict):
         raise ValidationError("body", "must be a JSON object")
     hub = hub_of(request)
-    return reply(msgspec.structs.replace(await hub.put_settings(patch),
-                                         embedding_model=hub.embedder.model_id))  # as GET
+    if request.get(SESSION_KEY) is not None:
+        return reply(msgspec.structs.replace(await hub.put_settings(body),
+                                             embedding_model=hub.embedder.model_id))  # as GET
+    try:
+        replaced = replace_settings(strip_json_object(body))  # redacted before any echo
+    except msgspec.ValidationError as exc:
+        raise ValidationError(msgspec_field(str(exc)), str(exc)) from None
+    await hub.put_settings(msgspec.to_builtins(replaced))  # every key: nothing merges
+    return reply({"ok": True})
 
 
 async def hub_mcp(request: web.Request) -> web.Response:
     if MCP not in request.app:
         raise HttpError(501, "not_implemented", "MCP is served by single-process (SQLite) hubs "
                         "only; agents reach a PostgreSQL hub through their laptop's daemon")
-    return await mcp(request)
+    allowed = CALLER_CAN_WRITE.set(role_allows(request[CALLER_ROLE], "write"))
+    try:
+        return await mcp(request)
+    finally:
+        CALLER_CAN_WRITE.reset(allowed)
 
 
 async def status(request: web.Request) -> web.Response:
@@ -428,7 +473,7 @@ ROUTES: list[tuple[str, str, Handler, str]] = [
     ("PUT", "/v1/agent/memory/settings", put_settings, "write"),
     ("GET", "/v1/agent/status", status, "read"),
     ("GET", "/v1/agent/entitlement", entitlement, "read"),
-    ("POST", "/mcp/v1", hub_mcp, "write"),
+    ("POST", "/mcp/v1", hub_mcp, "read"),
     ("GET", "/healthz", healthz, "none"),
     ("GET", "/metrics", hub_metrics, "read"),
     ("GET", "/", web_pages.index, "none"),

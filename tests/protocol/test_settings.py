@@ -31,9 +31,28 @@ CONTRACT_DEFAULTS = b"""
 """
 
 
+# What the current plane changed since the contract (memory_settings.rs @ c090779,
+# docs/kyma-current-surface.md §3): keys renamed in `dreaming`, blocks added.
+RENAMED_DREAMING = {"connector_read_budget": "data_source_read_budget",
+                    "connector_read_max_bytes": "data_source_read_max_bytes"}
+CURRENT_PLANE_ADDITIONS = b"""
+{
+  "w_reinforcement": 0.0,
+  "reinforcement": { "enabled": false, "hit_weight": 0.3, "miss_penalty": 0.3, "half_life_days": 30.0 },
+  "precedent": { "enabled": true, "max_distance": 0.15, "memory_limit": 20 },
+  "mmr": { "enabled": false, "lambda": 0.7, "pool_multiplier": 3 },
+  "validity_gate": { "enabled": false, "llm_escalation_enabled": false, "min_confidence": 0.35,
+                     "min_content_chars": 12 },
+  "schema_induction": { "enabled": false, "min_examples": 3, "interval_days": 7 },
+  "default_visibility": "public"
+}
+"""
+
+
 def test_defaults_equal_the_contract() -> None:
     expected = msgspec.json.decode(CONTRACT_DEFAULTS)
-    expected["w_reinforcement"] = 0.0
+    expected["dreaming"] = {RENAMED_DREAMING.get(k, k): v for k, v in expected["dreaming"].items()}
+    expected.update(msgspec.json.decode(CURRENT_PLANE_ADDITIONS))
     expected["embedding_model"] = None
     assert msgspec.json.decode(json_encoder.encode(DEFAULT_SETTINGS)) == expected
 

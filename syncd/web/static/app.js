@@ -1272,10 +1272,40 @@
       realm_scope: {kind: "list", help: "comma-separated; empty = all"},
       max_tool_calls: {kind: "int", min: 0, max: 1000000},
       wall_clock_secs: {kind: "int", min: 1, max: 604800, help: "seconds"},
-      connector_read_budget: {kind: "int", min: 0, max: 1000000},
-      connector_read_max_bytes: {kind: "int", min: 0, max: 1073741824, help: "bytes"},
+      data_source_read_budget: {kind: "int", min: 0, max: 1000000},
+      data_source_read_max_bytes: {kind: "int", min: 0, max: 1073741824, help: "bytes"},
       mutation_cap: {kind: "int", min: 0, max: 1000000},
     }},
+    // The current plane's blocks (docs/kyma-current-surface.md §3): stored and served, not
+    // used by syncd's own recall.
+    reinforcement: {kind: "group", fields: {
+      enabled: {kind: "bool"},
+      hit_weight: {kind: "float", min: 0, max: 10},
+      miss_penalty: {kind: "float", min: 0, max: 10},
+      half_life_days: {kind: "float", min: 0, exclusiveMin: true, max: 36500, help: "days"},
+    }},
+    precedent: {kind: "group", fields: {
+      enabled: {kind: "bool"},
+      max_distance: {kind: "float", min: 0, max: 2},
+      memory_limit: {kind: "int", min: 0, max: 1000000},
+    }},
+    mmr: {kind: "group", fields: {
+      enabled: {kind: "bool"},
+      lambda: {kind: "float", min: 0, max: 1},
+      pool_multiplier: {kind: "int", min: 1, max: 1000},
+    }},
+    validity_gate: {kind: "group", fields: {
+      enabled: {kind: "bool"},
+      llm_escalation_enabled: {kind: "bool"},
+      min_confidence: {kind: "float", min: 0, max: 1},
+      min_content_chars: {kind: "int", min: 0, max: 1000000},
+    }},
+    schema_induction: {kind: "group", fields: {
+      enabled: {kind: "bool"},
+      min_examples: {kind: "int", min: 0, max: 1000000},
+      interval_days: {kind: "int", min: 0, max: 36500, help: "days"},
+    }},
+    default_visibility: {kind: "enum", options: ["public", "private"], group: "other"},
     hitl: {kind: "group", fields: {
       enabled: {kind: "bool"},
       ops: {kind: "group", fields: Object.fromEntries(["add", "update", "invalidate", "merge",

@@ -436,6 +436,9 @@ class Usage:
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=10.0)
+        # telemetry: a hit lost to a power cut costs nothing, an fsync on every query would
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute(USAGE_SCHEMA)
         return conn
 

@@ -152,11 +152,31 @@ def _not_json(name: str) -> Any:
 
 
 async def read_typed(request: web.Request, kind: type[Any]) -> Any:
-    body = await read_json(request)
+    return _typed(await read_json(request), kind)
+
+
+def _typed(body: Any, kind: type[Any]) -> Any:
     try:
         return msgspec.convert(body, kind)
     except msgspec.ValidationError as exc:
         raise ValidationError(msgspec_field(str(exc)), str(exc)) from None
+
+
+IMPORT_FIELDS = ("memory_nodes", "memory_edges")
+
+
+async def read_import(request: web.Request) -> ImportRequest:
+    """An import body, which must hold ``memory_nodes`` or ``memory_edges`` (or both): an
+    object with neither (the wrong file, a misspelt key) would apply nothing and answer 200.
+    The daemon and the hub refuse it alike; Kyma's plane takes it (contract §4.4), but no
+    syncd client sends one (the push names both lists, ``syncd import`` refuses such a file)."""
+    body = await read_json(request)
+    if isinstance(body, dict) and not any(name in body for name in IMPORT_FIELDS):
+        raise ValidationError(", ".join(IMPORT_FIELDS),
+                              "the body holds neither memory_nodes nor memory_edges: give "
+                              "either list of rows, or both")
+    result: ImportRequest = _typed(body, ImportRequest)
+    return result
 
 
 def _object(body: Any) -> dict[str, Any]:
@@ -249,7 +269,7 @@ async def changes(request: web.Request) -> web.StreamResponse:
 
 
 async def import_rows(request: web.Request) -> web.Response:
-    body = await read_typed(request, ImportRequest)
+    body = await read_import(request)
     result = await request.app[STORE].apply(body.memory_nodes, body.memory_edges,
                                             model=request.app[PLANE_MODEL])
     return reply(import_result(result))

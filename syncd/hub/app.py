@@ -61,7 +61,7 @@ from local_store import Store, ValidationError
 from local_store.arguments import msgspec_field
 from local_store.redact import quoted, strip_json_object
 from protocol.query import QueryRequest, QueryResponse
-from protocol.rows import ChangesResponse, ExportBody, ImportRequest
+from protocol.rows import ChangesResponse, ExportBody
 from protocol.settings import replace_settings
 from protocol.timestamp import format_ns
 from syncd import __version__
@@ -75,6 +75,7 @@ from syncd.http.app import (
     errors_middleware,
     import_result,
     mcp,
+    read_import,
     read_json,
     read_typed,
     reply,
@@ -326,7 +327,7 @@ async def export(request: web.Request) -> web.StreamResponse:
 
 async def import_rows(request: web.Request) -> web.Response:
     hub = hub_of(request)
-    body = await read_typed(request, ImportRequest)
+    body = await read_import(request)
     result = await hub.apply(body.memory_nodes, body.memory_edges, model=hub.embedder.model_id)
     return reply(import_result(result))
 

@@ -72,6 +72,22 @@ async def test_a_row_holding_nul_is_refused_alone_never_the_whole_import(
         assert "memory:bad" in held and result["applied_nodes"] == 2
 
 
+@pytest.mark.parametrize("body", [{}, {"nodes": [], "edges": []}])
+async def test_an_import_with_neither_list_is_a_422_naming_both(
+        served: Served, body: dict[str, Any]) -> None:
+    """As the daemon's import: a body holding neither ``memory_nodes`` nor ``memory_edges``
+    applied nothing and answered 200; one list alone, even empty, is still an import."""
+    status, answer = await call(served, "POST", "/v1/agent/memory/import", body, served.write)
+    assert status == 422, answer
+    assert answer["error"]["field"] == "memory_nodes, memory_edges"
+    assert "memory_nodes" in answer["error"]["message"]
+    assert "memory_edges" in answer["error"]["message"]
+    for one in ({"memory_nodes": []}, {"memory_edges": []}):
+        status, answer = await call(served, "POST", "/v1/agent/memory/import", one,
+                                    served.write)
+        assert status == 200 and answer["applied_nodes"] == 0, answer
+
+
 @pytest.mark.parametrize(("path", "field"), [
     ("/v1/agent/memory/changes?realm=%00", "realm"),
     ("/v1/agent/memory/changes?exclude_origin=a%00b", "exclude_origin"),

@@ -233,6 +233,10 @@ BAD_INPUT: list[tuple[str, str, Any, int, str | None]] = [
     ("POST", "/v1/agent/memory/import", {"memory_nodes": "x"}, 422, "memory_nodes"),
     ("POST", "/v1/agent/memory/import", {"memory_nodes": [{"tags": ["a"]}]}, 422,
      "memory_nodes[0].tags"),
+    # neither list (the wrong file, a misspelt key): before, 200 with nothing applied
+    ("POST", "/v1/agent/memory/import", {}, 422, "memory_nodes, memory_edges"),
+    ("POST", "/v1/agent/memory/import", {"nodes": [], "edges": []}, 422,
+     "memory_nodes, memory_edges"),
     ("PUT", "/v1/agent/memory/settings", {"w_graph": "high"}, 422, "w_graph"),
     ("PUT", "/v1/agent/memory/settings", [1], 422, "body"),
     ("POST", "/v1/agent/memory/tools/save_memory", {"content": 5}, 422, "content"),

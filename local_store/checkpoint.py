@@ -26,6 +26,27 @@ Rules:
     it only fires when this falls behind.
   * A failed checkpoint is recorded in ``last_error`` and never raised: the backstop and the
     daemon's periodic ``TRUNCATE`` checkpoint still bound the WAL.
+
+Scrubbing after a purge (a hard delete, or a pulled or imported tombstone that purges text):
+  * The purged text is off every page of ``memory.db`` as the transaction commits (the writer
+    runs with ``secure_delete``, which zeroes freed cells and pages), but the WAL still holds
+    the frames the text was written in, and earlier versions of the pages that held it, until
+    it is truncated. So after a purging commit the store awaits ``scrub``: a
+    ``wal_checkpoint(TRUNCATE)`` on the writer's thread, between two of its transactions,
+    which copies every frame into the database and truncates the WAL to zero bytes.
+  * A reader whose snapshot began before the purge still needs those pages (from the WAL, or
+    from the database file, which the checkpoint then cannot overwrite): no checkpoint can
+    remove the text before it ends. TRUNCATE also waits for readers of the latest snapshot to
+    leave the WAL. So each attempt waits at most ``SCRUB_BUSY_MS`` for readers (the busy
+    timeout of that one statement: the writer's thread, and every write queued behind it, is
+    held no longer), and ``scrub`` retries with doubling gaps for ``SCRUB_WAIT_SECS`` at
+    most; the store's own readers hold a snapshot for one statement, or one export.
+  * Past that (a long export, an outside reader holding a transaction open), the purging
+    write returns and the scrub stays owed: a background task retries with gaps doubling up
+    to ``SCRUB_RETRY_MAX_SECS``, so the text leaves the disk within that gap after the last
+    reader that needed it ends. Any TRUNCATE that succeeds after a purge's commit (the
+    daemon's periodic one too) settles every purge committed before it began (``_scrubbed``
+    counts purges, so a success that began before a purge's commit does not settle it).
 """
 
 from __future__ import annotations
@@ -41,6 +62,10 @@ from local_store import db
 
 MIN_GAP_SECS = 0.05
 RESTART_FRAMES = 1000  # SQLite's own default threshold
+SCRUB_BUSY_MS = 50  # one scrub attempt waits this long at most for readers to leave the WAL
+SCRUB_WAIT_SECS = 1.0  # a purging write retries its scrub this long before it returns
+SCRUB_FIRST_GAP_SECS = 0.02
+SCRUB_RETRY_MAX_SECS = 1.0  # the owed scrub's retries, in the background, at most this apart
 
 
 class Checkpointer:
@@ -61,6 +86,12 @@ class Checkpointer:
         self._stalled = False
         self._holds = 0
         self._closed = False
+        self._purges = 0  # purging commits so far
+        self._scrubbed = 0  # of them, how many a successful TRUNCATE has settled
+        self._settled = asyncio.Event()
+        self._settled.set()
+        self._scrubber: asyncio.Task[None] | None = None
+        self._running: asyncio.Future[tuple[int, int]] | None = None  # the pass on a thread
 
     def poke(self) -> None:
         """A write transaction committed (call on the event loop)."""
@@ -72,16 +103,15 @@ class Checkpointer:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="wal-checkpoint")
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             self._again = False
             try:
                 if self._stalled:  # a reader held frames back: copy them between writes
-                    frames, done = await loop.run_in_executor(self._writer_pool, self._finish)
+                    frames, done = await self._step(self._writer_pool, self._finish)
                 else:
-                    frames, done = await loop.run_in_executor(self._pool, self._checkpoint)
+                    frames, done = await self._step(self._pool, self._checkpoint)
                     if frames >= self.restart_frames and done == frames and not self._closed:
-                        frames, done = await loop.run_in_executor(self._writer_pool, self._finish)
+                        frames, done = await self._step(self._writer_pool, self._finish)
             except RuntimeError as exc:  # an executor was shut down: the store is closing
                 self.last_error = f"RuntimeError: {exc}"
                 return
@@ -91,32 +121,98 @@ class Checkpointer:
             if not self._again or self._closed or self._holds:
                 return
 
+    def _step(self, pool: ThreadPoolExecutor,
+              fn: Callable[[], tuple[int, int]]) -> asyncio.Future[tuple[int, int]]:
+        """One pass on ``pool``, kept so ``truncate`` waits for the pass, not the gap after."""
+        self._running = asyncio.get_running_loop().run_in_executor(pool, fn)
+        return self._running
+
     async def wait_idle(self) -> None:
         """Until no checkpoint is running or due (benchmarks, tests)."""
         while self._task is not None and not self._task.done():
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(self._task)
 
-    async def truncate(self) -> tuple[int, int, int]:
+    async def truncate(self, busy_ms: int | None = None) -> tuple[int, int, int]:
         """``wal_checkpoint(TRUNCATE)`` on the writer's thread, once no pass of this one runs
-        (of two checkpoints at once, one gets SQLITE_BUSY). Returns SQLite's (busy, log,
-        checkpointed)."""
+        (of two checkpoints at once, one gets SQLITE_BUSY). ``busy_ms``: wait at most this
+        long for readers (else the connection's busy timeout). Returns SQLite's (busy, log,
+        checkpointed); busy 0 settles every purge committed before it began."""
         self._holds += 1
+        purges = self._purges
         try:
-            if self._task is not None and not self._task.done():
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.shield(self._task)
+            # A pass running now would make one of the two checkpoints SQLITE_BUSY; its gap
+            # after (``min_gap``) is no matter: the pass loop ends there while this holds.
+            if self._running is not None and not self._running.done():
+                await asyncio.wait([self._running])
 
             def run() -> tuple[int, int, int]:
-                ((busy, log, done),) = self._writer_conn().execute(
-                    "PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+                conn = self._writer_conn()
+                if busy_ms is not None:
+                    conn.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
+                try:
+                    ((busy, log, done),) = conn.execute(
+                        "PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+                finally:
+                    if busy_ms is not None:
+                        conn.execute(f"PRAGMA busy_timeout = {db.BUSY_TIMEOUT_MS}")
                 return int(busy), int(log), int(done)
 
-            return await asyncio.get_running_loop().run_in_executor(self._writer_pool, run)
+            result = await asyncio.get_running_loop().run_in_executor(self._writer_pool, run)
         finally:
             self._holds -= 1
             if self._again and not self._holds:
                 self.poke()
+        if result[0] == 0:
+            self._scrubbed = max(self._scrubbed, purges)
+            if self._scrubbed >= self._purges:
+                self._settled.set()
+        return result
+
+    @property
+    def scrub_owed(self) -> bool:
+        """A purge committed that no TRUNCATE has settled yet (its text may be in the WAL)."""
+        return self._scrubbed < self._purges
+
+    async def scrub(self) -> bool:
+        """A purging transaction committed: truncate the WAL (module rules). True once done;
+        False when readers held it back for ``SCRUB_WAIT_SECS`` (it is then retried in the
+        background until it succeeds)."""
+        self._purges += 1
+        self._settled.clear()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SCRUB_WAIT_SECS
+        gap = SCRUB_FIRST_GAP_SECS
+        try:
+            while not self._closed and not await self._attempt():
+                if loop.time() + gap > deadline:
+                    break
+                await asyncio.sleep(gap)
+                gap *= 2
+        finally:  # also when the caller is cancelled: the scrub stays owed, and retried
+            if (self.scrub_owed and not self._closed
+                    and (self._scrubber is None or self._scrubber.done())):
+                self._scrubber = loop.create_task(self._scrub_later(), name="wal-scrub")
+        return not self.scrub_owed
+
+    async def wait_scrubbed(self) -> None:
+        """Until no purge is owed a scrub (tests: after a reader that held it back ends)."""
+        await self._settled.wait()
+
+    async def _attempt(self) -> bool:
+        try:
+            await self.truncate(SCRUB_BUSY_MS)
+        except (sqlite3.Error, RuntimeError) as exc:  # RuntimeError: the store is closing
+            self.last_error = f"{type(exc).__name__}: {exc}"
+        return not self.scrub_owed
+
+    async def _scrub_later(self) -> None:
+        gap = SCRUB_FIRST_GAP_SECS
+        while self.scrub_owed and not self._closed:
+            await asyncio.sleep(gap)
+            if self._closed or await self._attempt():
+                return
+            gap = min(gap * 2, SCRUB_RETRY_MAX_SECS)
 
     def _checkpoint(self) -> tuple[int, int]:
         """Run on ``_pool`` only: the concurrent pass."""
@@ -142,10 +238,11 @@ class Checkpointer:
     async def close(self) -> None:
         """Stop poking and wait for a running checkpoint; then close the connection."""
         self._closed = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._scrubber):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await asyncio.get_running_loop().run_in_executor(self._pool, self._close)
         self._pool.shutdown(wait=False)
 

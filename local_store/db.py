@@ -8,6 +8,10 @@ Rules:
     checkpointer and outside readers (CLI, backup); ``journal_size_limit`` bounds the WAL.
   * Checkpoints run on their own thread after each write (``checkpoint.Checkpointer``); the
     automatic checkpoint inside a COMMIT is only a backstop at ``BACKSTOP_BYTES`` of WAL.
+  * The writer runs with ``secure_delete = ON`` (SQLite's default only where it was built so,
+    as Debian's is; not macOS's): a deleted or rewritten row's bytes, and the pages freed
+    under it (an FTS segment merged away), are zeroed in the page, so a purged text is off
+    ``memory.db`` once the WAL is checkpointed (``checkpoint`` scrubs after a purge).
   * A new store file gets ``PAGE_SIZE`` pages (8 KiB; SQLite's default is 4 KiB). A 10,000-row
     bootstrap commits ~30 MB: with half as many pages it writes half as many WAL frames and
     splits b-tree pages half as often (bench/store.py: fresh apply 12.7k → 15.1k rows/s,
@@ -147,6 +151,7 @@ def _configure(conn: sqlite3.Connection, *, readonly: bool) -> None:
         conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")  # before WAL; only a new file takes it
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("PRAGMA secure_delete = ON")  # freed cells and pages are zeroed
         conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
         page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
         conn.execute(f"PRAGMA wal_autocheckpoint = {BACKSTOP_BYTES // page_size}")

@@ -7,6 +7,9 @@ Rules:
   * Embedding happens before the transaction, never under the write lock.
   * Reads use their own connection on its own thread (WAL snapshot reads, ``query_only``).
   * The HLC's last stamp and ``local_seq`` are persisted in the same transaction as the rows.
+  * A transaction that purged text (``Writer.purged``: a hard delete, a remote tombstone that
+    purges) returns only after the WAL is scrubbed, or once that is owed to a reader that
+    still needs the text (``checkpoint.Checkpointer.scrub``).
 """
 
 from __future__ import annotations
@@ -253,8 +256,8 @@ class Store:
             raise StoreClosedError("the store is closed")
         loop = asyncio.get_running_loop()
         try:
-            result, events = await loop.run_in_executor(self._pool, _transaction, self._writer,
-                                                        fn, foreign_keys)
+            result, events, purged = await loop.run_in_executor(
+                self._pool, _transaction, self._writer, fn, foreign_keys)
         except sqlite3.OperationalError as exc:
             if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_FULL:
                 raise
@@ -268,6 +271,8 @@ class Store:
                               if model is None or model == self.index.model])
             if len(events) >= FILL_AFTER_VECTORS:  # a pulled page, an import
                 self._fill_derived()
+        if purged:  # the purged text leaves the WAL before the write returns (or is owed)
+            await self.checkpointer.scrub()
         return result
 
     async def _embed(self, texts: list[str]) -> list[Vector]:
@@ -1103,7 +1108,7 @@ def _settle(into: Future[T], done: Future[T]) -> None:
 
 
 def _transaction(writer: Writer, fn: Callable[[Writer], T],
-                 foreign_keys: bool = True) -> tuple[T, list[Any]]:
+                 foreign_keys: bool = True) -> tuple[T, list[Any], bool]:
     """``foreign_keys=False`` (batch applies) skips SQLite's check that each vector's memory
     exists — one index lookup per vector, 3–4% of a fresh 10k apply's CPU. ``apply_batch``
     writes a vector only for a memory row it writes in the same transaction, and memory rows
@@ -1123,6 +1128,6 @@ def _transaction(writer: Writer, fn: Callable[[Writer], T],
     finally:
         if not foreign_keys:
             writer.conn.execute("PRAGMA foreign_keys = ON")
-    return result, writer.vector_events
+    return result, writer.vector_events, writer.purged
 
 

@@ -12,6 +12,10 @@ Rules:
     (contract §2.3; ``tombstone_props``), stored so: a plane that drops the ``deleted``
     extension (Kyma) still carries the deletion, and every replica holds — and hashes — the
     same props.
+  * A transaction that purges text sets ``purged`` (the store then scrubs the WAL): a hard
+    delete, a pulled or imported tombstone without content over a row holding text (also a
+    soft tombstone's: its terms stay in FTS5's segments, so the index is merged too), and an
+    edge tombstone without reasons over an edge holding them.
 """
 
 from __future__ import annotations
@@ -70,6 +74,9 @@ class Writer:
         self._start_seq = 0
         self.feed = False  # a hub: mark each transaction in the change feed (0003_feed.sql)
         self.purge_index = False  # a hard delete in this transaction: rewrite the FTS index
+        # This transaction purged text (a hard delete, or a remote tombstone that purges what
+        # a row or an edge held): the store scrubs the WAL after it commits (checkpoint.py).
+        self.purged = False
         # (memory_id, model or None for "every model", values or None for removal), collected
         # per transaction so the store can update its in-RAM index after the commit.
         self.vector_events: list[tuple[str, str | None, npt.NDArray[np.float32] | None]] = []
@@ -81,7 +88,7 @@ class Writer:
         self.conn.execute("BEGIN IMMEDIATE")
         self._seq = self._start_seq = int(self.meta("local_seq") or 0)
         self.vector_events = []
-        self.purge_index = False
+        self.purge_index = self.purged = False
 
     def commit(self) -> None:
         if self.purge_index:
@@ -294,7 +301,7 @@ class Writer:
             raise NotFoundError(f"memory_id: memory {memory_id} not found")
         row.update(deleted=1, status="archived")
         if hard:
-            self.purge_index = True
+            self.purge_index = self.purged = True
             row.update(title=None, content="", content_preview="", tags="", provenance=None,
                        source_uris=None, mentions=None, dedupe_key=None, topic_key=None)
         row = self.put_node(row)
@@ -328,8 +335,10 @@ class Writer:
         old = [(row, vector) for row, vector in winners if row["id"] not in new_ids]
         old_ids = [row["id"] for row, _ in old]
         purged = [row["id"] for row, _ in old if row["deleted"] and not row["content"]]
-        if purged and self.any_live(purged):
-            self.purge_index = True  # a hard delete's tombstone replaces indexed text
+        if purged and self.any_text(purged):
+            # A hard delete's tombstone replaces text: a live row's, indexed, or a soft
+            # tombstone's, whose terms FTS5 keeps in its segments until they are merged.
+            self.purge_index = self.purged = True
         self.fts_remove(old_ids)
         self.drop_changed_vectors([row for row, _ in old if not row["deleted"]], model)
         for sql, params in node_batches((row for row, _ in winners if row["id"] in new_ids),
@@ -379,19 +388,24 @@ class Writer:
     def apply_edge(self, row: Row) -> bool:
         row["content_hash"] = content_hash(row, EDGE_HASHED)
         current = self.conn.execute(
-            "SELECT updated_at, origin, content_hash FROM edges WHERE id = ?",
+            "SELECT updated_at, origin, content_hash, props FROM edges WHERE id = ?",
             (row["id"],)).fetchone()
-        if not wins(version_key(row), None if current is None else tuple(current)):
+        if not wins(version_key(row), None if current is None else tuple(current[:3])):
             return False
+        if (current is not None and row["deleted"] and bare_tombstone(row["props"])
+                and _props_hold_text(current[3])):
+            self.purged = True  # a hard delete's edge tombstone replaces the edge's reasons
         row["local_seq"] = self.next_seq()
         self.conn.execute(EDGE_UPSERT, edge_params(row))
         self.conn.execute("DELETE FROM outbox WHERE kind = 'edge' AND item_id = ?", (row["id"],))
         return True
 
-    def any_live(self, ids: list[str]) -> bool:
+    def any_text(self, ids: list[str]) -> bool:
+        """Does any of these rows hold text a hard delete purges (``_holds_text``)?"""
         return any(self.conn.execute(
-            f"SELECT 1 FROM memories WHERE deleted = 0 AND id IN ({marks(chunk)}) LIMIT 1",
-            chunk).fetchone() for chunk in chunks(ids))
+            "SELECT 1 FROM memories WHERE (content <> '' OR coalesce(title, '') <> '' OR "
+            "coalesce(topic_key, '') <> '' OR coalesce(provenance, '') <> '') "
+            f"AND id IN ({marks(chunk)}) LIMIT 1", chunk).fetchone() for chunk in chunks(ids))
 
     # FTS5 buffers index changes in RAM while rowids arrive in increasing order and flushes a
     # new segment whenever one arrives out of order: these statements feed it rows sorted by
@@ -496,6 +510,14 @@ def bare_tombstone(props: str | None) -> bool:
     """Are these the props of a tombstone that holds nothing else (nothing left to purge)?"""
     found = _json_object(props)
     return found is not None and found.get("deleted") is True and found.keys() <= TOMBSTONE_KEYS
+
+
+def _props_hold_text(props: str | None) -> bool:
+    """Do an edge's stored props hold more than a bare tombstone (reasons a purge removes)?"""
+    if not props:
+        return False
+    found = _json_object(props)
+    return found is None or not found.keys() <= TOMBSTONE_KEYS
 
 
 def _json_object(text: str | None) -> dict[str, object] | None:

@@ -1,0 +1,48 @@
+"""A hard delete leaves its text on no page of any file in a SQLite hub's data directory, nor in
+another laptop's, once the tombstone has reached them (issue 32, point 3). A hub purges only
+through its import: the laptop pushes the purged tombstone (node and edges), the hub applies it
+(``Writer.apply_nodes``/``apply_edge``) and scrubs its WAL before the import answers; a laptop
+pulling the tombstone does the same before its pass ends. Also when the hub held a soft
+tombstone, whose text FTS5 kept in its segments (before, only a live row's text was merged out
+of the index). Files are read as bytes, as in ``tests/syncd/test_purge_off_disk.py``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.sync.harness import Hub, two_laptops
+from tests.syncd.test_purge_off_disk import new_marker, on_disk
+
+
+@pytest.mark.parametrize("soft_first", [False, True])
+async def test_a_hard_delete_leaves_no_text_on_the_hub_or_another_laptop(
+        hub: Hub, tmp_path: Path, soft_first: bool) -> None:
+    marker = new_marker()
+    async with two_laptops(tmp_path, hub.url, hub.token) as (a, b):
+        victim = await a.store.save({"content": f"the deploy key is {marker}",
+                                     "title": f"key {marker}", "tags": [marker],
+                                     "topic_key": f"project/{marker}"})
+        for n in range(30):
+            await a.store.save({"content": f"unrelated memory number {n} about builds"})
+        other = await a.store.save({"content": "the old deploy key"})
+        await a.store.judge(other["id"], victim["id"], "conflicts", f"because {marker}")
+        await a.sync()
+        await b.sync()
+        if soft_first:
+            await a.store.delete(victim["id"])
+            await a.sync()
+            await b.sync()
+        for where in (hub.data_dir, b.data_dir):  # non-vacuity: the text reached them
+            assert await on_disk(where, marker), where
+        await a.store.delete(victim["id"], hard=True)
+        assert await on_disk(a.data_dir, marker) == []
+        report = await a.sync()
+        assert report.pushed_nodes >= 1, report
+        assert await on_disk(hub.data_dir, marker) == []  # as the import answered
+        assert not hub.store.checkpointer.scrub_owed
+        await b.sync()
+        assert await on_disk(b.data_dir, marker) == []
+        nodes, _, _ = await b.store.changes(0)
+        assert [n.content for n in nodes if n.id == victim["node_id"]] == [""]

@@ -148,3 +148,10 @@ def test_bench_recall_eval_refuses_a_corpus_it_cannot_read(tmp_path: Path) -> No
                               capture_output=True, text=True, timeout=120, check=False)
         assert proc.returncode == 2, proc.stdout + proc.stderr
         assert "--corpus" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_bench_purge_prints_its_table_and_finds_no_marker_left() -> None:
+    lines = run_bench("bench/purge.py", "--memories", "200", "--deletes", "5")
+    assert any(line.startswith("hard delete, WAL scrubbed before it returns") for line in lines)
+    assert "hard deletes whose marker was on disk after the call: 0 of 5" in lines
+    assert lines[-1].endswith("marker gone: True"), lines[-1]

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from local_store import HashingEmbedder, Store
+from protocol.timestamp import format_ns, parse_ns
 from tests.sync.harness import Hub, two_laptops
 from tests.syncd.test_purge_off_disk import new_marker, on_disk
 
@@ -46,3 +49,28 @@ async def test_a_hard_delete_leaves_no_text_on_the_hub_or_another_laptop(
         assert await on_disk(b.data_dir, marker) == []
         nodes, _, _ = await b.store.changes(0)
         assert [n.content for n in nodes if n.id == victim["node_id"]] == [""]
+
+
+async def test_an_edge_tombstone_alone_scrubs_the_reason_it_replaces(tmp_path: Path) -> None:
+    """A hard delete's edge tombstones may arrive in a later page or import than its node:
+    one that replaces an edge holding a reason purges too, and scrubs the WAL."""
+    marker = new_marker()
+    store = await Store.open(tmp_path / "data", embedder=HashingEmbedder())
+    try:
+        x = await store.save({"content": "the deploy key"})
+        y = await store.save({"content": "the old deploy key"})
+        await store.judge(y["id"], x["id"], "conflicts", f"because {marker}")
+        _, edges, _ = await store.changes(0)
+        (edge,) = [e for e in edges if not e.deleted]
+        assert marker in (edge.props or "")
+        assert await on_disk(store.data_dir, marker)
+        later = format_ns(parse_ns(edge.updated_at or "") + 10**9)
+        tomb = msgspec.structs.replace(
+            edge, props=f'{{"deleted":true,"deleted_at":"{later}"}}', deleted=True,
+            updated_at=later, origin="another-laptop")
+        result = await store.apply([], [tomb], model=store.embedder.model_id)
+        assert result.applied_edges == 1, result
+        assert await on_disk(store.data_dir, marker) == []
+        assert not store.checkpointer.scrub_owed
+    finally:
+        await store.close()

@@ -1,8 +1,19 @@
-"""syncd: the local memory daemon (config, HTTP + MCP, sync engine, gate, CLI)."""
+"""syncd: the local memory daemon (config, HTTP + MCP, sync engine, gate, CLI).
 
-import importlib.metadata
+``__version__`` is read on first use, not at import: ``importlib.metadata`` costs ~15 ms, which
+the prompt hook (``syncd.hook``, run on every prompt) would pay without needing it.
+"""
 
-try:  # one version source: pyproject.toml, as the installed distribution's metadata carries it
-    __version__ = importlib.metadata.version("syncd")
-except importlib.metadata.PackageNotFoundError:  # a source tree on sys.path, never installed
-    __version__ = "0+unknown"
+from __future__ import annotations
+
+
+def __getattr__(name: str) -> str:
+    if name != "__version__":
+        raise AttributeError(f"module 'syncd' has no attribute {name!r}")
+    import importlib.metadata
+    try:  # one version source: pyproject.toml, as the installed distribution's metadata carries it
+        version = importlib.metadata.version("syncd")
+    except importlib.metadata.PackageNotFoundError:  # a source tree on sys.path, never installed
+        version = "0+unknown"
+    globals()["__version__"] = version
+    return version

@@ -34,15 +34,20 @@ import msgspec
 import msgspec.inspect as mi
 
 from syncd.hub.dsn import check_store
+from syncd.places import APP_NAME as APP_NAME
+from syncd.places import CONFIG_FILE_NAME as CONFIG_FILE_NAME
+from syncd.places import ENV_PREFIX as ENV_PREFIX
+from syncd.places import default_config_path as default_config_path
+from syncd.places import default_data_dir as default_data_dir
+from syncd.places import default_hub_data_dir as default_hub_data_dir
+from syncd.places import expand_path as expand_path
+from syncd.places import has_control_characters as has_control_characters
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 EmbeddingModel = Literal["all-MiniLM-L6-v2", "hashing", "bge-small-en-v1.5"]
 HubCursor = Literal["ingest", "origin"]
 PrivateMemories = Literal["auto", "push", "local"]
 
-APP_NAME = "syncd"
-CONFIG_FILE_NAME = "config.toml"
-ENV_PREFIX = "SYNCD_"
 MiB = 1024 * 1024
 # Host header values always accepted by the local API (RELIABILITY L2), before daemon.allowed_hosts.
 LOOPBACK_HOST_NAMES: tuple[str, ...] = ("localhost", "127.0.0.1", "[::1]")
@@ -126,50 +131,6 @@ def mask_password(text: str) -> str:
     return _USERINFO_PASSWORD.sub(r"\1:***@", text)
 
 
-# --- platform paths -----------------------------------------------------------------------------
-
-def _home(env: Mapping[str, str]) -> Path:
-    home = env.get("HOME", "")
-    return Path(home) if os.path.isabs(home) else Path.home()
-
-
-def _base_dir(env: Mapping[str, str], platform: str, xdg_var: str, xdg_default: str) -> Path:
-    if platform == "darwin":
-        return _home(env) / "Library" / "Application Support"
-    xdg = env.get(xdg_var, "")
-    # The XDG spec: a relative value is invalid and must be ignored.
-    return Path(xdg) if os.path.isabs(xdg) else _home(env) / xdg_default
-
-
-def default_data_dir(env: Mapping[str, str] | None = None, platform: str | None = None) -> Path:
-    """``$XDG_DATA_HOME/syncd`` or ``~/.local/share/syncd``; on macOS
-    ``~/Library/Application Support/syncd``. ``env``/``platform`` default to this process's."""
-    env = os.environ if env is None else env
-    return _base_dir(env, platform or sys.platform, "XDG_DATA_HOME", ".local/share") / APP_NAME
-
-
-def default_hub_data_dir(env: Mapping[str, str] | None = None,
-                         platform: str | None = None) -> Path:
-    """``syncd-hub`` beside the daemon's default data directory."""
-    return default_data_dir(env, platform).with_name(APP_NAME + "-hub")
-
-
-def default_config_path(env: Mapping[str, str] | None = None, platform: str | None = None) -> Path:
-    """``$XDG_CONFIG_HOME/syncd/config.toml`` or ``~/.config/syncd/config.toml``; on macOS
-    ``~/Library/Application Support/syncd/config.toml``."""
-    env = os.environ if env is None else env
-    base = _base_dir(env, platform or sys.platform, "XDG_CONFIG_HOME", ".config")
-    return base / APP_NAME / CONFIG_FILE_NAME
-
-
-def expand_path(text: str, env: Mapping[str, str] | None = None) -> Path:
-    """Expand a leading ``~`` (from ``env``'s HOME when set); does not make the path absolute."""
-    env = os.environ if env is None else env
-    if text == "~" or text.startswith("~/"):
-        return _home(env) / text[2:]
-    return Path(os.path.expanduser(text))
-
-
 # --- addresses ----------------------------------------------------------------------------------
 
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
@@ -237,11 +198,6 @@ def local_url(host: str, port: int) -> str:
         host = "127.0.0.1" if address.version == 4 else "::1"
     shown = f"[{host}]" if ":" in host else host
     return f"http://{shown}:{port}"
-
-
-def has_control_characters(text: str) -> bool:
-    """NUL, newline, tab, DEL or another ASCII control character: no path needs one."""
-    return any(ord(c) < 0x20 or c == "\x7f" for c in text)
 
 
 def _check_url(text: str) -> str:

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing, for the prompt hook
+if TYPE_CHECKING:
+    from typing import Any
 
 STATE_FILENAME = "daemon.json"
 

@@ -2,18 +2,19 @@
 
 A token file that other users can read is not trusted: it is replaced with a fresh token and a
 warning (RELIABILITY L5). The token never appears in logs or URLs.
+
+``read_token`` and ``token_path`` need only ``os``, ``stat`` and ``pathlib``: the prompt hook
+(``syncd.hook``) reads the token on every prompt, so ``logging`` and ``secrets`` are imported
+only by ``ensure_token``, which the daemon calls once.
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import secrets
 import stat
 from pathlib import Path
 
 TOKEN_FILENAME = "api-token"
-log = logging.getLogger(__name__)
 
 
 def token_path(data_dir: Path) -> Path:
@@ -22,6 +23,8 @@ def token_path(data_dir: Path) -> Path:
 
 def ensure_token(data_dir: Path) -> str:
     """Read the token, creating (or replacing an exposed or empty) one as needed."""
+    import logging
+    log = logging.getLogger(__name__)
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     mode = stat.S_IMODE(data_dir.stat().st_mode)
     if mode & 0o077:
@@ -53,6 +56,7 @@ def read_token(path: Path) -> str:
 
 
 def _write_new(path: Path) -> str:
+    import secrets
     token = secrets.token_urlsafe(32)
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

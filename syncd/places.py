@@ -1,0 +1,69 @@
+"""Where syncd lives on this machine: the platform's config and data paths, stdlib only.
+
+Rules:
+  * No imports beyond the standard library's cheapest (``os``, ``sys``, ``pathlib``): the prompt
+    hook (``syncd.hook``) resolves the daemon's data directory with these on every prompt, and
+    ``syncd.config`` re-exports them, so the two can never disagree.
+  * ``env`` and ``platform`` are parameters (defaulting to this process's), keeping them pure
+    for table-driven tests.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+APP_NAME = "syncd"
+CONFIG_FILE_NAME = "config.toml"
+ENV_PREFIX = "SYNCD_"  # SYNCD_<SECTION>_<FIELD> overrides an option (syncd.config)
+
+
+def _home(env: Mapping[str, str]) -> Path:
+    home = env.get("HOME", "")
+    return Path(home) if os.path.isabs(home) else Path.home()
+
+
+def _base_dir(env: Mapping[str, str], platform: str, xdg_var: str, xdg_default: str) -> Path:
+    if platform == "darwin":
+        return _home(env) / "Library" / "Application Support"
+    xdg = env.get(xdg_var, "")
+    # The XDG spec: a relative value is invalid and must be ignored.
+    return Path(xdg) if os.path.isabs(xdg) else _home(env) / xdg_default
+
+
+def default_data_dir(env: Mapping[str, str] | None = None, platform: str | None = None) -> Path:
+    """``$XDG_DATA_HOME/syncd`` or ``~/.local/share/syncd``; on macOS
+    ``~/Library/Application Support/syncd``. ``env``/``platform`` default to this process's."""
+    env = os.environ if env is None else env
+    return _base_dir(env, platform or sys.platform, "XDG_DATA_HOME", ".local/share") / APP_NAME
+
+
+def default_hub_data_dir(env: Mapping[str, str] | None = None,
+                         platform: str | None = None) -> Path:
+    """``syncd-hub`` beside the daemon's default data directory."""
+    return default_data_dir(env, platform).with_name(APP_NAME + "-hub")
+
+
+def default_config_path(env: Mapping[str, str] | None = None, platform: str | None = None) -> Path:
+    """``$XDG_CONFIG_HOME/syncd/config.toml`` or ``~/.config/syncd/config.toml``; on macOS
+    ``~/Library/Application Support/syncd/config.toml``."""
+    env = os.environ if env is None else env
+    base = _base_dir(env, platform or sys.platform, "XDG_CONFIG_HOME", ".config")
+    return base / APP_NAME / CONFIG_FILE_NAME
+
+
+def expand_path(text: str, env: Mapping[str, str] | None = None) -> Path:
+    """Expand a leading ``~`` (from ``env``'s HOME when set); does not make the path absolute."""
+    env = os.environ if env is None else env
+    if text == "~" or text.startswith("~/"):
+        return _home(env) / text[2:]
+    return Path(os.path.expanduser(text))
+
+
+
+
+def has_control_characters(text: str) -> bool:
+    """NUL, newline, tab, DEL or another ASCII control character: no path needs one."""
+    return any(ord(c) < 0x20 or c == "\x7f" for c in text)

@@ -61,6 +61,7 @@ bench: $(STAMP)
 	$(PY) bench/recall_speed.py
 	$(PY) bench/embed.py
 	$(PY) bench/http.py
+	$(PY) bench/hook.py
 	$(PY) bench/sync.py
 	$(PY) bench/hub.py
 

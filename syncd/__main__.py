@@ -1,3 +1,3 @@
-from syncd.cli import main
+from syncd.entry import main
 
 raise SystemExit(main())

@@ -475,40 +475,11 @@ def _service(args: argparse.Namespace, settings: dict[str, Any]) -> int:
         return EXIT_CONFIG
 
 
-HOOK_TIMEOUT_SECS = 1.0
-
-
 def _hook(args: argparse.Namespace) -> int:
-    """Claude Code's ``UserPromptSubmit`` hook: stdin ``{"prompt", "session_id", "cwd", …}``,
-    stdout ``{"hookSpecificOutput": {"hookEventName", "additionalContext"}}``. Never in the
-    agent's way: a down daemon, a missing token, bad input or any error prints nothing, exit 0.
-
-    It recalls in the project's realm (the basename of ``cwd``), ``global`` and ``default`` —
-    where a memory saved without a realm lands, as agents' saves over MCP usually are. It asks
-    for the confident tier only (``confident_only``): a memory that may not answer the prompt
-    is not context, so an off-topic prompt ("continue", "thanks") prints nothing."""
-    try:
-        payload = json.loads(sys.stdin.read())
-        prompt = payload.get("prompt") if isinstance(payload, dict) else None
-        if not isinstance(prompt, str) or not prompt.strip():
-            return EXIT_OK
-        cwd = payload.get("cwd")
-        project = Path(cwd if isinstance(cwd, str) and cwd else Path.cwd()).name
-        realms = list(dict.fromkeys(name for name in (project, "global", "default") if name))
-        settings = _settings(args)
-        client = Client.for_data_dir(settings["data_dir"], settings["url"],
-                                     timeout=HOOK_TIMEOUT_SECS)
-        result = client.call("POST", "/v1/agent/memory/query",
-                             {"query": prompt, "realms": realms, "confident_only": True})
-        if not isinstance(result, dict) or not result.get("memories"):
-            return EXIT_OK
-        context = result.get("context")
-        if isinstance(context, str) and context.strip():
-            print(json.dumps({"hookSpecificOutput": {"hookEventName": "UserPromptSubmit",
-                                                     "additionalContext": context}}))
-    except Exception:  # the hook must never break the agent's prompt
-        return EXIT_OK
-    return EXIT_OK
+    """``recall --hook``, when ``syncd.entry`` left the command line to argparse (``python -m
+    syncd`` spelled another way, an abbreviation, an extra option): the same code."""
+    from syncd.hook import run_hook
+    return run_hook(args.config, args.data_dir)
 
 
 def _open(client: Client, args: argparse.Namespace) -> int:

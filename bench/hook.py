@@ -1,0 +1,131 @@
+"""Benchmark the prompt hook process: ``syncd recall --hook`` against a running daemon.
+
+    .venv/bin/python bench/hook.py [--runs 15] [--before OTHER_CHECKOUT/.venv/bin/syncd]
+
+Starts a real daemon (``syncd run``, hashing embedder, a temporary HOME) holding a few
+memories, then times whole processes, alternated round by round so every row sees the same
+minutes of this machine:
+
+  * ``bare``: ``.venv/bin/python -c pass``, the interpreter the console script starts with;
+  * ``hook``: ``.venv/bin/syncd --data-dir D recall --hook``, the payload on stdin, as Claude
+    Code runs it (no config file, no ``SYNCD_*`` variable: the defaults, computed in
+    ``syncd.hook``);
+  * ``hook, config with a setting``: the same with ``--config`` naming a file that sets an
+    option, which ``syncd.config.load_config`` (msgspec) decides;
+  * ``hook via argparse``: the full CLI's path (``syncd.cli.main``) to the same hook code;
+  * ``before`` (with ``--before``): another checkout's console script, e.g. main's.
+
+Every hook row must print the same answer (checked). Prints median and p95 in ms and the ratio
+of each median to ``bare``'s; the target is hook ≤ 2× bare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]  # bench/http.py
+VENV_BIN = ROOT / ".venv" / "bin"
+PAYLOAD = json.dumps({"session_id": "bench", "transcript_path": "/dev/null",
+                      "cwd": "/work/billing-api", "hook_event_name": "UserPromptSubmit",
+                      "prompt": "how do I ship billing with make release?"}).encode()
+MEMORIES = [("ship billing with make release from the ops box", "billing-api"),
+            ("billing invoices are numbered per tenant", "billing-api"),
+            ("the web page runs on port 7777 behind the daemon", "global"),
+            ("prefer small commits with one changelog line each", "default")]
+
+
+def env_for(home: Path) -> dict[str, str]:
+    """A temporary HOME and XDG dirs, no SYNCD_* variable (as a user's agent runs the hook)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNCD_")}
+    env.update(HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"),
+               XDG_DATA_HOME=str(home / ".local/share"))
+    return env
+
+
+def start_daemon(data: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([str(VENV_BIN / "syncd"), "--data-dir", str(data), "run",
+                             "--listen", "127.0.0.1:0"],
+                            env={**env, "SYNCD_EMBEDDING_MODEL": "hashing"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    for line in proc.stderr:  # wait on its "ready on URL" line
+        if b"ready on " in line:
+            return proc
+    raise SystemExit(f"the daemon exited before ready ({proc.wait()})")
+
+
+def timed(argv: list[str], env: dict[str, str], stdin: bytes) -> tuple[float, bytes]:
+    started = time.perf_counter()
+    out = subprocess.run(argv, input=stdin, capture_output=True, env=env, check=True)
+    return time.perf_counter() - started, out.stdout
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--before", type=Path, help="another checkout's .venv/bin/syncd")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        data, env = home / "data", env_for(home)
+        config = home / "with-a-setting.toml"
+        config.write_text('[daemon]\nlog_level = "info"\n')
+        daemon = start_daemon(data, env)
+        try:
+            for text, realm in MEMORIES:
+                subprocess.run([str(VENV_BIN / "syncd"), "--data-dir", str(data), "save", text,
+                                "--realm", realm], env=env, check=True, capture_output=True)
+            hook = ["--data-dir", str(data), "recall", "--hook"]
+            rows: dict[str, list[str]] = {
+                "bare (python -c pass)": [str(VENV_BIN / "python"), "-c", "pass"],
+                "hook": [str(VENV_BIN / "syncd"), *hook],
+                "hook, config with a setting": [str(VENV_BIN / "syncd"), "--config", str(config),
+                                                *hook],
+                "hook via argparse (syncd.cli)": [
+                    str(VENV_BIN / "python"), "-c",
+                    "import sys; from syncd.cli import main; sys.exit(main())", *hook],
+            }
+            if args.before:
+                rows["before (--before)"] = [str(args.before), *hook]
+            times: dict[str, list[float]] = {name: [] for name in rows}
+            answers: dict[str, set[bytes]] = {name: set() for name in rows}
+            for argv in rows.values():  # one untimed warm-up each (page cache, .pyc)
+                timed(argv, env, PAYLOAD)
+            for _ in range(args.runs):
+                for name, argv in rows.items():
+                    elapsed, out = timed(argv, env, PAYLOAD)
+                    times[name].append(elapsed)
+                    answers[name].add(out)
+        finally:
+            daemon.terminate()
+            daemon.wait(timeout=30)
+    hooks = set().union(*(answers[name] for name in rows if not name.startswith("bare")))
+    assert len(hooks) == 1 and next(iter(hooks)), f"the hook rows answered differently: {hooks}"
+    report(times, args.runs)
+
+
+def report(times: dict[str, list[float]], runs: int) -> None:
+    bare = statistics.median(times["bare (python -c pass)"])
+    print(f"prompt hook process, {runs} runs each, alternated (same answer from every hook row)")
+    print(f"| {'process':<32} | p50 ms | p95 ms | × bare p50 |")
+    print(f"|{'-' * 34}|--------|--------|------------|")
+    for name, samples in times.items():
+        p50 = statistics.median(samples)
+        p95 = statistics.quantiles(samples, n=20, method="inclusive")[-1]
+        print(f"| {name:<32} | {p50 * 1000:6.1f} | {p95 * 1000:6.1f} | {p50 / bare:10.2f} |")
+    ratio = statistics.median(times["hook"]) / bare
+    print(f"target hook p50 ≤ 2× bare: {'met' if ratio <= 2 else 'missed'} (×{ratio:.2f})")
+
+
+if __name__ == "__main__":
+    main()

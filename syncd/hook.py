@@ -1,0 +1,201 @@
+"""The prompt hook, ``syncd recall --hook``: Claude Code's ``UserPromptSubmit`` hook.
+
+stdin ``{"prompt", "session_id", "cwd", …}``, stdout ``{"hookSpecificOutput": {"hookEventName",
+"additionalContext"}}``. It recalls in the project's realm (the basename of ``cwd``), ``global``
+and ``default`` — where a memory saved without a realm lands, as agents' saves over MCP usually
+are — and asks for the confident tier only (``confident_only``): a memory that may not answer
+the prompt is not context, so an off-topic prompt ("continue", "thanks") prints nothing.
+
+Rules:
+  * Never in the agent's way: a down daemon, a missing token, bad input, a bad config or any
+    other error prints nothing, exit 0.
+  * It runs on every prompt, so it imports only cheap standard modules (``json``, ``socket``;
+    ``tomllib`` when a config file is there to read) and syncd's stdlib-only ``places``,
+    ``state`` and ``token`` — never aiohttp, msgspec, numpy, the store, ``argparse`` or
+    ``urllib.request`` (``syncd.entry`` dispatches here before any of them). ``syncd.cli``
+    runs this same code for ``recall --hook``.
+  * The daemon's data directory and URL are found exactly as every other command finds them
+    (``syncd.cli._settings``): the config file, ``SYNCD_*``, then ``--data-dir``. A config
+    with no settings at all (no file, or one holding only comments, and no ``SYNCD_*``
+    variable) means the defaults, computed here; anything else is decided by
+    ``syncd.config.load_config`` itself — slower (msgspec), never different.
+  * One HTTP/1.1 request on a plain socket, as ``syncd.client`` sends it (the same headers
+    that matter, the state file's URL, a 1 s timeout on connecting and on each read) and never
+    through a proxy; a URL that is not plain ``http://host:port`` goes through
+    ``syncd.client`` instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from urllib.parse import SplitResult, urlsplit  # pathlib imports it already
+
+from syncd.places import (
+    ENV_PREFIX,
+    default_config_path,
+    default_data_dir,
+    default_hub_data_dir,
+    expand_path,
+    has_control_characters,
+)
+from syncd.state import read_state
+from syncd.token import read_token, token_path
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~2 ms); mypy reads it
+if TYPE_CHECKING:
+    from typing import Any
+
+HOOK_TIMEOUT_SECS = 1.0
+# local_url(*parse_listen(DEFAULT_LISTEN)) from syncd.config, spelled out (a test keeps them equal)
+DEFAULT_URL = "http://127.0.0.1:7777"
+QUERY_PATH = "/v1/agent/memory/query"
+
+
+def run_hook(config: Path | None, data_dir: Path | None) -> int:
+    """The whole hook; ``config`` and ``data_dir`` are the ``--config``/``--data-dir`` flags."""
+    try:
+        payload = json.loads(sys.stdin.read())
+        prompt = payload.get("prompt") if isinstance(payload, dict) else None
+        if not isinstance(prompt, str) or not prompt.strip():
+            return 0
+        cwd = payload.get("cwd")
+        project = Path(cwd if isinstance(cwd, str) and cwd else Path.cwd()).name
+        realms = list(dict.fromkeys(name for name in (project, "global", "default") if name))
+        where, listen_url = daemon_address(config, data_dir, os.environ)
+        result = _query(where, listen_url, {"query": prompt, "realms": realms,
+                                            "confident_only": True})
+        if not isinstance(result, dict) or not result.get("memories"):
+            return 0
+        context = result.get("context")
+        if isinstance(context, str) and context.strip():
+            print(json.dumps({"hookSpecificOutput": {"hookEventName": "UserPromptSubmit",
+                                                     "additionalContext": context}}))
+    except Exception:  # the hook must never break the agent's prompt
+        return 0
+    return 0
+
+
+def daemon_address(config: Path | None, data_dir: Path | None,
+                   env: Mapping[str, str]) -> tuple[Path, str]:
+    """(data directory, configured URL), as ``syncd.cli._settings`` finds them for ``recall``;
+    raises what it raises (``ConfigError``, ``OSError``) for a config it refuses."""
+    found = defaults_only(config, env)
+    if found is None:
+        from syncd.config import load_config, local_url, parse_listen
+        loaded = load_config(config, dict(env))
+        found, listen_url = loaded.daemon.data_dir, local_url(*parse_listen(loaded.daemon.listen))
+    else:
+        listen_url = DEFAULT_URL
+    return (data_dir.expanduser() if data_dir else Path(found)), listen_url
+
+
+def defaults_only(config: Path | None, env: Mapping[str, str]) -> Path | None:
+    """The default data directory when the config sets nothing (as ``load_config`` would
+    find it: no ``SYNCD_*`` variable, the file absent or empty TOML), else None: then only
+    ``load_config`` can say."""
+    if any(name.startswith(ENV_PREFIX) for name in env):
+        return None
+    path = default_config_path(env) if config is None else config
+    data = b""
+    if config is not None or path.exists():
+        try:
+            data = expand_path(str(path), env).read_bytes()
+        except OSError:
+            return None
+    if data:
+        import tomllib
+        try:
+            if tomllib.loads(data.decode("utf-8-sig")):
+                return None
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError):
+            return None
+    found = default_data_dir(env)
+    for default in (found, default_hub_data_dir(env)):  # what DaemonConfig and HubConfig check
+        if not default.is_absolute() or has_control_characters(str(default)):
+            return None
+    return found
+
+
+def _query(data_dir: Path, listen_url: str, body: dict[str, Any]) -> Any:
+    """POST the query as ``syncd.client.Client.for_data_dir(…).call`` would: the running
+    daemon's URL from its state file, else the configured one; a failure raises."""
+    url = str((read_state(data_dir) or {}).get("url") or listen_url).rstrip("/")
+    token = read_token(token_path(data_dir))
+    data = json.dumps(body, allow_nan=False).encode()
+    parts = urlsplit(url + QUERY_PATH)
+    if parts.scheme != "http" or "@" in parts.netloc or parts.fragment or not parts.hostname:
+        from syncd.client import Client
+        return Client(url, token, HOOK_TIMEOUT_SECS).call("POST", QUERY_PATH, body)
+    status, raw = _post(parts, token, data)
+    if not 200 <= status < 300:
+        raise ConnectionError(f"HTTP {status}")
+    return json.loads(raw) if raw else None
+
+
+def _post(parts: SplitResult, token: str, data: bytes) -> tuple[int, bytes]:
+    """One request with ``Connection: close``; (status, body)."""
+    if any(c in token for c in "\r\n"):
+        raise ValueError("the token holds a line break")
+    target = parts.path + (f"?{parts.query}" if parts.query else "")
+    head = (f"POST {target} HTTP/1.1\r\nHost: {parts.netloc}\r\nAccept-Encoding: identity\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n").encode("latin-1")
+    host = parts.hostname or ""
+    # bytes: a str host is IDNA-encoded first, whose codec imports unicodedata (~1 ms)
+    address = (host.encode("ascii") if host.isascii() else host, parts.port or 80)
+    # typeshed says str, getaddrinfo takes bytes too
+    with socket.create_connection(address, timeout=HOOK_TIMEOUT_SECS) as sock:  # type: ignore[arg-type]
+        sock.sendall(head + data)
+        return _read_response(sock)
+
+
+def _read_response(sock: socket.socket) -> tuple[int, bytes]:
+    """Status and body of an HTTP/1.1 answer: read to its Content-Length, or to the end."""
+    raw, length, start, status = b"", None, -1, 0
+    headers: dict[bytes, bytes] = {}
+    while length is None or len(raw) - start < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        raw += chunk
+        if start < 0 and (end := raw.find(b"\r\n\r\n")) >= 0:
+            start = end + 4
+            status, headers = _parse_head(raw[:end])
+            if b"chunked" in headers.get(b"transfer-encoding", b"").lower():
+                length = None  # to the end (Connection: close), then de-chunked
+            elif b"content-length" in headers:
+                length = int(headers[b"content-length"])
+    if start < 0:
+        raise ConnectionError("no HTTP answer")
+    body = raw[start:]
+    if b"chunked" in headers.get(b"transfer-encoding", b"").lower():
+        return status, _dechunk(body)
+    if length is not None and len(body) < length:
+        raise ConnectionError("the answer was cut short")
+    return status, body if length is None else body[:length]
+
+
+def _parse_head(head: bytes) -> tuple[int, dict[bytes, bytes]]:
+    lines = head.split(b"\r\n")
+    version, _, rest = lines[0].partition(b" ")
+    status = rest[:3]
+    if not version.startswith(b"HTTP/1.") or not status.isdigit():
+        raise ConnectionError("not HTTP")
+    fields = (line.partition(b":") for line in lines[1:])
+    return int(status), {name.strip().lower(): value.strip() for name, _, value in fields}
+
+
+def _dechunk(body: bytes) -> bytes:
+    out, at = b"", 0
+    while True:
+        line_end = body.index(b"\r\n", at)
+        size = int(body[at:line_end].split(b";", 1)[0], 16)
+        if size == 0:
+            return out
+        out += body[line_end + 2:line_end + 2 + size]
+        at = line_end + 2 + size + 2

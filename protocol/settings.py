@@ -27,8 +27,13 @@ Rules:
    given beside its new one in a patch is dropped (the new one wins).
 7. ``replace_settings`` is the plane's PUT: the body over the coded defaults (serde
    ``default``), nothing of the current settings kept, checked as ``merge_patch`` checks.
+8. A patch naming a key no setting has (``w_keywrd``) is refused naming its path, with the
+   nearest key as a hint: a typo would otherwise answer 200 and change nothing. The plane's
+   replace (rule 7) ignores such keys, as the plane's serde does (a newer Kyma client may send
+   a block this syncd does not model).
 """
 
+import difflib
 import math
 from typing import Any
 
@@ -176,9 +181,27 @@ def _new_names_win(patch: dict[str, object]) -> dict[str, object]:
     return {**patch, "dreaming": kept}
 
 
-def merge_patch(current: MemorySettings, patch: dict[str, object]) -> MemorySettings:
+def _check_keys(patch: dict[str, object], kind: type[msgspec.Struct], path: str) -> None:
+    """Rule 8: every key of ``patch`` is a field of ``kind`` (nested blocks too)."""
+    fields = {info.encode_name: info for info in msgspec.structs.fields(kind)}
+    for key, value in patch.items():
+        info = fields.get(key)
+        if info is None:
+            guess = difflib.get_close_matches(key, fields, n=1)
+            hint = f"; did you mean {guess[0]}?" if guess else ""
+            raise msgspec.ValidationError(f"unknown setting{hint} - at `{path}.{key}`")
+        if isinstance(value, dict) and isinstance(info.type, type) and issubclass(
+                info.type, msgspec.Struct):
+            _check_keys(value, info.type, f"{path}.{key}")
+
+
+def merge_patch(current: MemorySettings, patch: dict[str, object], *,
+                unknown_keys: bool = False) -> MemorySettings:
     """Apply only the keys in ``patch`` to ``current``; raise ``msgspec.ValidationError``
-    naming the path on a bad type or value (rule 5)."""
+    naming the path on a bad type or value (rule 5), or on a key no setting has unless
+    ``unknown_keys`` (rule 8)."""
+    if not unknown_keys:
+        _check_keys(patch, MemorySettings, "$")
     merged = msgspec.convert(_merge(msgspec.to_builtins(current), _new_names_win(patch)),
                              MemorySettings)
     _check_numbers(merged, "$")
@@ -189,7 +212,7 @@ def merge_patch(current: MemorySettings, patch: dict[str, object]) -> MemorySett
 
 def replace_settings(body: dict[str, object]) -> MemorySettings:
     """The plane's PUT (rule 7): ``body`` over the coded defaults."""
-    return merge_patch(DEFAULT_SETTINGS, body)
+    return merge_patch(DEFAULT_SETTINGS, body, unknown_keys=True)
 
 
 HITL_MODES = ("auto", "post_hoc", "gate")

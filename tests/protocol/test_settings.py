@@ -9,6 +9,7 @@ from protocol.settings import (
     json_encoder,
     load_settings,
     merge_patch,
+    replace_settings,
     settings_decoder,
 )
 
@@ -97,10 +98,29 @@ def test_patch_merges_nested_objects_over_current_values() -> None:
     assert current.dreaming.mode == "full"  # the input is untouched
 
 
-def test_patch_accepts_int_for_float_and_ignores_unknown_keys() -> None:
-    patched = merge_patch(DEFAULT_SETTINGS, {"w_graph": 1, "not_a_knob": True})
+def test_patch_accepts_int_for_float() -> None:
+    patched = merge_patch(DEFAULT_SETTINGS, {"w_graph": 1})
     assert patched.w_graph == 1.0
     assert isinstance(patched.w_graph, float)
+
+
+@pytest.mark.parametrize(("patch", "message"), [
+    ({"w_keywrd": 0.5}, r"did you mean w_keyword\? - at `\$\.w_keywrd`"),
+    ({"mmr": {"lamda": 0.5}}, r"did you mean lambda\? - at `\$\.mmr\.lamda`"),
+    ({"hitl": {"ops": {"ad": "gate"}}}, r"did you mean add\? - at `\$\.hitl\.ops\.ad`"),
+    ({"zzz": 1}, r"^unknown setting - at `\$\.zzz`"),
+])
+def test_patch_refuses_an_unknown_key_naming_it(patch: dict[str, object], message: str) -> None:
+    with pytest.raises(msgspec.ValidationError, match=message):
+        merge_patch(DEFAULT_SETTINGS, patch)
+    assert merge_patch(DEFAULT_SETTINGS, {"dreaming": {"connector_read_budget": 3}}
+                       ).dreaming.data_source_read_budget == 3  # an alias is a known key
+
+
+def test_the_planes_replace_ignores_unknown_keys() -> None:
+    """A newer Kyma client may send a block this syncd does not model (rule 8)."""
+    replaced = replace_settings({"w_graph": 0.9, "not_a_knob": True, "mmr": {"new": 1}})
+    assert replaced == msgspec.structs.replace(DEFAULT_SETTINGS, w_graph=0.9)
 
 
 @pytest.mark.parametrize(

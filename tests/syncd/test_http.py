@@ -93,8 +93,12 @@ async def test_settings_get_and_patch(daemon: Daemon) -> None:
         assert "is not a JSON value" in err["error"]["message"]
     status, err, _ = await daemon.call("PUT", "/v1/agent/memory/settings", json={"rrf_k": 0})
     assert status == 422 and isinstance(err, dict) and err["error"]["field"] == "rrf_k"
+    status, err, _ = await daemon.call("PUT", "/v1/agent/memory/settings",
+                                       json={"w_graph": 0.9, "w_keywrd": 0.5})  # a typo
+    assert status == 422 and isinstance(err, dict) and err["error"]["field"] == "w_keywrd"
+    assert "did you mean w_keyword?" in err["error"]["message"]
     status, after, _ = await daemon.call("GET", "/v1/agent/memory/settings")
-    assert after == patched
+    assert after == patched  # neither key stored
 
 
 async def test_every_tool_is_a_route(daemon: Daemon) -> None:

@@ -39,7 +39,7 @@ import msgspec
 import syncd
 from local_store import Store, StoreError, ValidationError
 from local_store.redact import strip_private
-from syncd.tools import Surfacer, Tool
+from syncd.tools import READ_ONLY_TOOLS, Surfacer, Tool
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +70,6 @@ INSTRUCTIONS: Final = (
     "except inside <private>…</private>, which is redacted before anything is written."
 )
 
-READ_ONLY_TOOLS: Final = frozenset({"memory_search", "recall_memory", "list_memories",
-                                    "get_memory", "memory_compare", "verify_memory",
-                                    "flush_memory", "list_memory_usage"})
 CALLER_CAN_WRITE: ContextVar[bool] = ContextVar("syncd_mcp_caller_can_write", default=True)
 _DESTRUCTIVE: Final = frozenset({"delete_memory", "memory_judge", "update_memory_status"})
 _IDEMPOTENT: Final = frozenset({"update_memory_status", "update_memory_importance",

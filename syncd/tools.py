@@ -10,6 +10,8 @@ Rules:
     query), ``relevant_memories``: the top one or two active memories, collapsed by
     ``dedupe_key``, repeated on later calls of the same conversation while they stay active
     (each read again, so a deleted or archived one drops out and purged text is not repeated).
+    A tool that writes never lists what it wrote (the ids its answer names): the agent has
+    just said it.
   * Every argument is checked by the strict redactor before any handler runs, so a value no
     UTF-8 text can hold is refused naming its field, with nothing written.
   * ``PLANE_TOOLS`` are the current plane's tools contract §5 lacks (``flush_memory``,
@@ -63,6 +65,10 @@ Handler = Callable[[Store, dict[str, Any]], Awaitable[Any]]
 
 SURFACE_TOP = 2
 SEARCH_TOOLS = frozenset({"memory_search", "recall_memory"})
+READ_ONLY_TOOLS = frozenset({"memory_search", "recall_memory", "list_memories", "get_memory",
+                             "memory_compare", "verify_memory", "flush_memory",
+                             "list_memory_usage"})
+WRITTEN_KEYS = ("node_id", "memory_id", "id")  # where a write tool's answer names what it wrote
 MAX_CONVERSATIONS = 1000
 NOTE_PAGE = 500  # entities read at a time while looking for an edge target by name
 EDGE_FIELDS = ("to", "type", "to_type")
@@ -648,6 +654,9 @@ class Surfacer:
         if context is None and name in SEARCH_TOOLS and isinstance(result, dict):
             searched = result["memories"]  # the search itself is the hint: reuse its answer
         surfaced = await self._surface(store, conversation, context, searched)
+        if name not in READ_ONLY_TOOLS:  # what the agent just wrote is no news to it
+            written = _written_ids(result)
+            surfaced = [m for m in surfaced if m["id"] not in written]
         if isinstance(result, dict):
             result = {**result, "conversationId": conversation}
             if surfaced:
@@ -676,6 +685,22 @@ class Surfacer:
         while len(self._seen) > MAX_CONVERSATIONS:
             self._seen.popitem(last=False)
         return known
+
+
+def _written_ids(result: object) -> set[str]:
+    """Every memory id a write tool's answer names (``WRITTEN_KEYS``, nested answers too:
+    ``save_memories``' rows, ``memory_note``'s edge targets)."""
+    found: set[str] = set()
+    if isinstance(result, dict):
+        for key, value in result.items():
+            if key in WRITTEN_KEYS and isinstance(value, str):
+                found.add(value)
+            else:
+                found |= _written_ids(value)
+    elif isinstance(result, list):
+        for item in result:
+            found |= _written_ids(item)
+    return found
 
 
 def _brief(memory: Mapping[str, Any]) -> dict[str, Any]:

@@ -275,6 +275,27 @@ async def test_relevant_memories_surface_and_repeat(server: McpServer) -> None:
     assert searched["relevant_memories"][0]["id"] == saved["node_id"]  # the query is a hint
 
 
+async def test_a_write_never_surfaces_what_it_wrote(server: McpServer) -> None:
+    """``save_memory`` with a context matching its own content listed the memory it had just
+    saved as relevant; other matches are still listed, and a later read shows it."""
+    old = await call(server, "save_memory", {"content": "the billing service runs on "
+                                             "postgres 16", "conversationId": "w1"})
+    new = await call(server, "save_memory", {
+        "content": "the billing service moves to postgres 17 in May", "conversationId": "w1",
+        "memoryContext": "billing service postgres"})
+    assert new["node_id"] not in {m["id"] for m in new.get("relevant_memories", [])}
+    assert old["node_id"] in {m["id"] for m in new["relevant_memories"]}
+    noted = await call(server, "memory_note", {
+        "type": "service", "name": "billing", "summary": "runs on postgres",
+        "edges": [{"to": "postgres", "type": "USES", "to_type": "tool"}],
+        "memoryContext": "billing postgres", "conversationId": "w2"})
+    written = {noted["node_id"]} | {e["node_id"] for e in noted["edges"]}
+    assert not written & {m["id"] for m in noted.get("relevant_memories", [])}
+    read = await call(server, "memory_search", {"query": "billing service postgres 17",
+                                                "conversationId": "w1"})
+    assert new["node_id"] in {m["id"] for m in read["relevant_memories"]}
+
+
 # ---------------------------------------------------------------------- tool errors
 
 

@@ -248,8 +248,13 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         else:
             config = load_config(args.config, env)
         default_listen = config.hub.listen if args.command == "hub" else config.daemon.listen
-        listen = getattr(args, "listen", None) or default_listen
-        host, port = parse_listen(listen)
+        flag = getattr(args, "listen", None)
+        try:
+            host, port = parse_listen(flag or default_listen)
+        except ValueError as exc:
+            if flag is None:  # the config's value: its own check names it
+                raise
+            raise ValueError(f"--listen {flag[:80]}: {exc}") from None
     except (ConfigError, ValueError) as exc:
         raise ValueError(str(exc)) from None
     data_dir = args.data_dir.expanduser() if args.data_dir else Path(config.daemon.data_dir)

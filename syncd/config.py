@@ -164,7 +164,9 @@ def parse_listen(text: str) -> tuple[str, int]:
     else:
         host, sep, port = text.rpartition(":")
         if not sep:
-            raise ValueError("expected host:port")
+            if re.fullmatch(r"[0-9]{1,5}", text):  # a bare port: the loopback address is meant
+                raise ValueError(f"expected host:port; for this machine only, 127.0.0.1:{text}")
+            raise ValueError("expected host:port, e.g. 127.0.0.1:7777")
         if ":" in host:
             raise ValueError("an IPv6 address needs brackets, e.g. [::1]:7777")
         if not host:

@@ -437,7 +437,9 @@ def test_parse_listen_accepts(text: str, expected: tuple[str, int]) -> None:
 
 
 @pytest.mark.parametrize(("text", "reason"), [
-    ("127.0.0.1", "expected host:port"),
+    ("127.0.0.1", "expected host:port, e.g. 127.0.0.1:7777"),
+    ("17807", "expected host:port; for this machine only, 127.0.0.1:17807"),
+    ("", "expected host:port, e.g. 127.0.0.1:7777"),
     (":7777", "the host is empty"),
     ("127.0.0.1:", "is not a number from 0 to 65535"),
     ("127.0.0.1:65536", "is not a number from 0 to 65535"),

@@ -228,7 +228,9 @@ async def _unavailable(request: web.Request, handler: Handler) -> web.StreamResp
 
 
 class RefusalLog:
-    """A warning for each refused request — at most one per client address and reason per
+    """A warning for each refused request to a route the hub has (a path none matches, such as
+    the ``/favicon.ico`` every browser asks for, is refused unlogged) — at most one per client
+    address and reason per
     ``every`` seconds: the operator sees who is refused and why (a laptop with a revoked
     token, a wrong role), and a client retrying or guessing cannot flood the log."""
 
@@ -272,7 +274,8 @@ def _auth(backend: HubStore,
                     request[CALLER_ROLE] = (await backend.tokens.authenticate(
                         request.headers.get("Authorization"), need))[1]
             except AuthError as exc:
-                refusals.note(request.method, shown_path(request), request.remote, exc)
+                if route is not None:  # a browser's /favicon.ico is noise, not a refusal
+                    refusals.note(request.method, shown_path(request), request.remote, exc)
                 headers = {"WWW-Authenticate": 'Bearer realm="syncd-hub"'} \
                     if exc.status == 401 else None
                 return error_response(exc.status, exc.code, exc.message, headers=headers)

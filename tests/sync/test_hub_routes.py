@@ -234,6 +234,17 @@ async def test_refused_requests_are_logged_once_per_address_and_reason_a_minute(
     assert "syncd_wrong" not in caplog.text  # a token, even a wrong one, is never logged
 
 
+async def test_a_browsers_favicon_is_refused_without_a_warning(
+        hub: Hub, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="syncd.hub")
+    async with aiohttp.ClientSession() as s, s.get(hub.url + "/favicon.ico") as resp:
+        assert resp.status == 401
+    assert (await call(hub, "GET", "/v1/agent/memory/changes", None))[0] == 401
+    assert [r.getMessage() for r in caplog.records if r.name == "syncd.hub"] == [
+        "refused GET /v1/agent/memory/changes from 127.0.0.1: 401 missing Authorization: "
+        "Bearer <token>"]
+
+
 def test_the_refusal_log_speaks_again_after_its_interval(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="syncd.hub")

@@ -32,10 +32,12 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import errno
 import io
 import logging
 import os
 import re
+import socket
 import tempfile
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -99,6 +101,31 @@ class TooLarge(PlaneError):
 
 class Transient(PlaneError):
     kind = "transient"
+
+
+_ERRNO_WORDS = {errno.ECONNREFUSED: "connection refused (is the plane running, and on this "
+                "port?)", errno.ECONNRESET: "connection reset",
+                errno.EHOSTUNREACH: "host unreachable", errno.ENETUNREACH: "network unreachable",
+                errno.ETIMEDOUT: "timed out"}
+
+
+def in_words(exc: BaseException) -> str:
+    """A failed request's cause as a person says it ("connection refused", "timed out",
+    "TLS handshake failed: …"), not aiohttp's class and repr; anything else keeps both."""
+    if isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
+        return "timed out"
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return f"TLS handshake failed: {getattr(exc, 'os_error', exc)}"
+    if isinstance(exc, aiohttp.ClientConnectorDNSError) or isinstance(
+            getattr(exc, "os_error", None), socket.gaierror):
+        return "host name not found"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return _ERRNO_WORDS.get(exc.errno or 0, f"cannot connect: {exc.strerror or exc}")
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "the plane closed the connection before answering"
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return "the answer was cut short"
+    return f"{type(exc).__name__}: {exc}"
 
 
 class Rejected(PlaneError):
@@ -307,7 +334,7 @@ class PlaneClient:
                 status, retry_after = resp.status, _retry_after(resp.headers.get("Retry-After"))
         except (aiohttp.ClientError, TimeoutError) as exc:
             via = "" if proxy is None else f" (through the proxy {proxy.url}, from {proxy.source})"
-            raise Transient(f"{method} {path}: {type(exc).__name__}: {exc}{via}") from None
+            raise Transient(f"{method} {self.url}{path}: {in_words(exc)}{via}") from None
         self.bytes_out += len(body or b"")
         self.bytes_in += data.size if isinstance(data, Spool) else len(data)
         if 200 <= status < 300:

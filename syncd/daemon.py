@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import json
 import logging
 import os
@@ -39,6 +40,7 @@ from local_store import (
 )
 from local_store.embed import Embedder
 from syncd.config import is_loopback_host, local_url
+from syncd.entitlement.gate import Decision
 from syncd.entitlement.keeper import Keeper, attach_gate
 from syncd.exits import EXIT_CONFIG, EXIT_OK, EXIT_TEMPFAIL
 from syncd.http import create_app
@@ -153,8 +155,7 @@ class Daemon:
             self._start_background(store)
             await keeper.start()
             decision = keeper.gate.decision
-            log.info("entitlement: %s", "sync and graph on until " + str(decision.exp)
-                     if decision.entitled else f"paid features paused ({decision.reason})")
+            log.info("entitlement: %s", entitlement_summary(decision))
             if sync is not None:
                 await sync.start()
                 log.info("syncing with %s every %.0f s", sync.engine.client.url, sync.interval)
@@ -340,3 +341,13 @@ def stop_signals(stop: Callable[[], None]) -> Iterator[None]:
 
 def report(message: str) -> None:
     print(f"syncd: {message}", file=sys.stderr, flush=True)
+
+
+def entitlement_summary(decision: Decision) -> str:
+    """The start-up log's entitlement line, its expiry as a date a person reads."""
+    if not decision.entitled:
+        return f"paid features paused ({decision.reason})"
+    if decision.exp is None:
+        return "sync and graph on"
+    until = datetime.datetime.fromtimestamp(decision.exp, datetime.UTC)
+    return f"sync and graph on until {until:%Y-%m-%d %H:%M:%S} UTC"

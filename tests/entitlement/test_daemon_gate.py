@@ -13,6 +13,8 @@ from typing import Any
 
 import aiohttp
 
+from syncd.daemon import entitlement_summary
+from syncd.entitlement.gate import Decision
 from syncd.entitlement.token import public_key_text
 from tests.entitlement.support import (
     SigningHub,
@@ -150,3 +152,10 @@ async def test_licence_install_turns_a_running_daemon_on(tmp_path: Path,
         assert f"expires {expiry}" in out, out
     finally:
         await stop(proc)
+
+
+def test_the_start_up_line_shows_the_expiry_as_a_date() -> None:
+    assert entitlement_summary(Decision(True, None, exp=1796758907)) == \
+        "sync and graph on until 2026-12-08 19:41:47 UTC"
+    assert entitlement_summary(Decision(False, "no entitlement")) == \
+        "paid features paused (no entitlement)"

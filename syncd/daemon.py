@@ -106,7 +106,8 @@ class Daemon:
                  sync: Callable[[Store], SyncRunner] | None = None,
                  entitlement: EntitlementSetup | None = None,
                  reembed_tick: float = REEMBED_TICK_SECS) -> None:
-        self.data_dir, self.host, self.port = data_dir, host, port
+        # absolute: status and the logs show where the store is, whatever the cwd was
+        self.data_dir, self.host, self.port = data_dir.absolute(), host, port
         self.reembed_tick = reembed_tick
         self.embedder, self.unix_socket = embedder, unix_socket
         self.extra_hosts, self.max_body, self.plane_model = extra_hosts, max_body, plane_model

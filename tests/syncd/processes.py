@@ -20,15 +20,15 @@ def env_for(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-async def spawn(home: Path, *args: str) -> asyncio.subprocess.Process:
+async def spawn(home: Path, *args: str, cwd: Path | None = None) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "syncd", *args, env=env_for(home),
+        sys.executable, "-m", "syncd", *args, env=env_for(home), cwd=cwd,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
 
 
-async def cli(home: Path, *args: str) -> tuple[int, str, str]:
+async def cli(home: Path, *args: str, cwd: Path | None = None) -> tuple[int, str, str]:
     """``syncd ARGS`` run to completion: (exit code, stdout, stderr)."""
-    proc = await spawn(home, *args)
+    proc = await spawn(home, *args, cwd=cwd)
     async with asyncio.timeout(60):
         out, err = await proc.communicate()
     assert proc.returncode is not None

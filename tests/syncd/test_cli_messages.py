@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import signal
 from pathlib import Path
 
-from tests.syncd.processes import cli
+from tests.syncd.processes import cli, finish, spawn, wait_ready
 
 
 async def test_a_bare_port_is_refused_with_the_address_meant(tmp_path: Path) -> None:
@@ -13,3 +15,19 @@ async def test_a_bare_port_is_refused_with_the_address_meant(tmp_path: Path) -> 
     assert code == 2
     assert "--listen 17807: expected host:port; for this machine only, 127.0.0.1:17807" in err
     assert not data.exists()  # nothing made in a data dir the daemon never ran in
+
+
+async def test_status_shows_the_data_dir_given_relative_as_an_absolute_path(
+        tmp_path: Path) -> None:
+    proc = await spawn(tmp_path, "--data-dir", "data", "run", "--listen", "127.0.0.1:0",
+                       cwd=tmp_path)
+    try:
+        await wait_ready(proc)
+        code, out, err = await cli(tmp_path, "--data-dir", "data", "status", "--json",
+                                   cwd=tmp_path)
+        assert code == 0, err
+        assert json.loads(out)["data_dir"] == str(tmp_path / "data")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code, err = await finish(proc)
+    assert code == 0, err

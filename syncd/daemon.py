@@ -20,6 +20,7 @@ import datetime
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import time
@@ -127,6 +128,9 @@ class Daemon:
 
     async def _run(self, ready: Callable[[str], None] | None) -> int:
         check_bind(self.host, self.allow_non_loopback)
+        loop = asyncio.get_running_loop()
+        found = await loop.run_in_executor(None, listing, self.data_dir)
+        served = False
         try:
             store = await Store.open(self.data_dir, embedder=self.embedder)
         except StoreLockedError as exc:
@@ -152,6 +156,7 @@ class Daemon:
                                    access_log=None, handle_signals=False)
             await runner.setup()
             await self._bind(runner)
+            served = True
             await self._write_state(runner.addresses[0][1])
             self._start_background(store)
             await keeper.start()
@@ -177,6 +182,8 @@ class Daemon:
                 await asyncio.get_running_loop().run_in_executor(
                     None, state_path(self.data_dir).unlink)
             await store.close()
+            if not served:  # a failed start leaves the data dir as it found it
+                await loop.run_in_executor(None, restore_listing, self.data_dir, found)
 
     async def _drain(self, runner: web.AppRunner | None, sync: SyncRunner | None,
                      keeper: Keeper | None) -> None:
@@ -287,6 +294,29 @@ async def reembed_while_owed(store: Store, tick: float = REEMBED_TICK_SECS,
                 log.debug("re-embedding failed; next try in %.0f s", wait, exc_info=True)
             next_try = loop.time() + wait
         await asyncio.sleep(tick)
+
+
+def listing(directory: Path) -> frozenset[str] | None:
+    """The names in ``directory``, None when it does not exist."""
+    try:
+        return frozenset(os.listdir(directory))
+    except FileNotFoundError:
+        return None
+
+
+def restore_listing(directory: Path, found: frozenset[str] | None) -> None:
+    """Remove what a failed start made in ``directory`` (the store it opened, its token): the
+    entries not in ``found``, or the directory itself when it did not exist. Only a start that
+    opened the store calls this: it held the store's lock, so nothing else wrote there."""
+    if found is None:
+        shutil.rmtree(directory, ignore_errors=True)
+        return
+    for name in set(os.listdir(directory)) - found:
+        path = directory / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 async def listen(runner: web.AppRunner, host: str, port: int, shutdown_timeout: float) -> str:

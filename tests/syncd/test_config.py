@@ -16,6 +16,7 @@ from syncd.config import (
     DEFAULT_ALLOW_NON_LOOPBACK,
     DEFAULT_ALLOWED_HOSTS,
     DEFAULT_CONTROL_PLANE_EMBEDDING_MODEL,
+    DEFAULT_EMBEDDING_IDLE_UNLOAD_SECS,
     DEFAULT_EMBEDDING_MODEL,
     DEFAULT_ENTITLEMENT_PUBLIC_KEYS,
     DEFAULT_ENTITLEMENT_REFRESH_SECS,
@@ -123,6 +124,7 @@ def test_defaults() -> None:
         4 * 1024 * 1024, 10.0, "info")
     assert (config.embedding.model, config.embedding.cache_dir, config.embedding.threads) == (
         DEFAULT_EMBEDDING_MODEL, None, None)
+    assert config.embedding.idle_unload_secs == DEFAULT_EMBEDDING_IDLE_UNLOAD_SECS == 600.0
     assert config.control_plane == ControlPlaneConfig(
         url=None, token_file=None, realm=None,
         embedding_model=DEFAULT_CONTROL_PLANE_EMBEDDING_MODEL, private_memories="auto")
@@ -191,6 +193,7 @@ def test_paths_expand_tilde_and_urls_lose_their_trailing_slash() -> None:
     ("SYNCD_CONTROL_PLANE_REALM", "work", "control_plane", "realm", "work"),
     ("SYNCD_DAEMON_MAX_BODY_BYTES", "1024", "daemon", "max_body_bytes", 1024),
     ("SYNCD_EMBEDDING_THREADS", "3", "embedding", "threads", 3),
+    ("SYNCD_EMBEDDING_IDLE_UNLOAD_SECS", "0", "embedding", "idle_unload_secs", 0.0),
     ("SYNCD_SYNC_INTERVAL_SECS", "0.5", "sync", "interval_secs", 0.5),
     ("SYNCD_SYNC_PUSH_BATCH_BYTES", "2_000", "sync", "push_batch_bytes", 2000),
     ("SYNCD_DAEMON_ALLOW_NON_LOOPBACK", "true", "daemon", "allow_non_loopback", True),
@@ -259,6 +262,10 @@ def test_error_message_form() -> None:
     ("[sync]\njitter = 1.5", {}, "sync.jitter = 1.5: must be between 0 and 1"),
     ("[sync]\noverlap_secs = -1", {}, "sync.overlap_secs = -1: must be >= 0"),
     ("[embedding]\nthreads = 0", {}, "embedding.threads = 0: must be >= 1"),
+    ("[embedding]\nidle_unload_secs = -1", {}, "embedding.idle_unload_secs = -1: must be >= 0"),
+    ("[embedding]\nidle_unload_secs = 1e12", {},
+     "embedding.idle_unload_secs = 1000000000000.0: must be at most 3.1536e+07 (a year)"),
+    ("[embedding]\nidle_unload_secs = nan", {}, "embedding.idle_unload_secs = nan: must be >= 0"),
     ("[hub]\ntoken_lifetime_days = 0", {}, "hub.token_lifetime_days = 0: must be > 0"),
     ("[hub]\nreembed_secs = -1", {}, "hub.reembed_secs = -1: must be >= 0"),
     ('[hub]\nstore = "mysql://db/hub"', {},

@@ -299,11 +299,20 @@ def build_context(memories: Sequence[RetrievedMemory], linked: Sequence[Linked],
     return "".join(lines)
 
 
+_FRACTION = re.compile(r"(T[0-9]{2}:[0-9]{2}:[0-9]{2})[.,][0-9]+")
+
+
+def _to_the_second(stamp: str) -> str:
+    """An RFC 3339 stamp as a person reads it in the context: no fraction of a second (the
+    stored ``valid_at`` has nanoseconds, which every line of an injected prompt repeated)."""
+    return _FRACTION.sub(r"\1", stamp, count=1)
+
+
 def _context_line(m: RetrievedMemory) -> str:
     if m.invalid_at:
-        validity = f" (invalidated {m.invalid_at})"
+        validity = f" (invalidated {_to_the_second(m.invalid_at)})"
     elif m.valid_at:
-        validity = f" (since {m.valid_at})"
+        validity = f" (since {_to_the_second(m.valid_at)})"
     else:
         validity = ""
     via = f" [via {m.via.type}]" if m.via is not None else ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import msgspec
 import pytest
 
 from local_store.ranking import (
@@ -103,6 +104,18 @@ def test_context_format_is_the_planes() -> None:
         "- github::repo:x (github) via REFERENCES\n"
         "- n () via T\n")
     assert build_context([], linked) == ""
+
+
+def test_context_stamps_are_shown_to_the_second() -> None:
+    memory = RetrievedMemory(id="memory:1", memory_type="fact", title=None,
+                             content_preview="A", score=1.0, distance=None, kw_score=None,
+                             graph_proximity=0.0, importance=0.5, realm="p",
+                             valid_at="2026-12-02T14:11:34.290608744+00:00", invalid_at=None,
+                             via=None)
+    assert build_context([memory], []) == (
+        "Relevant memories:\n- [fact] A (since 2026-12-02T14:11:34+00:00) (score 1.00) memory:1\n")
+    gone = msgspec.structs.replace(memory, invalid_at="2026-12-03T01:02:03.5Z")
+    assert "(invalidated 2026-12-03T01:02:03Z)" in build_context([gone], [])
 
 
 def test_linked_dedupes_adjacent_after_depth_sort() -> None:

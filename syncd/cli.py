@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -68,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(what a coding agent launches)")
     status = sub.add_parser("status", help="show the daemon's state")
     status.add_argument("--json", action="store_true")
+    stop = sub.add_parser("stop", help="stop the running daemon cleanly (a service manager "
+                          "may start it again: `syncd service uninstall` stops it for good)")
+    stop.add_argument("--json", action="store_true")
 
     recall = sub.add_parser("recall", help="recall memories for a query (prints the context)")
     recall.add_argument("query", nargs="?")
@@ -588,7 +592,43 @@ def _restore(data_dir: Path, source: Path) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"status": _status, "recall": _recall, "save": _save,
+STOP_WAIT_SECS = 60.0  # the daemon's drain (shutdown_timeout) and its store's close
+
+
+def _stop(client: Client, args: argparse.Namespace) -> int:
+    """Ask the daemon to stop, then wait until it no longer answers."""
+    try:
+        client.call("POST", "/v1/agent/shutdown")
+    except DaemonDown:
+        report = {"stopped": False, "url": client.url, "running": False}
+        print(json.dumps(report) if args.json else
+              f"syncd: no daemon answers at {client.url}; nothing to stop", file=sys.stdout
+              if args.json else sys.stderr)
+        return EXIT_OK
+    deadline = time.monotonic() + STOP_WAIT_SECS
+    while _answers(client):  # it drains in-flight requests, then closes the store
+        if time.monotonic() > deadline:
+            print(f"syncd: the daemon at {client.url} still answers {STOP_WAIT_SECS:.0f} s "
+                  "after it was asked to stop", file=sys.stderr)
+            return EXIT_TEMPFAIL
+        time.sleep(0.1)
+    print(json.dumps({"stopped": True, "url": client.url, "running": False}) if args.json
+          else f"syncd: stopped the daemon at {client.url}")
+    return EXIT_OK
+
+
+def _answers(client: Client) -> bool:
+    """Is anything still listening at the daemon's address (a 503 while it drains counts)?"""
+    try:
+        client.call("GET", "/healthz")
+    except DaemonDown:
+        return False
+    except ClientError:
+        return True
+    return True
+
+
+COMMANDS = {"status": _status, "recall": _recall, "save": _save, "stop": _stop,
             "export": _export, "sync": _sync, "open": _open}  # and import, with its limit
 
 

@@ -156,7 +156,7 @@ class Daemon:
             keeper = self._gate(store, sync)
             app = create_app(store, token=token, extra_hosts=self.extra_hosts,
                              max_body=self.max_body, plane_model=self.plane_model, sync=sync,
-                             keeper=keeper)
+                             keeper=keeper, stop=self.stop)
             runner = web.AppRunner(app, shutdown_timeout=self.shutdown_timeout,
                                    access_log=None, handle_signals=False)
             await runner.setup()

@@ -44,6 +44,7 @@ SURFACER = web.AppKey("surfacer", Surfacer)
 METRICS = web.AppKey("metrics", Metrics)
 PLANE_MODEL = web.AppKey("plane_model", str)
 MCP = web.AppKey("mcp", object)
+STOP = web.AppKey("stop", object)  # the daemon's stop, or None (``shutdown``)
 SYNC = web.AppKey("sync", object)  # a syncd.sync.runner.SyncRunner, or None
 KEEPER = web.AppKey("keeper", object)  # a syncd.entitlement.keeper.Keeper, or None
 
@@ -56,9 +57,12 @@ _encoder = msgspec.json.Encoder()
 
 def create_app(store: Store, *, token: str, extra_hosts: tuple[str, ...] = (),
                max_body: int = DEFAULT_MAX_BODY, plane_model: str = "bge-small-en-v1.5",
-               mcp: Any = True, sync: Any = None, keeper: Any = None) -> web.Application:
+               mcp: Any = True, sync: Any = None, keeper: Any = None,
+               stop: Callable[[], None] | None = None) -> web.Application:
     """``mcp=True`` serves ``/mcp/v1`` with the same tool surfacer as the tool routes (so a
-    conversation's surfaced memories are shared); pass a server to use it, False for none."""
+    conversation's surfaced memories are shared); pass a server to use it, False for none.
+    ``stop``: what ``POST /v1/agent/shutdown`` calls (the daemon's clean stop; without it the
+    route answers 501)."""
     metrics = Metrics()
     app = web.Application(client_max_size=max_body, middlewares=[
         metrics.middleware(), errors_middleware, guards(token, extra_hosts)])
@@ -66,6 +70,7 @@ def create_app(store: Store, *, token: str, extra_hosts: tuple[str, ...] = (),
         plane_model
     app[SYNC] = sync
     app[KEEPER] = keeper
+    app[STOP] = stop
     if mcp is True:
         mcp = McpServer(store, app[SURFACER])
     if mcp:
@@ -367,6 +372,16 @@ async def healthz(request: web.Request) -> web.Response:
     return reply({"ok": True})
 
 
+async def shutdown(request: web.Request) -> web.Response:
+    """``syncd stop``: the daemon's clean stop (in-flight requests drain, the state file goes),
+    answered before it starts. syncd's own route, behind the token like every other."""
+    stop = request.app[STOP]
+    if stop is None:
+        raise HttpError(501, "not_implemented", "this server has no daemon to stop")
+    stop()  # type: ignore[operator]
+    return reply({"stopping": True}, status=202)
+
+
 async def metrics(request: web.Request) -> web.Response:
     """Prometheus text (``metrics.py``), behind the token like every data route."""
     store = request.app[STORE]
@@ -417,6 +432,7 @@ ROUTES: list[tuple[str, str, Callable[[web.Request], Awaitable[web.StreamRespons
     ("POST", "/v1/agent/sync/run", sync_run),
     ("POST", "/v1/agent/entitlement/check", entitlement_check),
     ("GET", "/healthz", healthz),
+    ("POST", "/v1/agent/shutdown", shutdown),
     ("GET", "/metrics", metrics),
     ("POST", "/mcp/v1", mcp),
 ]

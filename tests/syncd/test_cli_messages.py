@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from syncd.state import state_path
 from tests.syncd.processes import cli, finish, spawn, wait_ready
 
 
@@ -54,3 +55,22 @@ async def test_a_start_on_a_taken_port_leaves_the_data_dir_as_it_found_it(
         assert sorted(p.name for p in data.iterdir()) == ["notes.txt"]
     else:
         assert not data.exists()
+
+
+async def test_stop_stops_the_running_daemon_and_says_so(tmp_path: Path) -> None:
+    data = str(tmp_path / "data")
+    proc = await spawn(tmp_path, "--data-dir", data, "run", "--listen", "127.0.0.1:0")
+    url = await wait_ready(proc)
+    code, out, err = await cli(tmp_path, "--data-dir", data, "stop", "--json")
+    assert (code, json.loads(out)) == (0, {"stopped": True, "url": url, "running": False}), err
+    code, err = await finish(proc)  # a clean stop: exit 0, its state file removed
+    assert code == 0, err
+    assert not state_path(tmp_path / "data").exists()
+    with socket.socket() as closed:  # bound, never listening: nothing answers there
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        config = tmp_path / "syncd.toml"
+        config.write_text(f'[daemon]\nlisten = "127.0.0.1:{port}"\n')
+        code, out, err = await cli(tmp_path, "--config", str(config), "--data-dir", data, "stop")
+    assert code == 0, err
+    assert f"no daemon answers at http://127.0.0.1:{port}; nothing to stop" in err

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from syncd import __version__
 from syncd.client import Client, ClientError, DaemonDown
@@ -69,6 +70,22 @@ def build_parser() -> argparse.ArgumentParser:
                    "(what a coding agent launches)")
     status = sub.add_parser("status", help="show the daemon's state")
     status.add_argument("--json", action="store_true")
+    list_ = sub.add_parser("list", help="list memories, newest first")
+    list_.add_argument("--realm", action="append", help="only this realm (repeat for several)")
+    list_.add_argument("--type", dest="memory_type", help="only this memory type")
+    list_.add_argument("--tag", action="append", dest="tags",
+                       help="only memories with this tag (repeat: every one of them)")
+    list_.add_argument("--limit", type=int, default=LIST_DEFAULT,
+                       help=f"at most this many (default {LIST_DEFAULT}, up to {LIST_MAX})")
+    list_.add_argument("--json", action="store_true")
+    get = sub.add_parser("get", help="show one memory, its text and its edges")
+    get.add_argument("memory_id", metavar="ID")
+    get.add_argument("--json", action="store_true")
+    delete = sub.add_parser("delete", help="delete a memory (a tombstone syncs; --hard also "
+                            "purges its text from this store)")
+    delete.add_argument("memory_id", metavar="ID")
+    delete.add_argument("--hard", action="store_true", help="purge the text, not just hide it")
+    delete.add_argument("--json", action="store_true")
     stop = sub.add_parser("stop", help="stop the running daemon cleanly (a service manager "
                           "may start it again: `syncd service uninstall` stops it for good)")
     stop.add_argument("--json", action="store_true")
@@ -592,6 +609,77 @@ def _restore(data_dir: Path, source: Path) -> int:
     return EXIT_OK
 
 
+LIST_DEFAULT, LIST_MAX = 20, 200  # the store's own list cap is LIST_LIMIT_MAX
+
+
+def _list(client: Client, args: argparse.Namespace) -> int:
+    """One call per realm asked for (the route takes one), merged newest first."""
+    if not 1 <= args.limit <= LIST_MAX:
+        print(f"syncd: --limit must be from 1 to {LIST_MAX}, got {args.limit}", file=sys.stderr)
+        return EXIT_CONFIG
+    rows: list[dict[str, Any]] = []
+    for realm in args.realm or [None]:
+        body = {"realm": realm, "memory_type": args.memory_type, "tags": args.tags,
+                "limit": args.limit}
+        found = client.call("POST", "/v1/agent/memory/tools/list_memories",
+                            {k: v for k, v in body.items() if v is not None})
+        rows.extend(found["rows"])
+    rows.sort(key=lambda row: (row.get("created_at") or "", row["id"]), reverse=True)
+    rows = rows[:args.limit]
+    if args.json:
+        print(json.dumps({"memories": rows}, indent=2))
+        return EXIT_OK
+    if not rows:
+        print("syncd: no memories match", file=sys.stderr)
+    for row in rows:
+        print(f"{row['id']}  {(row.get('created_at') or '')[:19]}  [{row['memory_type']}] "
+              f"{row.get('realm') or ''}: {_headline(row)}")
+    return EXIT_OK
+
+
+def _headline(row: dict[str, Any]) -> str:
+    """A memory in one line: its title, else the first line of its text."""
+    text = row.get("title") or (row.get("content_preview") or "").strip().split("\n")[0]
+    return text if len(text) <= 100 else text[:99] + "…"
+
+
+def _get(client: Client, args: argparse.Namespace) -> int:
+    memory = client.call("GET", "/v1/agent/memory/items/" + quote(args.memory_id, safe=":"))
+    if args.json:
+        print(json.dumps(memory, indent=2))
+        return EXIT_OK
+    print(f"{memory['id']}  [{memory['memory_type']}] {memory.get('realm') or ''}")
+    facts = [("title", memory.get("title")), ("tags", ", ".join(memory.get("tags") or [])),
+             ("importance", memory.get("importance")), ("status", memory.get("status")),
+             ("valid", memory.get("valid_at")), ("invalidated", memory.get("invalid_at")),
+             ("superseded by", memory.get("superseded_by")),
+             ("updated", memory.get("updated_at"))]
+    for name, value in facts:
+        if value not in (None, ""):
+            print(f"  {name + ':':<14} {value}")
+    print()
+    print(memory.get("content") or "")
+    for edge in memory.get("edges") or []:
+        other = edge["dst"] if edge["src"] == memory["id"] else edge["src"]
+        arrow = "->" if edge["src"] == memory["id"] else "<-"
+        print(f"  {arrow} {edge['type']} {other}")
+    return EXIT_OK
+
+
+def _delete(client: Client, args: argparse.Namespace) -> int:
+    path = "/v1/agent/memory/items/" + quote(args.memory_id, safe=":")
+    result = client.call("DELETE", path + ("?hard=true" if args.hard else ""))
+    if args.json:
+        print(json.dumps(result, indent=2))
+    elif args.hard:
+        print(f"purged {result['memory_id']} (its text is gone from this store; the deletion "
+              "syncs)")
+    else:
+        print(f"deleted {result['memory_id']} (hidden and synced as deleted; `--hard` purges "
+              "its text)")
+    return EXIT_OK
+
+
 STOP_WAIT_SECS = 60.0  # the daemon's drain (shutdown_timeout) and its store's close
 
 
@@ -629,6 +717,7 @@ def _answers(client: Client) -> bool:
 
 
 COMMANDS = {"status": _status, "recall": _recall, "save": _save, "stop": _stop,
+            "list": _list, "get": _get, "delete": _delete,
             "export": _export, "sync": _sync, "open": _open}  # and import, with its limit
 
 

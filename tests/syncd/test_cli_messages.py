@@ -74,3 +74,50 @@ async def test_stop_stops_the_running_daemon_and_says_so(tmp_path: Path) -> None
         code, out, err = await cli(tmp_path, "--config", str(config), "--data-dir", data, "stop")
     assert code == 0, err
     assert f"no daemon answers at http://127.0.0.1:{port}; nothing to stop" in err
+
+
+async def test_list_get_and_delete_from_the_command_line(tmp_path: Path) -> None:
+    data = str(tmp_path / "data")
+    proc = await spawn(tmp_path, "--data-dir", data, "run", "--listen", "127.0.0.1:0")
+    try:
+        await wait_ready(proc)
+
+        async def syncd(*args: str) -> tuple[int, str, str]:
+            return await cli(tmp_path, "--data-dir", data, *args)
+
+        ids = {}
+        for text, realm, tag in (("deploy with make ship", "billing", "ops"),
+                                 ("the queue is SQS", "billing", "infra"),
+                                 ("standup at ten", "team", "ops")):
+            code, out, err = await syncd("save", text, "--realm", realm, "--tag", tag)
+            assert code == 0, err
+            ids[text] = out.split()[-1]
+        code, out, _ = await syncd("list", "--json")
+        assert [m["id"] for m in json.loads(out)["memories"]] == list(reversed(ids.values()))
+        code, out, _ = await syncd("list", "--realm", "billing", "--realm", "team", "--tag",
+                                   "ops", "--json")
+        assert {m["id"] for m in json.loads(out)["memories"]} == {
+            ids["deploy with make ship"], ids["standup at ten"]}
+        code, out, _ = await syncd("list", "--realm", "team")
+        assert code == 0 and ids["standup at ten"] in out
+        assert "[fact] team: standup at ten" in out and "billing" not in out
+
+        code, out, _ = await syncd("get", ids["the queue is SQS"])
+        assert code == 0 and "the queue is SQS" in out and "tags:" in out and "infra" in out
+        code, out, _ = await syncd("get", ids["the queue is SQS"], "--json")
+        assert json.loads(out)["content"] == "the queue is SQS"
+
+        code, out, err = await syncd("delete", ids["the queue is SQS"])
+        assert code == 0 and out.startswith(f"deleted {ids['the queue is SQS']}"), err
+        code, _, err = await syncd("get", ids["the queue is SQS"])
+        assert code == 1 and "not found" in err
+        code, out, err = await syncd("delete", ids["standup at ten"], "--hard", "--json")
+        assert code == 0 and json.loads(out)["hard"] is True, err
+        code, out, _ = await syncd("list", "--json")
+        assert [m["id"] for m in json.loads(out)["memories"]] == [ids["deploy with make ship"]]
+        code, _, err = await syncd("list", "--limit", "0")
+        assert code == 2 and "--limit must be from 1 to 200, got 0" in err
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code, err = await finish(proc)
+    assert code == 0, err

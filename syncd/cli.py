@@ -95,7 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     recall.add_argument("--hook", action="store_true",
                         help="agent prompt hook: read the hook JSON (prompt, cwd) from stdin, "
                         "print the hook's output; silent and exit 0 on any failure")
-    recall.add_argument("--realm", action="append", default=[])
+    recall.add_argument("--realm", action="append", default=[],
+                        help="only this realm (repeat for several; default: all)")
+    recall.add_argument("--tag", action="append", default=[], dest="tags",
+                        help="only memories with this tag (repeat: every one of them)")
     recall.add_argument("--type", dest="memory_type")
     recall.add_argument("--limit", type=int)
     recall.add_argument("--json", action="store_true")
@@ -536,7 +539,7 @@ def _status(client: Client, args: argparse.Namespace) -> int:
 
 
 def _recall(client: Client, args: argparse.Namespace) -> int:
-    body: dict[str, Any] = {"query": args.query, "realms": args.realm}
+    body: dict[str, Any] = {"query": args.query, "realms": args.realm, "tags": args.tags}
     if args.memory_type:
         body["memory_type"] = args.memory_type
     if args.limit is not None:

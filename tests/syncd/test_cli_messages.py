@@ -102,6 +102,11 @@ async def test_list_get_and_delete_from_the_command_line(tmp_path: Path) -> None
         assert code == 0 and ids["standup at ten"] in out
         assert "[fact] team: standup at ten" in out and "billing" not in out
 
+        code, out, _ = await syncd("recall", "deploy make ship", "--tag", "infra", "--json")
+        assert code == 0 and ids["deploy with make ship"] not in out
+        code, out, _ = await syncd("recall", "deploy make ship", "--tag", "ops", "--realm",
+                                   "billing", "--json")
+        assert [m["id"] for m in json.loads(out)["memories"]][:1] == [ids["deploy with make ship"]]
         code, out, _ = await syncd("get", ids["the queue is SQS"])
         assert code == 0 and "the queue is SQS" in out and "tags:" in out and "infra" in out
         code, out, _ = await syncd("get", ids["the queue is SQS"], "--json")

@@ -173,6 +173,24 @@ def build_parser() -> argparse.ArgumentParser:
     license_.add_argument("file", type=Path)
 
     sub.add_parser("demo", help="run the embedded demo: a hub and two laptops on loopback")
+
+    setup = sub.add_parser("setup", help="connect an agent: merge syncd's hooks and MCP server "
+                           "into its config files (`setup claude-code`), or print the server "
+                           "entry for another MCP client (`setup mcp --print`)")
+    agents = setup.add_subparsers(dest="agent", required=True, metavar="AGENT")
+    claude = agents.add_parser("claude-code", help="Claude Code: the prompt and session-start "
+                               "hooks in its settings, the MCP server in its MCP config")
+    claude.add_argument("--settings", type=Path, default=Path("~/.claude/settings.json"),
+                        help="its settings file (default ~/.claude/settings.json)")
+    claude.add_argument("--mcp-config", type=Path, default=Path("~/.claude.json"),
+                        help="its MCP config file (default ~/.claude.json)")
+    claude.add_argument("--dry-run", action="store_true",
+                        help="print the files as they would be written; write nothing")
+    claude.add_argument("--uninstall", action="store_true",
+                        help="remove syncd's entries only")
+    mcp_ = agents.add_parser("mcp", help="the MCP server entry, for any MCP client")
+    mcp_.add_argument("--print", action="store_true", required=True, dest="print_entry",
+                      help="print it as JSON")
     return parser
 
 
@@ -219,6 +237,8 @@ def _main(argv: Sequence[str] | None) -> int:
         parser.error("recall: QUERY is required (unless --hook)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
                         "%(message)s", stream=sys.stderr)
+    if args.command == "setup":
+        return _setup(args)
     if args.command == "demo":
         import asyncio
 
@@ -609,6 +629,33 @@ def _restore(data_dir: Path, source: Path) -> int:
               "directory now has. Keep it only where that install no longer runs: a hub leaves "
               "each one's writes out of the other's passes (only anti-entropy repairs them). To "
               "set up another machine, let it sync from the control plane instead.", file=sys.stderr)
+    return EXIT_OK
+
+
+def _setup(args: argparse.Namespace) -> int:
+    from syncd import setup
+    command, extra = setup.syncd_command(), setup.global_args(args.config, args.data_dir)
+    if args.agent == "mcp":
+        print(json.dumps({"mcpServers": {setup.SERVER_NAME: setup.server_entry(command, extra)}},
+                         indent=2))
+        return EXIT_OK
+    try:
+        changes = setup.claude_code(args.settings.expanduser(), args.mcp_config.expanduser(),
+                                    command=command, args=extra, uninstall=args.uninstall)
+    except setup.SetupError as exc:
+        print(f"syncd: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    for change in changes:
+        if args.dry_run:
+            print(f"--- {change.path}" + ("" if change.changed else " (unchanged)"))
+            print(change.text, end="")
+        elif not change.changed:
+            print(f"unchanged {change.path}")
+        else:
+            setup.write(change)
+            kept = "" if change.before is None else \
+                f" (the previous one is {change.path}{setup.BACKUP_SUFFIX})"
+            print(f"{'created' if change.before is None else 'updated'} {change.path}{kept}")
     return EXIT_OK
 
 

@@ -1,4 +1,5 @@
-"""The prompt hook, ``syncd recall --hook``: Claude Code's ``UserPromptSubmit`` hook.
+"""The prompt hook, ``syncd recall --hook``: Claude Code's ``UserPromptSubmit`` and
+``SessionStart`` hooks (``session_query``: a session starts with the project's memories).
 
 stdin ``{"prompt", "session_id", "cwd", …}``, stdout ``{"hookSpecificOutput": {"hookEventName",
 "additionalContext"}}``. It recalls in the project's realm (the basename of ``cwd``), ``global``
@@ -56,28 +57,60 @@ DEFAULT_URL = "http://127.0.0.1:7777"
 QUERY_PATH = "/v1/agent/memory/query"
 
 
+SESSION_START = "SessionStart"
+SESSION_LIMIT = 8  # memories a session starts with
+SESSION_BUDGET_CHARS = 4000  # the context a session starts with, cut at a line
+
+
 def run_hook(config: Path | None, data_dir: Path | None) -> int:
     """The whole hook; ``config`` and ``data_dir`` are the ``--config``/``--data-dir`` flags."""
     try:
         payload = json.loads(sys.stdin.read())
-        prompt = payload.get("prompt") if isinstance(payload, dict) else None
-        if not isinstance(prompt, str) or not prompt.strip():
+        if not isinstance(payload, dict):
             return 0
         cwd = payload.get("cwd")
         project = Path(cwd if isinstance(cwd, str) and cwd else Path.cwd()).name
         realms = list(dict.fromkeys(name for name in (project, "global", "default") if name))
+        event = payload.get("hook_event_name")
+        if event == SESSION_START:
+            body: dict[str, Any] = session_query(project, realms)
+        else:
+            prompt = payload.get("prompt")
+            if not isinstance(prompt, str) or not prompt.strip():
+                return 0
+            event, body = "UserPromptSubmit", {"query": prompt, "realms": realms,
+                                               "confident_only": True}
         where, listen_url = daemon_address(config, data_dir, os.environ)
-        result = _query(where, listen_url, {"query": prompt, "realms": realms,
-                                            "confident_only": True})
+        result = _query(where, listen_url, body)
         if not isinstance(result, dict) or not result.get("memories"):
             return 0
         context = result.get("context")
+        if event == SESSION_START and isinstance(context, str):
+            context = within_budget(context, SESSION_BUDGET_CHARS)
         if isinstance(context, str) and context.strip():
-            print(json.dumps({"hookSpecificOutput": {"hookEventName": "UserPromptSubmit",
+            print(json.dumps({"hookSpecificOutput": {"hookEventName": event,
                                                      "additionalContext": context}}))
     except Exception:  # the hook must never break the agent's prompt
         return 0
     return 0
+
+
+def session_query(project: str, realms: list[str]) -> dict[str, Any]:
+    """What a session starts with (Claude Code's ``SessionStart``: startup, resume, clear,
+    compact): the explicit tier of a recall for the project's name in its realms, so the
+    memories that name it come first, the confident ones before the others; when none
+    matches, the daemon answers with the most important recent ones (its fallback), so a
+    session never starts on an empty slate."""
+    return {"query": project or "project", "realms": realms, "limit": SESSION_LIMIT,
+            "expand_hops": 0}
+
+
+def within_budget(context: str, budget: int) -> str:
+    """``context`` cut after the last whole line that fits in ``budget`` characters."""
+    if len(context) <= budget:
+        return context
+    cut = context.rfind("\n", 0, budget)
+    return context[:cut + 1] if cut > 0 else context[:budget]
 
 
 def daemon_address(config: Path | None, data_dir: Path | None,

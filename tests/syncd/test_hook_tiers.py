@@ -47,3 +47,45 @@ async def test_the_hook_injects_only_what_answers_the_prompt(tmp_path: Path) -> 
     finally:
         proc.send_signal(signal.SIGTERM)
         assert (await finish(proc))[0] == 0
+
+
+async def test_a_session_starts_with_the_projects_memories(tmp_path: Path) -> None:
+    """``SessionStart`` (startup, resume, clear, compact): the project's memories, the ones
+    naming it first; when none matches, the most important recent ones — never an empty
+    slate; silent when the daemon is down."""
+    data, project = tmp_path / "data", tmp_path / "work" / "payments"
+
+    def session(source: str) -> bytes:
+        return json.dumps({"hook_event_name": "SessionStart", "source": source,
+                           "cwd": str(project), "session_id": "s1"}).encode()
+
+    code, out, err = await cli(data, "recall", "--hook", stdin=session("startup"))
+    assert (code, out) == (0, ""), err  # no daemon: nothing, exit 0
+    proc = await start(data)
+    await wait_ready(proc)
+    try:
+        code, out, err = await cli(data, "save", "the standup is at ten", "--realm", "team",
+                                   "--importance", "0.9")
+        assert code == 0, err
+        code, out, err = await cli(data, "recall", "--hook", stdin=session("startup"))
+        assert (code, out) == (0, ""), err  # another realm's memory is not this project's
+        code, out, err = await cli(data, "save", "refunds over 500 EUR need a second approver",
+                                   "--realm", "payments", "--importance", "0.9")
+        assert code == 0, err
+        for source in ("startup", "resume", "clear", "compact"):
+            code, out, err = await cli(data, "recall", "--hook", stdin=session(source))
+            assert code == 0, err
+            output = json.loads(out)["hookSpecificOutput"]
+            assert output["hookEventName"] == "SessionStart"
+            assert "second approver" in output["additionalContext"]
+            assert "standup" not in output["additionalContext"]
+        for i in range(40):  # more than the budget holds
+            code, _, err = await cli(data, "save", f"payments note {i}: " + "word " * 60,
+                                     "--realm", "payments")
+            assert code == 0, err
+        code, out, err = await cli(data, "recall", "--hook", stdin=session("startup"))
+        context = json.loads(out)["hookSpecificOutput"]["additionalContext"]
+        assert len(context) <= 4000 and context.endswith("\n")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert (await finish(proc))[0] == 0

@@ -53,6 +53,14 @@ def _seconds(text: str) -> float:
 SYNC_TIMEOUT_SECS = 600.0
 
 
+def _command(group: Any, name: str, *, help: str, **options: Any) -> argparse.ArgumentParser:
+    """A subcommand whose own ``--help`` says what it does (argparse shows a subparser's
+    ``description`` there, not the ``help`` its parent lists)."""
+    parser: argparse.ArgumentParser = group.add_parser(
+        name, help=help, description=options.pop("description", help), **options)
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="syncd", description="Local memory daemon for coding "
                                      "agents: a SQLite memory store served over HTTP and MCP.")
@@ -61,16 +69,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data-dir", type=Path, help="data directory (overrides the config)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = sub.add_parser("run", help="run the daemon in the foreground")
+    run = _command(sub, "run", help="run the daemon in the foreground")
     run.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:7777)")
     run.add_argument("--allow-non-loopback", action="store_true",
                      help="allow a non-loopback listen address (only behind your own auth)")
 
-    sub.add_parser("mcp", help="MCP over stdio, forwarding to the running daemon "
+    _command(sub, "mcp", help="MCP over stdio, forwarding to the running daemon "
                    "(what a coding agent launches)")
-    status = sub.add_parser("status", help="show the daemon's state")
+    status = _command(sub, "status", help="show the daemon's state")
     status.add_argument("--json", action="store_true")
-    list_ = sub.add_parser("list", help="list memories, newest first")
+    list_ = _command(sub, "list", help="list memories, newest first")
     list_.add_argument("--realm", action="append", help="only this realm (repeat for several)")
     list_.add_argument("--type", dest="memory_type", help="only this memory type")
     list_.add_argument("--tag", action="append", dest="tags",
@@ -78,19 +86,19 @@ def build_parser() -> argparse.ArgumentParser:
     list_.add_argument("--limit", type=int, default=LIST_DEFAULT,
                        help=f"at most this many (default {LIST_DEFAULT}, up to {LIST_MAX})")
     list_.add_argument("--json", action="store_true")
-    get = sub.add_parser("get", help="show one memory, its text and its edges")
+    get = _command(sub, "get", help="show one memory, its text and its edges")
     get.add_argument("memory_id", metavar="ID")
     get.add_argument("--json", action="store_true")
-    delete = sub.add_parser("delete", help="delete a memory (a tombstone syncs; --hard also "
+    delete = _command(sub, "delete", help="delete a memory (a tombstone syncs; --hard also "
                             "purges its text from this store)")
     delete.add_argument("memory_id", metavar="ID")
     delete.add_argument("--hard", action="store_true", help="purge the text, not just hide it")
     delete.add_argument("--json", action="store_true")
-    stop = sub.add_parser("stop", help="stop the running daemon cleanly (a service manager "
+    stop = _command(sub, "stop", help="stop the running daemon cleanly (a service manager "
                           "may start it again: `syncd service uninstall` stops it for good)")
     stop.add_argument("--json", action="store_true")
 
-    recall = sub.add_parser("recall", help="recall memories for a query (prints the context)")
+    recall = _command(sub, "recall", help="recall memories for a query (prints the context)")
     recall.add_argument("query", nargs="?")
     recall.add_argument("--hook", action="store_true",
                         help="agent prompt hook: read the hook JSON (prompt, cwd) from stdin, "
@@ -103,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     recall.add_argument("--limit", type=int)
     recall.add_argument("--json", action="store_true")
 
-    save = sub.add_parser("save", help="save a memory")
+    save = _command(sub, "save", help="save a memory")
     save.add_argument("content", help="the memory's text; - reads it from standard input")
     save.add_argument("--title")
     save.add_argument("--type", dest="memory_type", help=f"{', '.join(SAVE_TYPES)} "
@@ -115,24 +123,24 @@ def build_parser() -> argparse.ArgumentParser:
                       "realm updates this memory instead of adding one")
     save.add_argument("--importance", type=_finite, help="0 to 1 (default 0.5)")
 
-    export = sub.add_parser("export", help="export memories as the plane's JSON")
+    export = _command(sub, "export", help="export memories as the plane's JSON")
     export.add_argument("--realm", help="only this realm's memories (edges are never "
                         "filtered by realm, as the plane)")
     export.add_argument("-o", "--output", type=Path, help="file, replaced only by a complete "
                         "export (default: stdout)")
 
-    imp = sub.add_parser("import", help="import a JSON export ({memory_nodes, memory_edges})")
+    imp = _command(sub, "import", help="import a JSON export ({memory_nodes, memory_edges})")
     imp.add_argument("file", type=Path, metavar="FILE", help="an export (`syncd export`'s or "
                      "the plane's); `-` reads standard input")
 
-    backup = sub.add_parser("backup", help="online backup of the store to DEST (safe while "
+    backup = _command(sub, "backup", help="online backup of the store to DEST (safe while "
                             "the daemon runs); the copy is integrity-checked")
     backup.add_argument("dest", type=Path)
-    restore = sub.add_parser("restore", help="make a backup the store again (the daemon must "
+    restore = _command(sub, "restore", help="make a backup the store again (the daemon must "
                              "be stopped); the store it replaces is kept beside it")
     restore.add_argument("source", type=Path)
 
-    service = sub.add_parser("service", help="install or uninstall the systemd user service / "
+    service = _command(sub, "service", help="install or uninstall the systemd user service / "
                              "launchd agent, or show its status")
     service.add_argument("action", choices=["install", "uninstall", "status"])
     which = service.add_mutually_exclusive_group()
@@ -143,19 +151,24 @@ def build_parser() -> argparse.ArgumentParser:
     service.add_argument("--print", dest="print_only", action="store_true",
                          help="write the rendered unit to stdout only")
 
-    sync = sub.add_parser("sync", help="run one sync pass now and print its report")
+    sync = _command(sub, "sync", help="run one sync pass now and print its report")
     sync.add_argument("--json", action="store_true", help="the whole report, as JSON")
     sync.add_argument("--timeout", type=_seconds, default=SYNC_TIMEOUT_SECS, metavar="SECS",
                       help=f"wait this long for the pass (default {SYNC_TIMEOUT_SECS:g}); "
                       "past it the pass goes on in the daemon (`syncd status` shows it)")
 
-    open_ = sub.add_parser("open", help="print (and, on a desktop, open) a one-time login URL "
+    open_ = _command(sub, "open", help="print (and, on a desktop, open) a one-time login URL "
                            "for the web page")
     open_.add_argument("--no-browser", action="store_true",
                        help="only print the URL, even where a desktop exists")
 
-    hub = sub.add_parser("hub", help="run the reference control plane (`syncd hub token "
-                         "create|list|revoke --data-dir DIR` manages its API tokens)")
+    hub = _command(sub, "hub", help="run the reference control plane (`syncd hub token "
+                   "create|list|revoke --data-dir DIR` manages its API tokens)",
+                   description="Run the reference control plane. Its admin commands: "
+                   "`syncd hub token create --role read|write|admin --name NAME`, `syncd hub "
+                   "token list`, `syncd hub token revoke --name NAME` (its API tokens) and "
+                   "`syncd hub key` (prints the entitlement public key laptops pin); each takes "
+                   "the hub's store: --data-dir, --store or --store-file.")
     hub.add_argument("--data-dir", dest="hub_data_dir", type=Path,
                      help="the hub's data directory (default: hub.data_dir)")
     hub.add_argument("--listen", help="HOST:PORT (default: hub.listen, 127.0.0.1:8787)")
@@ -167,18 +180,18 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--store-file", type=Path, help="a 0600 file holding the PostgreSQL DSN "
                        "(default: hub.store_file)")
 
-    license_ = sub.add_parser("license", help="install an offline licence (an entitlement "
+    license_ = _command(sub, "license", help="install an offline licence (an entitlement "
                               "token signed by a pinned key)")
     license_.add_argument("action", choices=["install"])
     license_.add_argument("file", type=Path)
 
-    sub.add_parser("demo", help="run the embedded demo: a hub and two laptops on loopback")
+    _command(sub, "demo", help="run the embedded demo: a hub and two laptops on loopback")
 
-    setup = sub.add_parser("setup", help="connect an agent: merge syncd's hooks and MCP server "
+    setup = _command(sub, "setup", help="connect an agent: merge syncd's hooks and MCP server "
                            "into its config files (`setup claude-code`), or print the server "
                            "entry for another MCP client (`setup mcp --print`)")
     agents = setup.add_subparsers(dest="agent", required=True, metavar="AGENT")
-    claude = agents.add_parser("claude-code", help="Claude Code: the prompt and session-start "
+    claude = _command(agents, "claude-code", help="Claude Code: the prompt and session-start "
                                "hooks in its settings, the MCP server in its MCP config")
     claude.add_argument("--settings", type=Path, default=Path("~/.claude/settings.json"),
                         help="its settings file (default ~/.claude/settings.json)")
@@ -188,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the files as they would be written; write nothing")
     claude.add_argument("--uninstall", action="store_true",
                         help="remove syncd's entries only")
-    mcp_ = agents.add_parser("mcp", help="the MCP server entry, for any MCP client")
+    mcp_ = _command(agents, "mcp", help="the MCP server entry, for any MCP client")
     mcp_.add_argument("--print", action="store_true", required=True, dest="print_entry",
                       help="print it as JSON")
     return parser

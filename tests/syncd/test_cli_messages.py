@@ -126,3 +126,18 @@ async def test_list_get_and_delete_from_the_command_line(tmp_path: Path) -> None
         proc.send_signal(signal.SIGTERM)
         code, err = await finish(proc)
     assert code == 0, err
+
+
+@pytest.mark.parametrize(("command", "says"), [
+    (("mcp",), "MCP over stdio"),
+    (("hub",), "`syncd hub token list`"),
+    (("hub",), "`syncd hub key`"),
+    (("license",), "install an offline licence"),
+    (("setup", "claude-code"), "Claude Code: the prompt and session-start hooks"),
+    (("stop",), "stop the running daemon cleanly"),
+])
+async def test_each_commands_help_says_what_it_does(tmp_path: Path, command: tuple[str, ...],
+                                                    says: str) -> None:
+    code, out, err = await cli(tmp_path, *command, "--help")
+    assert code == 0, err
+    assert says in " ".join(out.split()), out

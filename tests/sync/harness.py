@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sqlite3
+import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +22,7 @@ from syncd.sync.engine import PassReport, SyncEngine, SyncOptions
 from syncd.sync.plane import PlaneClient
 
 MODEL = HashingEmbedder().model_id
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -141,3 +144,25 @@ def _execute(db: Path, sql: str, params: tuple[object, ...]) -> int:
 async def tamper(store: Store, sql: str, *params: object) -> None:
     """Write to the store's database file behind its back: a bug that bypassed the write path."""
     assert await asyncio.to_thread(_execute, store.db_path, sql, params) == 1
+
+
+async def run_script(script: Path, *args: str, timeout_s: float = 120.0) -> tuple[int, str]:
+    """Run a child script of this repo (a crash child) to its end; its exit code (negative: the
+    signal that killed it) and its output. Past ``timeout_s`` it is killed and TimeoutError
+    raised."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(script), *args, cwd=REPO_ROOT, env=env,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    try:
+        async with asyncio.timeout(timeout_s):
+            out, err = await proc.communicate()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    assert proc.returncode is not None
+    return proc.returncode, (out + err).decode(errors="replace")

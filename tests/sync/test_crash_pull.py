@@ -21,11 +21,9 @@ iterations cycle through the stages and reuse one laptop, so later crashes hit i
 
 from __future__ import annotations
 
-import asyncio
 import os
 import random
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +31,14 @@ import pytest
 
 from local_store import Store
 from tests.sync.crash_pull_child import NO_CRASH_EXIT, STAGES
-from tests.sync.harness import Hub, Laptop, edge_set, live_contents, start_laptop
+from tests.sync.harness import (
+    Hub,
+    Laptop,
+    edge_set,
+    live_contents,
+    run_script,
+    start_laptop,
+)
 
 ITERATIONS = int(os.environ.get("SYNCD_CRASH_ITERATIONS", str(len(STAGES))))
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -90,22 +95,11 @@ class Filler:
 
 
 async def run_child(data_dir: Path, hub: Hub, stage: str) -> tuple[int, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(CHILD), str(data_dir), hub.url, hub.token, stage,
-        cwd=REPO_ROOT, env=env, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
-        async with asyncio.timeout(CHILD_TIMEOUT_S):
-            out, err = await proc.communicate()
+        return await run_script(CHILD, str(data_dir), hub.url, hub.token, stage,
+                                timeout_s=CHILD_TIMEOUT_S)
     except TimeoutError:
-        proc.kill()
-        await proc.wait()
         pytest.fail(f"crash child at {stage} still running after {CHILD_TIMEOUT_S}s")
-    assert proc.returncode is not None
-    return proc.returncode, (out + err).decode(errors="replace")
 
 
 def outcome(after: State, before: State, page: State, exact_cursor: bool) -> str:

@@ -9,6 +9,12 @@ Rules:
     stamp: every reader's overlap window still sees it, and a concurrent edit made later
     elsewhere still beats it (re-stamping it would make "pushed last" win instead of "written
     last"). The content hash does not change; the item stays queued.
+  * A version sent to the plane while queued (``outbox.sent_version``, committed before the
+    request goes out) is pushed as it is from then on, like a repair: its reply may have been
+    lost (or this process killed before ``ack``) after the plane committed it, another replica
+    may have received it and edited it since, and a fresh stamp would let it beat that edit
+    (docs/sync-causality.md). Sent, it was recent (staging re-stamps the old ones first), so
+    every reader's overlap window saw it when it landed.
   * A repair (an entry anti-entropy queued because the plane lacked the version or held an
     older one) keeps its version: it re-sends what was written then, and a fresh stamp would
     let that stale copy beat an edit made since on another laptop. The entry names the version
@@ -23,7 +29,10 @@ Rules:
     beyond the bound. An edit whose base is itself that far ahead (made over another writer's
     far-future version) keeps its stamp: it must beat that version.
   * An outbox entry is cleared only by ``ack`` with the seq it was staged at: a write that
-    lands while the push is in flight bumps the entry's seq, so it is pushed again (R7).
+    lands while the push is in flight bumps the entry's seq, so it is pushed again (R7) —
+    or when the plane shows it holds a version that beats it or the very version queued
+    (docs/sync-causality.md): a pulled version that wins replaces the local one and clears the
+    entry (``writes``), and an export row of the queued version clears it (``_requeue``).
   * Reconciling an export applies every remote version (LWW) and re-queues every local item
     the plane lacks or holds an older version of: the repair after a wiped or restored plane.
   * Sync state lives in ``meta`` under ``sync.*`` keys.
@@ -91,18 +100,19 @@ def stage(writer: Writer, limit: int, realm: str | None, keep_within_ns: int = 0
     if writer.clock.last_ns > physical + writer.clock.max_drift_ns:
         writer.clock.rewind(physical)  # it ran ahead (offline, or until NTP fixed the wall)
     queued = writer.conn.execute(
-        "SELECT o.kind, o.item_id, o.local_seq, o.repair_version, o.base_version FROM outbox o "
+        "SELECT o.kind, o.item_id, o.local_seq, o.repair_version, o.base_version, "
+        "o.sent_version FROM outbox o "
         "LEFT JOIN memories m ON o.kind = 'node' AND m.id = o.item_id "
         "LEFT JOIN edges e ON o.kind = 'edge' AND e.id = o.item_id "
         f"WHERE (m.id IS NOT NULL OR e.id IS NOT NULL) {realm_sql} "
         "ORDER BY o.local_seq LIMIT ?", (*params, limit)).fetchall()
     staged = Staged([], [], [])
     bases: list[tuple[str, str, str]] = []  # (staged version, kind, item_id)
-    for kind, item_id, seq, repair_version, base in queued:
+    for kind, item_id, seq, repair_version, base, sent in queued:
         table = "memories" if kind == "node" else "edges"
         current = writer.version(table, item_id)
-        if current == repair_version:
-            pass  # a repair is pushed as it is
+        if current in (repair_version, sent):
+            pass  # a repair, or a version the plane may hold already, is pushed as it is
         elif needs_restamp(current, bound):
             seq = _restamp(writer, kind, item_id, writer.stamp_after(current))
         elif current is not None and current > ahead and base is not None and (
@@ -147,6 +157,17 @@ def _realm_filter(realm: str | None) -> tuple[str, tuple[str, ...]]:
     if realm is None:
         return "", ()
     return "AND (m.realm = ? OR e.realm = ?)", (realm, realm)
+
+
+def mark_sent(writer: Writer, entries: Sequence[Entry]) -> None:
+    """Record, before a push goes out, the version each entry sends: from then on the plane
+    may hold it, whatever becomes of the reply (``stage`` pushes it as it is)."""
+    for kind in ("node", "edge"):
+        table = "memories" if kind == "node" else "edges"
+        writer.conn.executemany(
+            f"UPDATE outbox SET sent_version = (SELECT updated_at FROM {table} WHERE id = ?) "
+            "WHERE kind = ? AND item_id = ? AND local_seq = ?",
+            [(item_id, k, item_id, seq) for k, item_id, seq in entries if k == kind])
 
 
 def ack(writer: Writer, entries: Sequence[Entry]) -> int:

@@ -692,6 +692,11 @@ class Store:
         (row,) = await self._fetch("SELECT count(*) FROM outbox")
         return int(row[0])
 
+    async def mark_sent(self, entries: Sequence[replica.Entry]) -> None:
+        """Before a push goes out: the plane may hold these versions from now on."""
+        items = list(entries)
+        await self._write(lambda w: replica.mark_sent(w, items))
+
     async def ack_push(self, entries: Sequence[replica.Entry]) -> int:
         items = list(entries)
         return await self._write(lambda w: replica.ack(w, items))

@@ -14,7 +14,8 @@ Rules:
     ``changes`` page with ``has_more`` whose ``until`` is not after the ``since`` it answered
     (its rows are applied first), or an ``export`` ``next_cursor`` already walked.
   * Push stages the outbox (local edits older than half the overlap window are re-stamped at
-    push time, after the pull; repairs keep their versions — see ``local_store/replica.py``),
+    push time, after the pull; repairs, and versions already sent once, keep their versions —
+    see ``local_store/replica.py`` and docs/sync-causality.md),
     packs batches under ``push_batch_bytes``, halves a batch on 413, clears entries only on 2xx
     with no errors (per row when the plane reports rows; nothing when a row error names no
     row of the batch), halves a batch refused with errors that name no row until the refused
@@ -673,6 +674,7 @@ class SyncEngine:
             b",".join(edges) + b"]}"
         try:
             self._admit()
+            await self.store.mark_sent([e for e, _ in batch])
             result = await self.client.import_rows(body)
         except TooLarge:
             if len(batch) == 1:  # too large even alone: it stays queued, the rest still go

@@ -53,6 +53,8 @@ soak: $(STAMP)
 		SYNCD_PROPERTY_EXAMPLES=300 SYNCD_SYNC_PASSES=20 SYNCD_BOOTSTRAP_ROWS=3000 \
 		$(PY) -m pytest -q tests/sync/test_stateful.py tests/sync/test_crash_pull.py \
 		tests/sync/test_semantics.py
+	SYNCD_PROPERTY_EXAMPLES=300 SYNCD_CAUSAL_STEPS=40 \
+		$(PY) -m pytest -q tests/sync/test_causal_property.py
 	SYNCD_HUB_CONCURRENCY_RUNS=20 $(PY) -m pytest -q tests/hub/test_pg_processes.py
 
 bench: $(STAMP)

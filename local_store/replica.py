@@ -10,7 +10,8 @@ Rules:
     elsewhere still beats it (re-stamping it would make "pushed last" win instead of "written
     last"). The content hash does not change; the item stays queued.
   * A version sent to the plane while queued (``outbox.sent_version``, committed before the
-    request goes out) is pushed as it is from then on, like a repair: its reply may have been
+    request goes out, and put back when no connection to the plane was made or it refused the
+    body whole with 413) is pushed as it is from then on, like a repair: its reply may have been
     lost (or this process killed before ``ack``) after the plane committed it, another replica
     may have received it and edited it since, and a fresh stamp would let it beat that edit
     (docs/sync-causality.md). Sent, it was recent (staging re-stamps the old ones first), so
@@ -159,15 +160,36 @@ def _realm_filter(realm: str | None) -> tuple[str, tuple[str, ...]]:
     return "AND (m.realm = ? OR e.realm = ?)", (realm, realm)
 
 
-def mark_sent(writer: Writer, entries: Sequence[Entry]) -> None:
+Sent = tuple[str, str, int, str | None]  # an entry and its ``sent_version`` before a mark
+
+
+def mark_sent(writer: Writer, entries: Sequence[Entry]) -> list[Sent]:
     """Record, before a push goes out, the version each entry sends: from then on the plane
-    may hold it, whatever becomes of the reply (``stage`` pushes it as it is)."""
+    may hold it, whatever becomes of the reply (``stage`` pushes it as it is). Returns what
+    each entry held before, for ``unmark_sent``."""
+    before: list[Sent] = []
+    for kind, item_id, seq in entries:
+        row = writer.conn.execute(
+            "SELECT sent_version FROM outbox WHERE kind = ? AND item_id = ? AND local_seq = ?",
+            (kind, item_id, seq)).fetchone()
+        if row is not None:
+            before.append((kind, item_id, seq, row[0]))
     for kind in ("node", "edge"):
         table = "memories" if kind == "node" else "edges"
         writer.conn.executemany(
             f"UPDATE outbox SET sent_version = (SELECT updated_at FROM {table} WHERE id = ?) "
             "WHERE kind = ? AND item_id = ? AND local_seq = ?",
             [(item_id, k, item_id, seq) for k, item_id, seq in entries if k == kind])
+    return before
+
+
+def unmark_sent(writer: Writer, before: Sequence[Sent]) -> None:
+    """The push never reached the plane (no connection was made, or it refused the whole
+    body unread): the entries hold what they held before ``mark_sent``, so an edit that then
+    waits long is re-stamped as one never sent."""
+    writer.conn.executemany(
+        "UPDATE outbox SET sent_version = ? WHERE kind = ? AND item_id = ? AND local_seq = ?",
+        [(sent, kind, item_id, seq) for kind, item_id, seq, sent in before])
 
 
 def ack(writer: Writer, entries: Sequence[Entry]) -> int:

@@ -692,10 +692,15 @@ class Store:
         (row,) = await self._fetch("SELECT count(*) FROM outbox")
         return int(row[0])
 
-    async def mark_sent(self, entries: Sequence[replica.Entry]) -> None:
+    async def mark_sent(self, entries: Sequence[replica.Entry]) -> list[replica.Sent]:
         """Before a push goes out: the plane may hold these versions from now on."""
         items = list(entries)
-        await self._write(lambda w: replica.mark_sent(w, items))
+        return await self._write(lambda w: replica.mark_sent(w, items))
+
+    async def unmark_sent(self, before: Sequence[replica.Sent]) -> None:
+        """The push never reached the plane: back to what ``mark_sent`` found."""
+        items = list(before)
+        await self._write(lambda w: replica.unmark_sent(w, items))
 
     async def ack_push(self, entries: Sequence[replica.Entry]) -> int:
         items = list(entries)

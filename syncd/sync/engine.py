@@ -81,6 +81,7 @@ from syncd.sync.plane import (
     PlaneClient,
     PlaneError,
     TooLarge,
+    Transient,
     UnreadableRow,
     spooled_rows,
 )
@@ -672,11 +673,15 @@ class SyncEngine:
         edges = [raw for (kind, _, _), raw in batch if kind == "edge"]
         body = b'{"memory_nodes":[' + b",".join(nodes) + b'],"memory_edges":[' + \
             b",".join(edges) + b"]}"
+        self._admit()
+        before = await self.store.mark_sent([e for e, _ in batch])
         try:
-            self._admit()
-            await self.store.mark_sent([e for e, _ in batch])
             result = await self.client.import_rows(body)
-        except TooLarge:
+        except (TooLarge, Transient) as exc:
+            if isinstance(exc, TooLarge) or exc.unsent:  # the plane holds none of it
+                await self.store.unmark_sent(before)
+            if isinstance(exc, Transient):
+                raise
             if len(batch) == 1:  # too large even alone: it stays queued, the rest still go
                 report.push_too_large.append(_label(batch[0][0]))
                 return

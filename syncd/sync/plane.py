@@ -101,6 +101,7 @@ class TooLarge(PlaneError):
 
 class Transient(PlaneError):
     kind = "transient"
+    unsent = False  # True: no connection was made, so the plane received nothing
 
 
 _ERRNO_WORDS = {errno.ECONNREFUSED: "connection refused (is the plane running, and on this "
@@ -334,7 +335,10 @@ class PlaneClient:
                 status, retry_after = resp.status, _retry_after(resp.headers.get("Retry-After"))
         except (aiohttp.ClientError, TimeoutError) as exc:
             via = "" if proxy is None else f" (through the proxy {proxy.url}, from {proxy.source})"
-            raise Transient(f"{method} {self.url}{path}: {in_words(exc)}{via}") from None
+            failure = Transient(f"{method} {self.url}{path}: {in_words(exc)}{via}")
+            # connecting failed (refused, no such host, TLS handshake): not a byte was sent
+            failure.unsent = isinstance(exc, aiohttp.ClientConnectorError)
+            raise failure from None
         self.bytes_out += len(body or b"")
         self.bytes_in += data.size if isinstance(data, Spool) else len(data)
         if 200 <= status < 300:

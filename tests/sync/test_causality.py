@@ -124,3 +124,30 @@ async def test_kill_9_after_the_hub_committed_then_restamp_does_not_beat_a_later
     finally:
         await y.close()
         await x.close()
+
+
+async def test_a_push_the_plane_refused_whole_is_restamped_when_old(
+        hub: Hub, proxy: FaultProxy, wall: FakeWall, tmp_path: Path) -> None:
+    """A 413 (or a connection never made: ``Transient.unsent``, tests/sync/test_plane_errors.py)
+    means the plane holds none of the batch: the entry is not "sent", so once it is older than
+    half the overlap window it gets a fresh stamp, as any unsent edit does. Pushed with its old
+    stamp, a reader whose cursor had passed it (origin mode, Kyma) would skip it."""
+    x = await start_laptop("x", tmp_path / "x", proxy.url, hub.token, wall=wall,
+                           overlap_secs=OVERLAP_SECS)
+    try:
+        mid = str((await x.store.save({"content": "refused whole"}))["node_id"])
+        (written,) = await x.store._fetch("SELECT updated_at FROM memories WHERE id = ?",
+                                          (mid,))
+        proxy.inject(Fault("status", status=413, method="POST", path=IMPORT))
+        report = await x.sync()
+        assert report.push_too_large and report.pushed_nodes == 0, report
+        assert await x.store._fetch("SELECT sent_version FROM outbox") == [(None,)]
+
+        wall.advance(OVERLAP_SECS / 2 + 1)
+        assert (await x.sync()).ok
+        (pushed,) = await hub.store._fetch("SELECT updated_at FROM memories WHERE id = ?",
+                                           (mid,))
+        assert pushed[0] > written[0]  # a fresh stamp, after the wait
+        assert await x.store.outbox() == []
+    finally:
+        await x.close()

@@ -43,6 +43,13 @@ async def test_a_refused_connection_names_the_url_and_says_so(closed_port: int) 
     assert message.startswith(f"GET http://127.0.0.1:{closed_port}/v1/agent/memory/settings: "
                               "connection refused"), message
     assert "ClientConnectorError" not in message and "ssl:default" not in message
+    client = PlaneClient(f"http://127.0.0.1:{closed_port}", "token", env={})
+    try:
+        with pytest.raises(Transient) as caught:
+            await client.import_rows(b'{"memory_nodes":[],"memory_edges":[]}')
+    finally:
+        await client.close()
+    assert caught.value.unsent  # nothing reached the plane: the engine unmarks the batch
 
 
 async def test_a_plane_that_never_answers_has_timed_out() -> None:
@@ -66,6 +73,13 @@ async def test_a_plane_that_hangs_up_closed_the_connection() -> None:
     async for port in serving(hang_up):
         message = await failure(f"http://127.0.0.1:{port}")
         assert message.endswith("the plane closed the connection before answering"), message
+        client = PlaneClient(f"http://127.0.0.1:{port}", "token", env={})
+        try:
+            with pytest.raises(Transient) as caught:
+                await client.import_rows(b'{"memory_nodes":[],"memory_edges":[]}')
+        finally:
+            await client.close()
+        assert not caught.value.unsent  # sent: the plane may have committed it
 
 
 async def test_https_to_a_plain_listener_is_a_failed_tls_handshake() -> None:

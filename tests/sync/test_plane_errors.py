@@ -25,6 +25,16 @@ async def failure(url: str, request_secs: float = 30.0) -> str:
     return str(caught.value)
 
 
+async def import_failure(url: str) -> Transient:
+    client = PlaneClient(url, "token", env={})
+    try:
+        with pytest.raises(Transient) as caught:
+            await client.import_rows(b'{"memory_nodes":[],"memory_edges":[]}')
+    finally:
+        await client.close()
+    return caught.value
+
+
 async def serving(handler: Handler) -> AsyncIterator[int]:
     server = await asyncio.start_server(handler, "127.0.0.1", 0)
     async with server:
@@ -43,13 +53,8 @@ async def test_a_refused_connection_names_the_url_and_says_so(closed_port: int) 
     assert message.startswith(f"GET http://127.0.0.1:{closed_port}/v1/agent/memory/settings: "
                               "connection refused"), message
     assert "ClientConnectorError" not in message and "ssl:default" not in message
-    client = PlaneClient(f"http://127.0.0.1:{closed_port}", "token", env={})
-    try:
-        with pytest.raises(Transient) as caught:
-            await client.import_rows(b'{"memory_nodes":[],"memory_edges":[]}')
-    finally:
-        await client.close()
-    assert caught.value.unsent  # nothing reached the plane: the engine unmarks the batch
+    # nothing reached the plane: the engine unmarks the batch
+    assert (await import_failure(f"http://127.0.0.1:{closed_port}")).unsent
 
 
 async def test_a_plane_that_never_answers_has_timed_out() -> None:
@@ -73,13 +78,8 @@ async def test_a_plane_that_hangs_up_closed_the_connection() -> None:
     async for port in serving(hang_up):
         message = await failure(f"http://127.0.0.1:{port}")
         assert message.endswith("the plane closed the connection before answering"), message
-        client = PlaneClient(f"http://127.0.0.1:{port}", "token", env={})
-        try:
-            with pytest.raises(Transient) as caught:
-                await client.import_rows(b'{"memory_nodes":[],"memory_edges":[]}')
-        finally:
-            await client.close()
-        assert not caught.value.unsent  # sent: the plane may have committed it
+        # sent: the plane may have committed it
+        assert not (await import_failure(f"http://127.0.0.1:{port}")).unsent
 
 
 async def test_https_to_a_plain_listener_is_a_failed_tls_handshake() -> None:

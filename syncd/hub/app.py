@@ -123,6 +123,9 @@ HUB = web.AppKey("hub_store", object)
 CURSOR_MODE = web.AppKey("cursor_mode", str)
 ISSUER = web.AppKey("issuer", tuple)
 CALLER_ROLE = web.RequestKey("caller_role", str)  # the role the request was authenticated with
+# Paths browsers request from any site on their own: refused (no route has them), not logged.
+BROWSER_NOISE = frozenset({"/favicon.ico", "/robots.txt", "/apple-touch-icon.png",
+                           "/apple-touch-icon-precomposed.png"})
 NBF_SLACK_SECS = 300  # a token is valid from a little before issue, for clocks slightly behind
 MAX_PAGE = 10_000
 RETRY_AFTER_SECS = 5
@@ -228,9 +231,8 @@ async def _unavailable(request: web.Request, handler: Handler) -> web.StreamResp
 
 
 class RefusalLog:
-    """A warning for each refused request to a route the hub has (a path none matches, such as
-    the ``/favicon.ico`` every browser asks for, is refused unlogged) — at most one per client
-    address and reason per
+    """A warning for each refused request (what a browser asks every site for unprompted,
+    ``BROWSER_NOISE``, is refused unlogged) — at most one per client address and reason per
     ``every`` seconds: the operator sees who is refused and why (a laptop with a revoked
     token, a wrong role), and a client retrying or guessing cannot flood the log."""
 
@@ -274,7 +276,7 @@ def _auth(backend: HubStore,
                     request[CALLER_ROLE] = (await backend.tokens.authenticate(
                         request.headers.get("Authorization"), need))[1]
             except AuthError as exc:
-                if route is not None:  # a browser's /favicon.ico is noise, not a refusal
+                if route is not None or request.path not in BROWSER_NOISE:
                     refusals.note(request.method, shown_path(request), request.remote, exc)
                 headers = {"WWW-Authenticate": 'Bearer realm="syncd-hub"'} \
                     if exc.status == 401 else None

@@ -59,6 +59,9 @@ def status_lines(status: dict[str, Any]) -> list[str]:
     if status.get("embedder_error"):
         lines[3] += (f" — failing ({status['embedder_error']}): memories are saved without a "
                      "vector and recall is keyword-only until it works")
+    if status.get("outbox") and not (status.get("sync") or {}).get("configured"):
+        lines[7] += (" — memories and edges not yet pushed, one entry each however often "
+                     "edited; kept for when sync is set up, pushed on its first pass")
     return lines + _gate_lines(status.get("entitlement") or {}, status.get("data_dir")) + \
         _sync_lines(status.get("sync") or {})
 

@@ -31,6 +31,15 @@ async def test_status_shows_the_data_dir_given_relative_as_an_absolute_path(
                                    cwd=tmp_path)
         assert code == 0, err
         assert json.loads(out)["data_dir"] == str(tmp_path / "data")
+        code, out, err = await cli(tmp_path, "--data-dir", "data", "status", cwd=tmp_path)
+        assert code == 0 and "outbox           0\n" in out, (out, err)
+        for _ in range(2):  # one entry per memory, however often it is written
+            code, _, err = await cli(tmp_path, "--data-dir", "data", "save", "a note",
+                                     "--topic-key", "t", cwd=tmp_path)
+            assert code == 0, err
+        code, out, err = await cli(tmp_path, "--data-dir", "data", "status", cwd=tmp_path)
+        assert "outbox           1 — memories and edges not yet pushed, one entry each however " \
+            "often edited; kept for when sync is set up" in out, (out, err)
     finally:
         proc.send_signal(signal.SIGTERM)
         code, err = await finish(proc)

@@ -91,7 +91,9 @@ class Checkpointer:
         self._settled = asyncio.Event()
         self._settled.set()
         self._scrubber: asyncio.Task[None] | None = None
-        self._running: asyncio.Future[tuple[int, int]] | None = None  # the pass on a thread
+        # Held for each pass and each TRUNCATE: of two checkpoints at once, one gets
+        # SQLITE_BUSY (SQLite takes its checkpoint lock without a busy handler).
+        self._one_at_a_time = asyncio.Lock()
 
     def poke(self) -> None:
         """A write transaction committed (call on the event loop)."""
@@ -121,11 +123,13 @@ class Checkpointer:
             if not self._again or self._closed or self._holds:
                 return
 
-    def _step(self, pool: ThreadPoolExecutor,
-              fn: Callable[[], tuple[int, int]]) -> asyncio.Future[tuple[int, int]]:
-        """One pass on ``pool``, kept so ``truncate`` waits for the pass, not the gap after."""
-        self._running = asyncio.get_running_loop().run_in_executor(pool, fn)
-        return self._running
+    async def _step(self, pool: ThreadPoolExecutor,
+                    fn: Callable[[], tuple[int, int]]) -> tuple[int, int]:
+        """One pass on ``pool``, never beside a ``truncate`` (a pass that would start while
+        one is held, or queued, waits for it: the pass loop checks ``_holds`` only between
+        passes, and a freshly poked task has not checked it at all)."""
+        async with self._one_at_a_time:
+            return await asyncio.get_running_loop().run_in_executor(pool, fn)
 
     async def wait_idle(self) -> None:
         """Until no checkpoint is running or due (benchmarks, tests)."""
@@ -141,11 +145,6 @@ class Checkpointer:
         self._holds += 1
         purges = self._purges
         try:
-            # A pass running now would make one of the two checkpoints SQLITE_BUSY; its gap
-            # after (``min_gap``) is no matter: the pass loop ends there while this holds.
-            if self._running is not None and not self._running.done():
-                await asyncio.wait([self._running])
-
             def run() -> tuple[int, int, int]:
                 conn = self._writer_conn()
                 if busy_ms is not None:
@@ -158,7 +157,11 @@ class Checkpointer:
                         conn.execute(f"PRAGMA busy_timeout = {db.BUSY_TIMEOUT_MS}")
                 return int(busy), int(log), int(done)
 
-            result = await asyncio.get_running_loop().run_in_executor(self._writer_pool, run)
+            # A pass running now finishes first; its gap after (``min_gap``) is no matter:
+            # the pass loop ends there while this holds.
+            async with self._one_at_a_time:
+                result = await asyncio.get_running_loop().run_in_executor(
+                    self._writer_pool, run)
         finally:
             self._holds -= 1
             if self._again and not self._holds:

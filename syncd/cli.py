@@ -12,9 +12,10 @@ import json
 import logging
 import math
 import os
+import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -53,11 +54,27 @@ def _seconds(text: str) -> float:
 SYNC_TIMEOUT_SECS = 600.0
 
 
+def _global_options(*, data_dir: bool) -> argparse.ArgumentParser:
+    """``--config`` and ``--data-dir``, as every subcommand accepts them too: ``syncd run
+    --data-dir D`` means ``syncd --data-dir D run``. SUPPRESS leaves the attribute unset when
+    the option is not given after the command, so one given before it still counts."""
+    options = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    options.add_argument("--config", type=Path, help="config file (default: the platform's)")
+    if data_dir:
+        options.add_argument("--data-dir", type=Path,
+                             help="data directory (overrides the config)")
+    return options
+
+
 def _command(group: Any, name: str, *, help: str, **options: Any) -> argparse.ArgumentParser:
     """A subcommand whose own ``--help`` says what it does (argparse shows a subparser's
-    ``description`` there, not the ``help`` its parent lists)."""
+    ``description`` there, not the ``help`` its parent lists), and that takes the global
+    options after its name as well (``_global_options``; ``hub`` has its own ``--data-dir``,
+    the hub's)."""
+    parents = [_global_options(data_dir=options.pop("own_data_dir", False) is False)]
     parser: argparse.ArgumentParser = group.add_parser(
-        name, help=help, description=options.pop("description", help), **options)
+        name, help=help, description=options.pop("description", help), parents=parents,
+        **options)
     return parser
 
 
@@ -168,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "`syncd hub token create --role read|write|admin --name NAME`, `syncd hub "
                    "token list`, `syncd hub token revoke --name NAME` (its API tokens) and "
                    "`syncd hub key` (prints the entitlement public key laptops pin); each takes "
-                   "the hub's store: --data-dir, --store or --store-file.")
+                   "the hub's store: --data-dir, --store or --store-file.", own_data_dir=True)
     hub.add_argument("--data-dir", dest="hub_data_dir", type=Path,
                      help="the hub's data directory (default: hub.data_dir)")
     hub.add_argument("--listen", help="HOST:PORT (default: hub.listen, 127.0.0.1:8787)")
@@ -280,7 +297,9 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command == "service":
         return _service(args, settings)
     try:
-        client = Client.for_data_dir(settings["data_dir"], settings["url"])
+        client = Client.for_data_dir(settings["data_dir"], settings["url"],
+                                     listen_source=settings["listen_source"],
+                                     start=settings["start"])
         if args.command == "import":  # its batches stay under the daemon's body limit
             return _import(client, args, settings["config"].daemon.max_body_bytes)
         return COMMANDS[args.command](client, args)
@@ -317,7 +336,32 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     data_dir = args.data_dir.expanduser() if args.data_dir else Path(config.daemon.data_dir)
     # "url" is where a client reaches the daemon before its state file says (0.0.0.0 → loopback)
     return {"config": config, "data_dir": data_dir, "host": host, "port": port,
-            "url": local_url(host, port)}
+            "url": local_url(host, port), "listen_source": _listen_source(args, env, config),
+            "start": _start_command(args)}
+
+
+def _listen_source(args: argparse.Namespace, env: Mapping[str, str], config: Any) -> str:
+    """What set the daemon's address a client tries, as a phrase for "not running"."""
+    from syncd.config import default_config_path, parse_config
+    if getattr(args, "listen", None):
+        return f"--listen {args.listen}"
+    if env.get("SYNCD_DAEMON_LISTEN"):
+        return f"SYNCD_DAEMON_LISTEN={env['SYNCD_DAEMON_LISTEN']}"
+    path = (args.config or default_config_path(env)).expanduser().absolute()
+    if config.daemon.listen != parse_config(b"", env={}).daemon.listen:
+        return f"daemon.listen in {path}"
+    where = f"none is set in {path}" if path.exists() else f"there is no {path}"
+    return f"daemon.listen's default, {config.daemon.listen} ({where})"
+
+
+def _start_command(args: argparse.Namespace) -> str:
+    """``syncd run`` with the options that chose this data dir and config."""
+    words = ["syncd"]
+    if args.config is not None:
+        words += ["--config", shlex.quote(str(args.config.expanduser().absolute()))]
+    if args.data_dir is not None:
+        words += ["--data-dir", shlex.quote(str(args.data_dir.expanduser().absolute()))]
+    return " ".join([*words, "run"])
 
 
 def _creates_config(args: argparse.Namespace) -> bool:

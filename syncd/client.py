@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from syncd.state import read_state
+from syncd.state import read_state, state_path
 from syncd.token import read_token, token_path
 
 # An empty ProxyHandler: no proxy, and no proxy variable read (the default opener reads them).
@@ -44,17 +44,29 @@ class Client:
     url: str
     token: str
     timeout: float = 30.0
+    # Where ``url`` came from and how to start a daemon there, for "not running" (a phrase:
+    # "the address is daemon.listen in /x/config.toml; start it with `syncd run --config …`").
+    down_hint: str = "start it with `syncd run`"
 
     @classmethod
-    def for_data_dir(cls, data_dir: Path, listen_url: str, timeout: float = 30.0) -> Client:
-        """The running daemon's URL (from its state file) or the configured one, and the token."""
+    def for_data_dir(cls, data_dir: Path, listen_url: str, timeout: float = 30.0, *,
+                     listen_source: str = "", start: str = "syncd run") -> Client:
+        """The running daemon's URL (from its state file) or the configured one, and the token.
+        ``listen_source`` says what set ``listen_url`` ("--listen", "daemon.listen in FILE",
+        …) and ``start`` the command that starts a daemon on this data dir."""
         state = read_state(data_dir) or {}
         url = str(state.get("url") or listen_url)
+        if state.get("url"):
+            where = (f"the address is the one a daemon recorded in {state_path(data_dir)} "
+                     "(it did not stop cleanly)")
+        else:
+            where = f"the address is {listen_source}" if listen_source else ""
+        hint = f"{where}; start it with `{start}`" if where else f"start it with `{start}`"
         try:
             token = read_token(token_path(data_dir))
         except (OSError, ValueError) as exc:
             raise DaemonDown(str(exc)) from None
-        return cls(url.rstrip("/"), token, timeout)
+        return cls(url.rstrip("/"), token, timeout, hint)
 
     def call(self, method: str, path: str, body: object = None) -> Any:
         try:  # JSON has no Infinity or NaN: never send Python's spelling of them
@@ -129,8 +141,8 @@ class Client:
                                f"{self.timeout:g} s; it may be stopped, overloaded or out of "
                                "reach: its log says why (a second one cannot start while it "
                                "holds the data dir)")
-        return DaemonDown(f"syncd daemon is not running at {self.url} ({reason}); start it "
-                          "with `syncd run`")
+        return DaemonDown(f"syncd daemon is not running at {self.url} ({_in_words(reason)}); "
+                          f"{self.down_hint}")
 
     def _timed_out(self, method: str, path: str) -> ClientError:
         """urllib wraps a failure to connect or send in ``URLError`` (the daemon is down); a
@@ -146,3 +158,11 @@ class Client:
 
 
 DOWNLOAD_CHUNK = 1 << 20
+
+
+def _in_words(reason: object) -> str:
+    """A failure to connect as a person says it: "connection refused", not "[Errno 111]
+    Connection refused"."""
+    if isinstance(reason, OSError) and reason.strerror:
+        return reason.strerror[:1].lower() + reason.strerror[1:]
+    return str(reason)

@@ -20,15 +20,17 @@ def env_for(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-async def spawn(home: Path, *args: str, cwd: Path | None = None) -> asyncio.subprocess.Process:
+async def spawn(home: Path, *args: str, cwd: Path | None = None,
+                env: dict[str, str] | None = None) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "syncd", *args, env=env_for(home), cwd=cwd,
+        sys.executable, "-m", "syncd", *args, env=env_for(home, **(env or {})), cwd=cwd,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
 
 
-async def cli(home: Path, *args: str, cwd: Path | None = None) -> tuple[int, str, str]:
-    """``syncd ARGS`` run to completion: (exit code, stdout, stderr)."""
-    proc = await spawn(home, *args, cwd=cwd)
+async def cli(home: Path, *args: str, cwd: Path | None = None,
+              env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """``syncd ARGS`` run to completion: (exit code, stdout, stderr); ``env`` adds variables."""
+    proc = await spawn(home, *args, cwd=cwd, env=env)
     async with asyncio.timeout(60):
         out, err = await proc.communicate()
     assert proc.returncode is not None

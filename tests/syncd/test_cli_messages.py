@@ -150,3 +150,59 @@ async def test_each_commands_help_says_what_it_does(tmp_path: Path, command: tup
     code, out, err = await cli(tmp_path, *command, "--help")
     assert code == 0, err
     assert says in " ".join(out.split()), out
+
+
+async def test_global_options_work_before_and_after_the_command(tmp_path: Path) -> None:
+    data = str(tmp_path / "data")
+    config = tmp_path / "syncd.toml"
+    config.write_text("[daemon]\nlog_level = \"info\"\n")
+    proc = await spawn(tmp_path, "run", "--data-dir", data, "--listen", "127.0.0.1:0",
+                       "--config", str(config))
+    try:
+        await wait_ready(proc)
+        assert (tmp_path / "data" / "memory.db").exists()  # the data dir given after `run`
+        for argv in (["--data-dir", data, "save", "before", "--realm", "r"],
+                     ["save", "after", "--realm", "r", "--data-dir", data],
+                     ["save", "--config", str(config), "mixed", "--data-dir", data]):
+            code, _, err = await cli(tmp_path, *argv)
+            assert code == 0, (argv, err)
+        code, out, err = await cli(tmp_path, "list", "--json", "--data-dir", data)
+        assert code == 0, err
+        assert sorted(m["content_preview"] for m in json.loads(out)["memories"]) == [
+            "after", "before", "mixed"]
+        # given on both sides, the one after the command counts
+        code, out, err = await cli(tmp_path, "--data-dir", str(tmp_path / "elsewhere"),
+                                   "status", "--json", "--data-dir", data)
+        assert code == 0 and json.loads(out)["data_dir"] == data, err
+        code, out, err = await cli(tmp_path, "setup", "mcp", "--print", "--data-dir", data)
+        assert code == 0, err
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code, err = await finish(proc)
+    assert code == 0, err
+
+
+async def test_not_running_names_the_address_what_set_it_and_how_to_start(
+        tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    proc = await spawn(tmp_path, "--data-dir", str(data), "run", "--listen", "127.0.0.1:0")
+    await wait_ready(proc)  # a token file exists from now on
+    proc.send_signal(signal.SIGTERM)
+    code, err = await finish(proc)
+    assert code == 0, err
+    with socket.socket() as closed:  # bound, never listening: nothing answers there
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        config = tmp_path / "syncd.toml"
+        config.write_text(f'[daemon]\nlisten = "127.0.0.1:{port}"\n')
+        code, _, err = await cli(tmp_path, "status", "--config", "syncd.toml", "--data-dir",
+                                 "data", cwd=tmp_path)
+        assert code == 75
+        assert (f"syncd daemon is not running at http://127.0.0.1:{port} (connection refused);"
+                f" the address is daemon.listen in {config}; start it with `syncd --config "
+                f"{config} --data-dir {data} run`") in err, err
+        code, _, err = await cli(tmp_path, "recall", "q", "--data-dir", str(data),
+                                 env={"SYNCD_DAEMON_LISTEN": f"127.0.0.1:{port}"})
+        assert code == 75
+        assert f"the address is SYNCD_DAEMON_LISTEN=127.0.0.1:{port}; start it with `syncd " \
+            f"--data-dir {data} run`" in err, err

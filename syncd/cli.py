@@ -140,7 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
                       "realm updates this memory instead of adding one")
     save.add_argument("--importance", type=_finite, help="0 to 1 (default 0.5)")
 
-    export = _command(sub, "export", help="export memories as the plane's JSON")
+    export = _command(sub, "export", help="export memories as the plane's JSON (or as "
+                      "Markdown to read and grep: --format markdown)")
+    export.add_argument("--format", choices=["json", "markdown"], default="json",
+                        help="json (default; what `syncd import` takes, with vectors) or "
+                        "markdown (one section per memory with its fields and edges, no "
+                        "vectors)")
     export.add_argument("--realm", help="only this realm's memories (edges are never "
                         "filtered by realm, as the plane)")
     export.add_argument("-o", "--output", type=Path, help="file, replaced only by a complete "

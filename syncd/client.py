@@ -91,10 +91,11 @@ class Client:
         except ValueError:  # HTTP, but not syncd's (a web page, …)
             raise self._not_syncd("its answer is not JSON") from None
 
-    def download(self, path: str, sink: IO[bytes]) -> dict[str, str]:
-        """GET ``path``, copying the body into ``sink`` as it arrives (1 MiB at a time);
-        returns the answer's headers. A body cut short is a ``ClientError`` (``sink`` then
-        holds a part: write it somewhere you can discard)."""
+    def download(self, path: str, sink: IO[bytes],
+                 expect: str = "application/json") -> dict[str, str]:
+        """GET ``path``, copying the body (of media type ``expect``) into ``sink`` as it
+        arrives (1 MiB at a time); returns the answer's headers. A body cut short is a
+        ``ClientError`` (``sink`` then holds a part: write it somewhere you can discard)."""
         request = urllib.request.Request(self.url + path, method="GET",
                                          headers={"Authorization": f"Bearer {self.token}"})
         try:
@@ -108,8 +109,9 @@ class Client:
         except http.client.HTTPException as exc:
             raise self._not_syncd(type(exc).__name__) from None
         with resp:
-            if resp.headers.get_content_type() != "application/json":
-                raise self._not_syncd(f"its answer is {resp.headers.get_content_type()}, not JSON")
+            if resp.headers.get_content_type() != expect:
+                raise self._not_syncd(f"its answer is {resp.headers.get_content_type()}, not "
+                                      f"{expect}")
             while True:
                 try:
                     chunk = resp.read(DOWNLOAD_CHUNK)

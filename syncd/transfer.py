@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, NamedTuple
-from urllib.parse import quote
+from urllib.parse import urlencode
 
 import msgspec
 
@@ -39,6 +39,7 @@ from protocol.rows import EXPORT_COUNT_HEADERS, EdgeRow, NodeRow
 from syncd.client import Client, ClientError
 from syncd.config import DEFAULT_MAX_BODY_BYTES
 from syncd.exits import EXIT_FAILED, EXIT_OK
+from syncd.export_markdown import MARKDOWN_FIRST_LINE
 from syncd.jsonrows import count_rows, rows
 
 IMPORT_BATCH_ROWS = 500
@@ -47,18 +48,25 @@ IMPORT_BODY_MARGIN = 16  # a batch's body stays under max_body_bytes less a sixt
 _BODY_FRAME_BYTES = 64
 
 
+EXPORT_MEDIA_TYPES = {"json": "application/json", "markdown": "text/markdown"}
+
+
 def export_file(client: Client, args: argparse.Namespace) -> int:
     """The daemon's export, copied to the file (or stdout) as it arrives: the whole body never
     sits in memory. The file is replaced only by a complete export."""
-    path = "/v1/agent/memory/export" + (f"?realm={quote(args.realm)}"
-                                        if args.realm is not None else "")
+    form = getattr(args, "format", "json")  # the CLI's --format; json when not given
+    query = [("format", form)] if form != "json" else []
+    query += [("realm", args.realm)] if args.realm is not None else []
+    path = "/v1/agent/memory/export" + (f"?{urlencode(query)}" if query else "")
+    expect = EXPORT_MEDIA_TYPES[form]
     if not args.output:
-        client.download(path, sys.stdout.buffer)
-        sys.stdout.buffer.write(b"\n")
+        client.download(path, sys.stdout.buffer, expect)
+        if form == "json":  # Markdown ends with its own line break
+            sys.stdout.buffer.write(b"\n")
         return EXIT_OK
     try:
         with _replacing(args.output) as handle:
-            headers = client.download(path, handle)
+            headers = client.download(path, handle, expect)
     except OSError as exc:
         print(f"syncd: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -83,6 +91,10 @@ def import_file(client: Client, args: argparse.Namespace,
     try:
         with _readable(args.file) as path:
             with path.open(encoding="utf-8-sig") as handle:  # a BOM is not data
+                if handle.readline().rstrip("\r\n") == MARKDOWN_FIRST_LINE:
+                    raise ValueError("this is a Markdown export, for reading; `syncd import` "
+                                     "takes the JSON export (`syncd export`, --format json)")
+                handle.seek(0)
                 total = sum(count_rows(handle, require_an_array=True).values())
             batches = _Batches(client, total, max_body)
             with path.open(encoding="utf-8-sig") as handle:  # a BOM is not data

@@ -29,6 +29,7 @@ from protocol.rows import (
 from protocol.timestamp import format_ns
 from syncd import __version__
 from syncd.entitlement.keeper import KeeperStopped
+from syncd.export_markdown import markdown_pages
 from syncd.http.errors import STORE_STATUS, HttpError, error_response
 from syncd.http.metrics import Metrics, store_gauges
 from syncd.http.security import guards
@@ -202,11 +203,33 @@ async def query(request: web.Request) -> web.Response:
     return reply(await request.app[STORE].recall(req))
 
 
+EXPORT_FORMATS = ("json", "markdown")
+
+
 async def export(request: web.Request) -> web.StreamResponse:
     store = request.app[STORE]
-    async with store.export_snapshot(request.query.get("realm")) as snapshot:
+    form = request.query.get("format", "json")
+    if form not in EXPORT_FORMATS:
+        raise ValidationError("format", f"must be one of {', '.join(EXPORT_FORMATS)} (got "
+                              f"{form[:40]!r})")
+    realm = request.query.get("realm")
+    async with store.export_snapshot(realm) as snapshot:
+        if form == "markdown":
+            memories, edges = EXPORT_COUNT_HEADERS
+            return await stream_text(request, markdown_pages(snapshot, realm), {
+                "Content-Type": "text/markdown; charset=utf-8",
+                memories: str(snapshot.memories), edges: str(snapshot.edges)})
         return await stream_rows(request, snapshot, tail=lambda: {
             "hint": EXPORT_HINT, "store_id": store.store_id})
+
+
+async def stream_text(request: web.Request, pieces: AsyncIterator[str],
+                      headers: Mapping[str, str]) -> web.StreamResponse:
+    """A text body streamed a piece at a time (``streamed``'s rules)."""
+    async def body(response: web.StreamResponse) -> None:
+        async for piece in pieces:
+            await response.write(piece.encode())
+    return await streamed(request, headers, body)
 
 
 async def stream_rows(request: web.Request, snapshot: ExportPages, *,
@@ -216,19 +239,29 @@ async def stream_rows(request: web.Request, snapshot: ExportPages, *,
     stays bounded by a page whatever the store's size: ``head``'s members, ``memory_nodes``,
     ``memory_edges``, then ``tail()``'s members (called once the rows are out, so an ``until``
     there is read after them). ``X-Syncd-Memories``/``X-Syncd-Edges`` give the counts up
-    front. A failure once the body has begun cannot become an error answer: the connection is
-    dropped, so the client sees a truncated body, never a short valid one."""
+    front."""
     memories, edges = EXPORT_COUNT_HEADERS
-    response = web.StreamResponse(headers={
-        "Content-Type": "application/json", memories: str(snapshot.memories),
-        edges: str(snapshot.edges)})
-    await response.prepare(request)
-    try:
+
+    async def body(response: web.StreamResponse) -> None:
         opening = b"{" + b"".join(_member(k, v) + b"," for k, v in (head or {}).items())
         await _write_array(response, opening + b'"memory_nodes":[', snapshot.node_pages())
         await _write_array(response, b'],"memory_edges":[', snapshot.edge_pages())
         await response.write(b"]" + b"".join(b"," + _member(k, v) for k, v in tail().items())
                              + b"}")
+    return await streamed(request, {"Content-Type": "application/json",
+                                    memories: str(snapshot.memories),
+                                    edges: str(snapshot.edges)}, body)
+
+
+async def streamed(request: web.Request, headers: Mapping[str, str],
+                   body: Callable[[web.StreamResponse], Awaitable[None]]) -> web.StreamResponse:
+    """An answer whose ``body`` writes it as it goes. A failure once the body has begun cannot
+    become an error answer: the connection is dropped, so the client sees a truncated body,
+    never a short complete-looking one."""
+    response = web.StreamResponse(headers=headers)
+    await response.prepare(request)
+    try:
+        await body(response)
     except ConnectionError:  # the client hung up (aiohttp's ClientConnectionResetError too)
         log.debug("the client went away during a streamed answer")
         return response

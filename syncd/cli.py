@@ -208,6 +208,11 @@ def build_parser() -> argparse.ArgumentParser:
     license_.add_argument("file", type=Path)
 
     _command(sub, "demo", help="run the embedded demo: a hub and two laptops on loopback")
+    completion = _command(sub, "completion", help="print a shell completion script: "
+                          'eval "$(syncd completion bash)" in ~/.bashrc; zsh likewise in '
+                          "~/.zshrc; fish: syncd completion fish > "
+                          "~/.config/fish/completions/syncd.fish")
+    completion.add_argument("shell", choices=["bash", "zsh", "fish"])
 
     setup = _command(sub, "setup", help="connect an agent: merge syncd's hooks and MCP server "
                            "into its config files (`setup claude-code`), or print the server "
@@ -274,6 +279,10 @@ def _main(argv: Sequence[str] | None) -> int:
                         "%(message)s", stream=sys.stderr)
     if args.command == "setup":
         return _setup(args)
+    if args.command == "completion":
+        from syncd.completion import script
+        print(script(args.shell, build_parser()), end="")
+        return EXIT_OK
     if args.command == "demo":
         import asyncio
 

@@ -33,7 +33,7 @@ def _where(parser: argparse.ArgumentParser) -> None:
                        help="a 0600 file holding a PostgreSQL hub's DSN")
 
 
-def _parser() -> argparse.ArgumentParser:
+def token_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="syncd hub token", description="Manage hub API tokens.")
     sub = parser.add_subparsers(dest="command", required=True)
     for command, help_ in [("create", "add a token and print it once"),
@@ -95,7 +95,7 @@ def _run(prog: str, args: argparse.Namespace,
 def token_main(argv: list[str]) -> int:
     """``syncd hub token create|list|revoke``."""
     try:
-        args = _parser().parse_args(argv)
+        args = token_parser().parse_args(argv)
     except SystemExit as e:  # argparse already wrote the usage error (2) or the help (0)
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     args.creates = args.command == "create"  # the first token may come before the hub
@@ -115,14 +115,18 @@ def token_main(argv: list[str]) -> int:
     return _run("syncd hub token", args, work)
 
 
-def key_main(argv: list[str]) -> int:
-    """``syncd hub key``: the public key laptops pin (the key is created if missing)."""
-    from syncd.entitlement.token import key_id, public_key_text
+def key_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="syncd hub key", description="Print the hub's "
                                      "entitlement public key, for [entitlement] public_keys.")
     _where(parser)
+    return parser
+
+
+def key_main(argv: list[str]) -> int:
+    """``syncd hub key``: the public key laptops pin (the key is created if missing)."""
+    from syncd.entitlement.token import key_id, public_key_text
     try:
-        args = parser.parse_args(argv)
+        args = key_parser().parse_args(argv)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else EXIT_USAGE
 

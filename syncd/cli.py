@@ -189,7 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
                    description="Run the reference control plane. Its admin commands: "
                    "`syncd hub token create --role read|write|admin --name NAME`, `syncd hub "
                    "token list`, `syncd hub token revoke --name NAME` (its API tokens) and "
-                   "`syncd hub key` (prints the entitlement public key laptops pin); each takes "
+                   "`syncd hub key` (prints the entitlement public key laptops pin) and `syncd hub "
+                   "invite --name NAME` (a one-use invite for `syncd join`; `--list`, `--revoke "
+                   "ID`); each takes "
                    "the hub's store: --data-dir, --store or --store-file.", own_data_dir=True)
     hub.add_argument("--data-dir", dest="hub_data_dir", type=Path,
                      help="the hub's data directory (default: hub.data_dir)")
@@ -213,6 +215,14 @@ def build_parser() -> argparse.ArgumentParser:
                           "~/.zshrc; fish: syncd completion fish > "
                           "~/.config/fish/completions/syncd.fish")
     completion.add_argument("shell", choices=["bash", "zsh", "fish"])
+
+    join = _command(sub, "join", help="pair this device with a hub: trade an invite (`syncd "
+                         "hub invite`) for its own token and write the config's sync settings")
+    join.add_argument("invite", metavar="INVITE", help="the invite; - reads it from standard "
+                      "input")
+    join.add_argument("--force", action="store_true", help="replace a different "
+                      "control_plane.url and an existing token file")
+    join.add_argument("--json", action="store_true", help="what was written, as JSON")
 
     setup = _command(sub, "setup", help="connect an agent: merge syncd's hooks and MCP server "
                            "into its config files (`setup claude-code`), or print the server "
@@ -260,6 +270,15 @@ def _command_at(argv: list[str]) -> int:
 _GLOBAL_VALUED = ("--config", "--data-dir")
 
 
+def _global_config(options: list[str]) -> Path | None:
+    """``--config`` among the global options before a hub admin command (its default URL)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--config", type=Path)
+    parser.add_argument("--data-dir", type=Path)
+    config: Path | None = parser.parse_known_args(options)[0].config
+    return config
+
+
 def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     at = _command_at(argv)
@@ -269,6 +288,9 @@ def _main(argv: Sequence[str] | None) -> int:
     if argv[at:at + 2] == ["hub", "key"]:
         from syncd.hub.admin import key_main
         return key_main(argv[at + 2:])
+    if argv[at:at + 2] == ["hub", "invite"]:
+        from syncd.hub.admin import invite_main
+        return invite_main(argv[at + 2:], _global_config(argv[:at]))
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "recall" and args.hook:
@@ -283,6 +305,8 @@ def _main(argv: Sequence[str] | None) -> int:
         from syncd.completion import script
         print(script(args.shell, build_parser()), end="")
         return EXIT_OK
+    if args.command == "join":
+        return _join(args)
     if args.command == "demo":
         import asyncio
 
@@ -727,6 +751,34 @@ def _setup(args: argparse.Namespace) -> int:
             kept = "" if change.before is None else \
                 f" (the previous one is {change.path}{setup.BACKUP_SUFFIX})"
             print(f"{'created' if change.before is None else 'updated'} {change.path}{kept}")
+    return EXIT_OK
+
+
+def _join(args: argparse.Namespace) -> int:
+    """``syncd join``: rules in ``syncd/join.py``; the token is never printed."""
+    from syncd.config import default_config_path
+    from syncd.join import JoinError, join
+    config = (args.config or default_config_path()).expanduser().absolute()
+    invite = sys.stdin.readline() if args.invite == "-" else args.invite
+    data_dir = None if args.data_dir is None else args.data_dir.expanduser().absolute()
+    try:
+        done = join(invite, config, data_dir, force=args.force)
+    except JoinError as exc:
+        print(f"syncd join: {exc.message}", file=sys.stderr)
+        return {"usage": EXIT_CONFIG, "unreachable": EXIT_TEMPFAIL}.get(exc.kind, EXIT_FAILED)
+    if args.json:
+        print(json.dumps(done, indent=2))
+        return EXIT_OK
+    print(f"joined {done['hub']} as {done['name']!r} (role {done['role']}, plan "
+          f"{done['plan']}: {', '.join(done['features']) or 'no paid features'})")
+    print(f"  wrote the token to {done['token_file']} (0600; it is shown nowhere else)")
+    print(f"  {'updated' if done['backup'] else 'created'} {done['config']}: "
+          f"{', '.join(done['changed']) or 'nothing changed'}"
+          + (f" (the previous one is {done['backup']})" if done['backup'] else ""))
+    print(f"  pinned the hub's entitlement key {done['key_id']} ({done['public_key']})")
+    print("  checked: the hub answered with an entitlement signed by that key")
+    print("next: start the daemon (`syncd run`, or `syncd service install`); one already "
+          "running reads the config when it starts again")
     return EXIT_OK
 
 

@@ -4,7 +4,7 @@ parser, so they list exactly the commands and options ``syncd`` takes.
 Rules:
   * The tree is read from ``cli.build_parser()`` (commands, nested groups such as ``setup
     claude-code``, their options) plus the hub's admin commands, which ``cli`` hands to
-    ``hub.admin`` before argparse (``hub token create|list|revoke``, ``hub key``).
+    ``hub.admin`` before argparse (``hub token create|list|revoke``, ``hub key``, ``hub invite``).
   * A script completes the command path first (the words typed so far that name commands),
     then that command's subcommands and options; after an option that takes a value, or where
     a command takes a file, it falls back to file names.
@@ -40,9 +40,11 @@ def command_tree(parser: argparse.ArgumentParser) -> Node:
     root = _node(parser, parser.description or "")
     hub = root.children.get("hub")
     if hub is not None:
-        from syncd.hub.admin import key_parser, token_parser
+        from syncd.hub.admin import invite_parser, key_parser, token_parser
         hub.children["token"] = _node(token_parser(), "manage the hub's API tokens")
         hub.children["key"] = _node(key_parser(), "print the entitlement public key laptops pin")
+        hub.children["invite"] = _node(invite_parser(), "a one-use invite for `syncd join`; "
+                                       "--list, --revoke ID")
     return root
 
 

@@ -184,10 +184,16 @@ def write(change: Change) -> None:
         fd = os.open(backup, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
         with os.fdopen(fd, "wb") as out:
             out.write(change.before)
+    replace_file(path, change.text.encode("utf-8"), mode)
+
+
+def replace_file(path: Path, data: bytes, mode: int) -> None:
+    """``path`` holds ``data`` (mode ``mode``) whole or not at all: a temporary file beside it,
+    fsynced, then renamed over it."""
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(change.text)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
             out.flush()
             os.fsync(out.fileno())
         os.chmod(temp, mode)

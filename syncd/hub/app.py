@@ -23,6 +23,10 @@ Rules:
     the body) and includes tombstones, so a client's anti-entropy sees deletes.
   * Every ``changes`` and ``export`` body (and ``status``) names the hub's ``store_id``; a
     wiped hub gets a new one.
+  * ``POST /v1/invites/redeem`` (``{"id", "secret"}``) needs no token: it trades an invite for
+    a token of the invite's name, role and plan, once (``invites.py``), answering the token and
+    the hub's public key. Attempts are limited per client address (429 + ``Retry-After``);
+    refused ones are logged by their code, never their secret.
   * ``GET /v1/agent/entitlement?device_id=`` signs an entitlement for that device with the
     hub's key: ``features`` from the bearer token's plan, ``seq`` from a durable counter.
   * Everything the hub persists goes through a ``HubStore`` (``store.py``): SQLite in one
@@ -65,7 +69,7 @@ from protocol.rows import ChangesResponse, ExportBody
 from protocol.settings import replace_settings
 from protocol.timestamp import format_ns
 from syncd import __version__
-from syncd.entitlement.token import Claims, sign
+from syncd.entitlement.token import Claims, public_key_text, sign
 from syncd.http import web as web_pages
 from syncd.http.app import (
     DEFAULT_MAX_BODY,
@@ -97,6 +101,7 @@ from syncd.http.web import (
     session_cookie,
     set_session_cookie,
 )
+from syncd.hub.invites import ID_PATTERN, Attempts, InviteError
 from syncd.hub.store import (
     FileTokens,
     HubStore,
@@ -110,6 +115,7 @@ from syncd.hub.tokens import (
     TokenBook,
     TokenFileError,
     check_role,
+    now_text,
     role_allows,
     token_hash,
 )
@@ -122,6 +128,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 HUB = web.AppKey("hub_store", object)
 CURSOR_MODE = web.AppKey("cursor_mode", str)
 ISSUER = web.AppKey("issuer", tuple)
+INVITE_ATTEMPTS = web.AppKey("invite_attempts", Attempts)
 CALLER_ROLE = web.RequestKey("caller_role", str)  # the role the request was authenticated with
 # Paths browsers request from any site on their own: refused (no route has them), not logged.
 BROWSER_NOISE = frozenset({"/favicon.ico", "/robots.txt", "/apple-touch-icon.png",
@@ -149,6 +156,7 @@ def create_hub_app(backend: HubStore | Store, book: TokenBook | None = None, *,
     app[HUB], app[CURSOR_MODE], app[METRICS] = backend, cursor, metrics
     app[PAGE_SESSIONS], app[PAGE_KIND] = sessions, "hub"
     app[ISSUER] = (signing_key, token_lifetime_days)
+    app[INVITE_ATTEMPTS] = Attempts()
     if isinstance(backend, SqliteHubStore):
         app[MCP] = McpServer(backend.store, Surfacer(HUB_TOOLS))
     for method, path, handler, _role in ROUTES:
@@ -385,6 +393,34 @@ async def entitlement(request: web.Request) -> web.Response:
     return reply({"token": sign(key, claims), "claims": claims})
 
 
+async def redeem_invite(request: web.Request) -> web.Response:
+    """An invite's token, once (rules above; ``invites.py``)."""
+    wait = request.app[INVITE_ATTEMPTS].check(request.remote)
+    if wait is not None:
+        return error_response(429, "too_many_attempts", f"too many invite attempts from this "
+                              f"address; try again in {wait} s", headers={"Retry-After": str(wait)})
+    key = request.app[ISSUER][0]
+    if key is None:
+        raise HttpError(404, "not_found", "this hub does not issue entitlements, so it takes "
+                        "no invites")
+    body = await read_json(request)
+    fields = body if isinstance(body, dict) else {}
+    invite_id, secret = fields.get("id"), fields.get("secret")
+    if not isinstance(invite_id, str) or not ID_PATTERN.fullmatch(invite_id):
+        raise ValidationError("id", "must be an invite's id: 12 hex digits")
+    if not isinstance(secret, str) or not secret:
+        raise ValidationError("secret", "is required: the invite's secret")
+    try:
+        got = await hub_of(request).invites.redeem(invite_id, secret, now=now_text())
+    except InviteError as exc:
+        log.warning("refused invite %s from %s: %s", invite_id, request.remote, exc.code)
+        raise HttpError(exc.status, exc.code, exc.message) from None
+    log.info("invite %s redeemed from %s: token %r (%s)", invite_id, request.remote, got.name,
+             got.role)
+    return reply({"token": got.token, "name": got.name, "role": got.role, "plan": got.plan,
+                  "public_key": public_key_text(key.public_key())})
+
+
 async def get_settings(request: web.Request) -> web.Response:
     hub = hub_of(request)
     return reply(msgspec.structs.replace(await hub.settings(),
@@ -479,6 +515,7 @@ ROUTES: list[tuple[str, str, Handler, str]] = [
     ("PUT", "/v1/agent/memory/settings", put_settings, "write"),
     ("GET", "/v1/agent/status", status, "read"),
     ("GET", "/v1/agent/entitlement", entitlement, "read"),
+    ("POST", "/v1/invites/redeem", redeem_invite, "none"),
     ("POST", "/mcp/v1", hub_mcp, "read"),
     ("GET", "/healthz", healthz, "none"),
     ("GET", "/metrics", hub_metrics, "read"),

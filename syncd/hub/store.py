@@ -1,7 +1,7 @@
 """The hub-store interface: everything the hub persists goes through a ``HubStore`` — rows and
 edges (``apply``), the change feed (``feed``, ``export_page``), recall, settings, counters,
-API tokens (``tokens``), the entitlement signing key and the web page's sign-ins
-(``add_page_session``).
+API tokens (``tokens``) and the invites that become tokens (``invites``, rules in
+``invites.py``), the entitlement signing key and the web page's sign-ins (``add_page_session``).
 
 Two implementations run the same conformance suite (``tests/hub/test_conformance.py``):
   * ``SqliteHubStore``: one process, the local store opened with its feed (``Store.open(feed=
@@ -38,6 +38,7 @@ from local_store.redact import quoted
 from protocol.query import QueryRequest, QueryResponse
 from protocol.rows import EdgeRow, NodeRow
 from protocol.settings import MemorySettings
+from syncd.hub.invites import FileInvites, InviteStore
 from syncd.hub.keys import load_or_create_key
 from syncd.hub.tokens import (
     TokenBook,
@@ -91,6 +92,9 @@ class HubStore(Protocol):
 
     @property
     def tokens(self) -> TokenStore: ...
+
+    @property
+    def invites(self) -> InviteStore: ...
 
     def now_ns(self) -> int:
         """The hub's clock (the origin-mode feed's ``until``)."""
@@ -209,6 +213,7 @@ class SqliteHubStore:
     def __init__(self, store: Store, tokens: TokenStore | None = None) -> None:
         self.store = store
         self.tokens: TokenStore = tokens if tokens is not None else FileTokens(store.data_dir)
+        self.invites: InviteStore = FileInvites(store.data_dir)
         self.store_id = store.store_id
         self.embedder = store.embedder
         self._page_sessions: dict[str, PageSession] = {}  # in sign-in order, oldest first

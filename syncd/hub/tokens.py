@@ -166,7 +166,7 @@ def check_role(found: tuple[str, str] | None, need: str) -> tuple[str, str]:
 
 
 @contextlib.contextmanager
-def _locked(data_dir: Path) -> Iterator[int]:
+def locked(data_dir: Path) -> Iterator[int]:
     """The data directory, created 0700, opened and exclusively locked (rule 3)."""
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = os.open(data_dir, os.O_RDONLY)
@@ -178,13 +178,19 @@ def _locked(data_dir: Path) -> Iterator[int]:
 
 
 def _save(data_dir: Path, dir_fd: int, book: _File) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".hub-tokens.", suffix=".tmp", dir=data_dir)  # 0600
+    write_private(data_dir, dir_fd, TOKENS_FILENAME, msgspec.json.format(_ENCODER.encode(book)))
+
+
+def write_private(data_dir: Path, dir_fd: int, filename: str, data: bytes) -> None:
+    """Replace ``data_dir/filename`` with ``data`` (rule 3: a 0600 temp file, fsync, rename,
+    fsync the directory); the caller holds ``locked(data_dir)``, whose fd is ``dir_fd``."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{filename}.", suffix=".tmp", dir=data_dir)  # 0600
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(msgspec.json.format(_ENCODER.encode(book)) + b"\n")
+            f.write(data + b"\n")
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, data_dir / TOKENS_FILENAME)
+        os.replace(tmp, data_dir / filename)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -213,21 +219,34 @@ def new_raw_token() -> str:
 def create_token(data_dir: Path, *, role: str, name: str, plan: str = "pro") -> str:
     """Add a token and return it raw; the caller shows it once."""
     check_new_token(role=role, name=name, plan=plan)
+    with locked(data_dir) as dir_fd:
+        return add_token_locked(data_dir, dir_fd, role=role, name=name, plan=plan)
+
+
+def add_token_locked(data_dir: Path, dir_fd: int, *, role: str, name: str, plan: str) -> str:
+    """``create_token``'s work, for a caller already holding ``locked(data_dir)`` (an invite
+    is redeemed and its token added under one lock: ``invites.py``)."""
+    check_new_token(role=role, name=name, plan=plan)
     assert _is_role(role)
-    with _locked(data_dir) as dir_fd:
-        _, book = _load(data_dir / TOKENS_FILENAME)
-        if any(t.name == name and t.revoked_at is None for t in book.tokens):
-            raise ValueError(f"name: an active token is already named {name!r}")
-        raw = new_raw_token()
-        book.tokens.append(_Entry(name=name, role=role, sha256=token_hash(raw), created_at=now_text(),
-                                  plan=plan))
-        _save(data_dir, dir_fd, book)
+    _, book = _load(data_dir / TOKENS_FILENAME)
+    if any(t.name == name and t.revoked_at is None for t in book.tokens):
+        raise ValueError(f"name: an active token is already named {name!r}")
+    raw = new_raw_token()
+    book.tokens.append(_Entry(name=name, role=role, sha256=token_hash(raw), created_at=now_text(),
+                              plan=plan))
+    _save(data_dir, dir_fd, book)
     return raw
+
+
+def active_names(data_dir: Path) -> set[str]:
+    """The names of the active tokens (an invite's name must not be one)."""
+    _, book = _load(data_dir / TOKENS_FILENAME)
+    return {t.name for t in book.tokens if t.revoked_at is None}
 
 
 def revoke_token(data_dir: Path, name: str) -> bool:
     """Revoke the active token called ``name``; False when there is none."""
-    with _locked(data_dir) as dir_fd:
+    with locked(data_dir) as dir_fd:
         _, book = _load(data_dir / TOKENS_FILENAME)
         active = [t for t in book.tokens if t.name == name and t.revoked_at is None]
         for t in active:

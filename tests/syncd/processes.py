@@ -56,3 +56,14 @@ async def finish(proc: asyncio.subprocess.Process, limit: float = 30.0) -> tuple
         _, err = await proc.communicate()
     assert proc.returncode is not None
     return proc.returncode, err.decode()
+
+
+async def stop_all(procs: list[asyncio.subprocess.Process]) -> None:
+    """SIGTERM each process still running, newest first; each must then exit 0."""
+    import signal
+    for proc in reversed(procs):
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in reversed(procs):
+        code, err = await finish(proc)
+        assert code == 0, err

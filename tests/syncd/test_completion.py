@@ -14,7 +14,7 @@ from tests.syncd.processes import cli
 # (typed line, what completing its last word offers)
 BASH_CASES = [
     ("syncd re", ["recall", "restore"]),
-    ("syncd hub ", ["token", "key"]),
+    ("syncd hub ", ["token", "key", "invite"]),
     ("syncd hub token ", ["create", "list", "revoke"]),
     ("syncd --data-dir /tmp hub t", ["token"]),  # a valued global option's value is skipped
     ("syncd setup ", ["claude-code", "mcp"]),
@@ -87,7 +87,7 @@ async def test_fish_completes_commands_options_and_values(tmp_path: Path) -> Non
         assert done.returncode == 0 and done.stderr == "", done.stderr
         return sorted(row.split("\t")[0] for row in done.stdout.splitlines())
 
-    assert complete("syncd hub ") == ["key", "token"]
+    assert complete("syncd hub ") == ["invite", "key", "token"]
     assert complete("syncd hub token ") == ["create", "list", "revoke"]
     assert complete("syncd export --format ") == ["json", "markdown"]
     assert complete("syncd rec") == ["recall"]

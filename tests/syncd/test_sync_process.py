@@ -13,7 +13,7 @@ import pytest
 
 from syncd.report import pass_summary, status_lines
 from syncd.sync.engine import PassReport
-from tests.syncd.processes import cli, finish, spawn, wait_ready
+from tests.syncd.processes import cli, finish, spawn, stop_all, wait_ready
 
 
 async def write(path: Path, text: str) -> None:
@@ -82,12 +82,7 @@ async def test_two_daemons_sync_through_a_hub_process(tmp_path: Path, cursor: st
         code, out, _ = await cli(tmp_path, *args("b", "status"))
         assert "last_success" in out and hub_url in out
     finally:
-        for proc in reversed(procs):
-            if proc.returncode is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in reversed(procs):
-            code, err = await finish(proc)
-            assert code == 0, err
+        await stop_all(procs)
 
 
 async def test_a_daemon_whose_plane_token_file_is_missing_refuses_to_start(

@@ -44,6 +44,7 @@ from protocol.rows import EdgeRow, NodeRow
 from protocol.settings import DEFAULT_SETTINGS, MemorySettings, load_settings, merge_patch
 from protocol.timestamp import format_ns, parse_ns
 from syncd.hub.keys import key_from_pem, new_key_pem
+from syncd.hub.pg.invites import PgInvites
 from syncd.hub.pg.marks import batch_end
 from syncd.hub.pg.migrate import Conn, migrate
 from syncd.hub.pg.recall import VectorTail, keyword_text, run_recall
@@ -129,6 +130,7 @@ class PgHubStore:
     def __init__(self, pool: asyncpg.Pool, embedder: Embedder, store_id: str) -> None:
         self._pool, self.embedder, self.store_id = pool, embedder, store_id
         self.tokens = PgTokens(self._connection)
+        self.invites = PgInvites(self._connection)
         self.vectors = VectorTail(embedder.model_id, embedder.dim)
         self._follower: asyncio.Task[None] | None = None
         self._catch_up_lock = asyncio.Lock()

@@ -223,6 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
     join.add_argument("--force", action="store_true", help="replace a different "
                       "control_plane.url and an existing token file")
     join.add_argument("--json", action="store_true", help="what was written, as JSON")
+    join.add_argument("--config", dest="join_config", type=Path, help="the config file to "
+                      "write (as syncd's --config; default: the platform's)")
+    join.add_argument("--data-dir", dest="join_data_dir", type=Path,
+                      help="this install's data directory (as syncd's --data-dir)")
 
     setup = _command(sub, "setup", help="connect an agent: merge syncd's hooks and MCP server "
                            "into its config files (`setup claude-code`), or print the server "
@@ -758,9 +762,10 @@ def _join(args: argparse.Namespace) -> int:
     """``syncd join``: rules in ``syncd/join.py``; the token is never printed."""
     from syncd.config import default_config_path
     from syncd.join import JoinError, join
-    config = (args.config or default_config_path()).expanduser().absolute()
+    config = (args.join_config or args.config or default_config_path()).expanduser().absolute()
     invite = sys.stdin.readline() if args.invite == "-" else args.invite
-    data_dir = None if args.data_dir is None else args.data_dir.expanduser().absolute()
+    given = args.join_data_dir or args.data_dir
+    data_dir = None if given is None else given.expanduser().absolute()
     try:
         done = join(invite, config, data_dir, force=args.force)
     except JoinError as exc:

@@ -277,9 +277,10 @@ async def test_two_laptops_joined_with_two_invites_share_memories(tmp_path: Path
             config.parent.mkdir()
             config.write_text(CONFIG)
             data = tmp_path / name / "data"
-            code, out, err = await cli(tmp_path, "--config", str(config), "--data-dir",
-                                       str(data), "join", invite.strip(),
-                                       *(["--json"] if name == "b" else []))
+            where = ["--config", str(config), "--data-dir", str(data)]
+            code, out, err = await cli(tmp_path, *(  # both spellings: before and after `join`
+                [*where, "join", invite.strip()] if name == "a" else
+                ["join", invite.strip(), "--json", *where]))
             assert code == 0, err + out
             token = (config.parent / TOKEN_FILE_NAME).read_text().strip()
             assert token.startswith("syncd_") and token not in out + err
@@ -309,3 +310,30 @@ async def test_two_laptops_joined_with_two_invites_share_memories(tmp_path: Path
         assert entitlement["entitled"] and entitlement["sync"] == "on", entitlement
     finally:
         await stop_all(procs)
+
+
+async def test_join_reads_the_invite_from_standard_input(hub: Hub, tmp_path: Path) -> None:
+    """`syncd join -`: the invite stays out of the shell's history and the process list; a
+    malformed one is a usage error (exit 2)."""
+    import sys
+
+    from tests.syncd.processes import env_for
+
+    async def join_stdin(text: str) -> tuple[int, str]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "syncd", "join", "-", "--config", str(config),
+            env=env_for(tmp_path), stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        async with asyncio.timeout(60):
+            out, err = await proc.communicate(text.encode())
+        assert proc.returncode is not None
+        return proc.returncode, (out + err).decode()
+
+    config = tmp_path / "config.toml"
+    code, output = await join_stdin("syncd-invite-1.AAAA\n")
+    assert code == 2 and "INVITE: the invite is damaged" in output and not config.exists()
+    code, output = await join_stdin(await hub.invite("piped") + "\n")
+    assert code == 0 and "joined" in output, output
+    token = (tmp_path / TOKEN_FILE_NAME).read_text().strip()
+    assert token not in output
+    assert await hub.hub.tokens.authenticate(f"Bearer {token}", "write") == ("piped", "write")

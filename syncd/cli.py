@@ -782,8 +782,11 @@ def _join(args: argparse.Namespace) -> int:
           + (f" (the previous one is {done['backup']})" if done['backup'] else ""))
     print(f"  pinned the hub's entitlement key {done['key_id']} ({done['public_key']})")
     print("  checked: the hub answered with an entitlement signed by that key")
-    print("next: start the daemon (`syncd run`, or `syncd service install`); one already "
-          "running reads the config when it starts again")
+    if done["daemon_running"]:
+        print("next: restart the daemon, which reads its config only when it starts (`syncd "
+              "stop`, then `syncd run`; a service manager starts it again by itself)")
+    else:
+        print("next: start the daemon (`syncd run`, or `syncd service install`)")
     return EXIT_OK
 
 

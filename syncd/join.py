@@ -65,6 +65,7 @@ class Plan:
     token_path: Path
     proxy: str | None
     device_id: str  # the entitlement check's device: this install's, when its store exists
+    data_dir: Path
     changed: list[str] = field(default_factory=list)  # the options the new config changes
 
 
@@ -108,7 +109,8 @@ def plan_join(invite_text: str, config_path: Path, data_dir: Path | None, *,
         raise JoinError("usage", f"{config_path}: {exc}") from None
     return Plan(invite=invite, config_path=config_path, config_before=before,
                 config_after=after, token_path=token_path, proxy=plane.proxy,
-                device_id=_device_id(data_dir or config.daemon.data_dir), changed=changed)
+                device_id=_device_id(data_dir or config.daemon.data_dir),
+                data_dir=data_dir or config.daemon.data_dir, changed=changed)
 
 
 def _read_config(path: Path) -> tuple[bytes | None, str]:
@@ -167,9 +169,8 @@ async def redeem(plan: Plan) -> tuple[Joined, str]:
         raise JoinError("refused", f"the hub at {invite.url} signs with another key than the "
                         f"invite names; nothing was written. Ask the hub's admin for a new "
                         f"invite and to revoke the token {answer.get('name')!r}")
-    joined = await _check(plan, str(answer["token"]), str(answer["name"]))
-    joined.role = str(answer.get("role"))
-    return joined, str(answer["token"])
+    token = str(answer["token"])
+    return await _check(plan, token, str(answer["name"]), str(answer.get("role"))), token
 
 
 def _answer(status: int, body: bytes, url: str) -> dict[str, Any]:
@@ -189,7 +190,7 @@ def _answer(status: int, body: bytes, url: str) -> dict[str, Any]:
                     "JSON: is this a syncd hub (new enough to take invites)?")
 
 
-async def _check(plan: Plan, token: str, name: str) -> Joined:
+async def _check(plan: Plan, token: str, name: str, role: str) -> Joined:
     """An entitlement for this device, fetched with the new token, verified under the
     invite's key: the token works and the pinned key is the hub's."""
     from syncd.entitlement.token import TokenError, key_id, parse_public_key, pin, verify
@@ -207,7 +208,7 @@ async def _check(plan: Plan, token: str, name: str) -> Joined:
     if claims.sub != name:
         raise JoinError("refused", f"the hub's entitlement names token {claims.sub!r}, not "
                         f"{name!r}; nothing was written")
-    return Joined(name=name, role="", plan=claims.plan, features=list(claims.features),
+    return Joined(name=name, role=role, plan=claims.plan, features=list(claims.features),
                   key_id=key_id(parse_public_key(plan.invite.key)))
 
 
@@ -250,4 +251,20 @@ def join(invite_text: str, config_path: Path, data_dir: Path | None, *,
             "token_file": str(plan.token_path), "public_key": plan.invite.key,
             "key_id": joined.key_id, "changed": plan.changed,
             "backup": None if plan.config_before is None else
-            str(plan.config_path) + BACKUP_SUFFIX}
+            str(plan.config_path) + BACKUP_SUFFIX, "daemon_running": _daemon_running(plan.data_dir)}
+
+
+def _daemon_running(data_dir: Path) -> bool:
+    """A daemon of this data directory runs (its state file names a live process): it reads
+    the config only when it starts."""
+    from syncd.state import read_state
+    pid = (read_state(data_dir) or {}).get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

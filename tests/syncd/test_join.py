@@ -337,3 +337,19 @@ async def test_join_reads_the_invite_from_standard_input(hub: Hub, tmp_path: Pat
     token = (tmp_path / TOKEN_FILE_NAME).read_text().strip()
     assert token not in output
     assert await hub.hub.tokens.authenticate(f"Bearer {token}", "write") == ("piped", "write")
+
+
+async def test_join_says_whether_a_running_daemon_must_restart(hub: Hub, tmp_path: Path) -> None:
+    """A daemon reads its config only when it starts: the answer says whether this data
+    directory's daemon runs (its state file names a live process)."""
+    import os
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "daemon.json").write_text(json.dumps({"pid": os.getpid(), "url": "http://x"}))
+    done = await asyncio.to_thread(join, await hub.invite("live"), tmp_path / "a" / "c.toml", data)
+    assert done["daemon_running"] is True
+    proc = await asyncio.create_subprocess_exec("true")
+    await proc.wait()  # a pid that has exited
+    (data / "daemon.json").write_text(json.dumps({"pid": proc.pid, "url": "http://x"}))
+    done = await asyncio.to_thread(join, await hub.invite("gone"), tmp_path / "b" / "c.toml", data)
+    assert done["daemon_running"] is False

@@ -223,10 +223,6 @@ def build_parser() -> argparse.ArgumentParser:
     join.add_argument("--force", action="store_true", help="replace a different "
                       "control_plane.url and an existing token file")
     join.add_argument("--json", action="store_true", help="what was written, as JSON")
-    join.add_argument("--config", dest="join_config", type=Path, help="the config file to "
-                      "write (as syncd's --config; default: the platform's)")
-    join.add_argument("--data-dir", dest="join_data_dir", type=Path,
-                      help="this install's data directory (as syncd's --data-dir)")
 
     setup = _command(sub, "setup", help="connect an agent: merge syncd's hooks and MCP server "
                            "into its config files (`setup claude-code`), or print the server "
@@ -274,27 +270,50 @@ def _command_at(argv: list[str]) -> int:
 _GLOBAL_VALUED = ("--config", "--data-dir")
 
 
-def _global_config(options: list[str]) -> Path | None:
-    """``--config`` among the global options before a hub admin command (its default URL)."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--config", type=Path)
-    parser.add_argument("--data-dir", type=Path)
-    config: Path | None = parser.parse_known_args(options)[0].config
-    return config
+HUB_ADMIN = ("token", "key", "invite")
+_HUB_WHERE = ("--data-dir", "--store", "--store-file")
+
+
+def _hub_admin(before: list[str], command: str, rest: list[str]) -> int:
+    """``syncd hub token|key|invite``, which ``hub.admin`` parses. The hub's store is the one
+    named after the command (``--data-dir``, ``--store``, ``--store-file``), else a
+    ``--data-dir`` given before ``hub``, else the config's (``[hub] store``, ``store_file``
+    or ``data_dir``, as ``syncd hub`` itself uses); ``--config`` goes before or after."""
+    from syncd.hub import admin
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument("--config", type=Path)
+    options.add_argument("--data-dir", type=Path)
+    given = options.parse_known_args(before)[0]
+    late = argparse.ArgumentParser(add_help=False)
+    late.add_argument("--config", type=Path)
+    after, rest = late.parse_known_args(rest)
+    config_path = after.config or given.config
+    named = any(word.partition("=")[0] in _HUB_WHERE for word in rest)
+    if not named and not {"-h", "--help"} & set(rest):
+        if given.data_dir is not None:
+            rest = [*rest, "--data-dir", str(given.data_dir)]
+        else:
+            from syncd.config import ConfigError, load_config
+            try:
+                hub = load_config(config_path).hub
+            except ConfigError as exc:
+                print(f"syncd: {exc}", file=sys.stderr)
+                return EXIT_CONFIG
+            rest = [*rest, *(["--store-file", str(hub.store_file)] if hub.store_file else
+                              ["--store", hub.store] if hub.store != "sqlite" else
+                              ["--data-dir", str(hub.data_dir.expanduser())])]
+    if command == "token":
+        return admin.token_main(rest)
+    if command == "key":
+        return admin.key_main(rest)
+    return admin.invite_main(rest, config_path)
 
 
 def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     at = _command_at(argv)
-    if argv[at:at + 2] == ["hub", "token"]:
-        from syncd.hub.admin import token_main
-        return token_main(argv[at + 2:])
-    if argv[at:at + 2] == ["hub", "key"]:
-        from syncd.hub.admin import key_main
-        return key_main(argv[at + 2:])
-    if argv[at:at + 2] == ["hub", "invite"]:
-        from syncd.hub.admin import invite_main
-        return invite_main(argv[at + 2:], _global_config(argv[:at]))
+    if argv[at:at + 1] == ["hub"] and argv[at + 1:at + 2] and argv[at + 1] in HUB_ADMIN:
+        return _hub_admin(argv[:at], argv[at + 1], argv[at + 2:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "recall" and args.hook:
@@ -762,9 +781,9 @@ def _join(args: argparse.Namespace) -> int:
     """``syncd join``: rules in ``syncd/join.py``; the token is never printed."""
     from syncd.config import default_config_path
     from syncd.join import JoinError, join
-    config = (args.join_config or args.config or default_config_path()).expanduser().absolute()
+    config = (args.config or default_config_path()).expanduser().absolute()
     invite = sys.stdin.readline() if args.invite == "-" else args.invite
-    given = args.join_data_dir or args.data_dir
+    given = args.data_dir
     data_dir = None if given is None else given.expanduser().absolute()
     try:
         done = join(invite, config, data_dir, force=args.force)

@@ -206,3 +206,26 @@ async def test_not_running_names_the_address_what_set_it_and_how_to_start(
         assert code == 75
         assert f"the address is SYNCD_DAEMON_LISTEN=127.0.0.1:{port}; start it with `syncd " \
             f"--data-dir {data} run`" in err, err
+
+
+async def test_hub_admin_commands_take_the_store_from_either_side_or_the_config(
+        tmp_path: Path) -> None:
+    hub = tmp_path / "hub"
+    code, out, err = await cli(tmp_path, "--data-dir", str(hub), "hub", "token", "create",
+                               "--role", "write", "--name", "laptop-a")
+    assert code == 0 and out.strip(), err
+    for argv in (["--data-dir", str(hub), "hub", "token", "list"],
+                 ["hub", "token", "list", "--data-dir", str(hub)]):
+        code, out, err = await cli(tmp_path, *argv)
+        assert code == 0 and "laptop-a" in out, (argv, err)
+    config = tmp_path / "hub.toml"
+    other = tmp_path / "hub-from-config"
+    config.write_text(f'[hub]\ndata_dir = "{other}"\n')
+    code, _, err = await cli(tmp_path, "--config", str(config), "hub", "token", "create",
+                             "--role", "read", "--name", "laptop-b")
+    assert code == 0, err
+    assert (other / "hub-tokens.json").exists()
+    code, out, err = await cli(tmp_path, "hub", "token", "list", "--config", str(config))
+    assert code == 0 and "laptop-b" in out and "laptop-a" not in out, err
+    code, out, err = await cli(tmp_path, "hub", "key", "--config", str(config))
+    assert code == 0 and out.strip() and "key id" in err, err

@@ -6,6 +6,11 @@ Rules:
     ``syncd.config`` re-exports them, so the two can never disagree.
   * ``env`` and ``platform`` are parameters (defaulting to this process's), keeping them pure
     for table-driven tests.
+  * What other programs are told to run (a service unit, an agent's hook and MCP server) is
+    this install's own ``syncd`` (``syncd_command``), named by an absolute path that stays put
+    across upgrades: the console script that is running, else the one beside this interpreter
+    (a venv's, pipx's or uv's ``bin/``), else this interpreter with ``-m syncd``. Never a
+    ``syncd`` looked up on ``PATH``: that may be another install's.
 """
 
 from __future__ import annotations
@@ -62,6 +67,28 @@ def expand_path(text: str, env: Mapping[str, str] | None = None) -> Path:
     return Path(os.path.expanduser(text))
 
 
+
+
+def running_script(argv0: str | None = None) -> Path | None:
+    """The ``syncd`` console script this process was started as (``argv0``, default
+    ``sys.argv[0]``), as an absolute path, not resolved: a pipx or uv link in ``~/.local/bin``
+    stays the link. None when started otherwise (``python -m syncd``, a test)."""
+    script = Path(sys.argv[0] if argv0 is None else argv0)
+    if script.name != APP_NAME or not script.is_file() or not os.access(script, os.X_OK):
+        return None
+    return script.absolute()
+
+
+def syncd_command(argv0: str | None = None, executable: str | None = None) -> list[str]:
+    """How another program runs this install's syncd (the module docstring's rule)."""
+    script = running_script(argv0)
+    if script is not None:
+        return [str(script)]
+    interpreter = sys.executable if executable is None else executable
+    beside = Path(interpreter).parent / APP_NAME
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return [str(beside)]
+    return [interpreter, "-m", APP_NAME]
 
 
 def has_control_characters(text: str) -> bool:

@@ -3,7 +3,8 @@ launchd (user agent).
 
 The unit templates are ``deploy/systemd/syncd.service`` and ``deploy/launchd/dev.syncd.agent.plist``,
 shipped as package data in ``syncd/deploy_templates/`` (a test keeps the copies identical).
-Rendering fills ``{{SYNCD}}`` (this installation's ``syncd`` script, else ``python -m syncd``),
+Rendering fills ``{{SYNCD}}`` (this installation's ``syncd`` script by its absolute path, the
+one that is running when started as ``syncd``: ``places.syncd_command``, else ``python -m syncd``),
 ``{{CONFIG}}``, ``{{DATA_DIR}}`` and ``{{LOG_DIR}}`` with absolute paths.
 
 Rules:
@@ -31,6 +32,7 @@ from xml.sax.saxutils import escape
 
 from syncd.config import has_control_characters
 from syncd.exits import EXIT_FAILED, EXIT_OK, EXIT_TEMPFAIL
+from syncd.places import syncd_command
 
 SYSTEMD_UNIT = "syncd.service"
 LAUNCHD_LABEL = "dev.syncd.agent"
@@ -63,12 +65,9 @@ def default_platform() -> str:
 
 
 def launcher() -> list[str]:
-    """The command that starts this installation's syncd: the ``syncd`` script next to the
-    interpreter (a venv's ``bin/``) if there is one, else ``python -m syncd``."""
-    script = Path(sys.executable).parent / "syncd"
-    if script.is_file() and os.access(script, os.X_OK):
-        return [str(script)]
-    return [sys.executable, "-m", "syncd"]
+    """The command that starts this installation's syncd (``places.syncd_command``): the
+    running ``syncd`` script, else the one beside the interpreter, else ``python -m syncd``."""
+    return syncd_command()
 
 
 def template(name: str) -> str:
@@ -168,7 +167,7 @@ def _tool(platform: str) -> str | None:
     if found is None:
         print(f"syncd: {name} not found on PATH; cannot manage the {platform} service here. "
               f"`syncd service install --{platform} --print` writes the unit to stdout; install "
-              f"it by hand (deploy/{platform}/README.md).", file=sys.stderr)
+              f"it by hand (deploy/{platform}/README.md in syncd's source).", file=sys.stderr)
     return found
 
 
@@ -203,8 +202,9 @@ def install(platform: str, paths: Paths) -> int:
     paths.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # ReadWritePaths needs it
     if not paths.config.exists():  # the unit names the file; an empty one means the defaults
         paths.config.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        paths.config.write_text("# syncd configuration: deploy/syncd.example.toml lists every "
-                                "option with its default.\n", encoding="utf-8")
+        paths.config.write_text("# syncd configuration: deploy/syncd.example.toml in syncd's "
+                                "source lists every option with its default.\n",
+                                encoding="utf-8")
     if platform == "launchd":
         paths.log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     target.parent.mkdir(parents=True, exist_ok=True)

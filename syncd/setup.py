@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from syncd.places import running_script
+
 HOOK_EVENTS = ("UserPromptSubmit", "SessionStart")
 HOOK_TIMEOUT_SECS = 5
 SERVER_NAME = "syncd"
@@ -42,10 +44,8 @@ class SetupError(Exception):
 def syncd_command() -> list[str]:
     """How to run this syncd from anywhere: the console script's absolute path, or this
     interpreter with ``-m syncd`` when started that way."""
-    script = Path(sys.argv[0])
-    if script.name == "syncd" and script.exists():
-        return [str(script.absolute())]
-    return [sys.executable, "-m", "syncd"]
+    script = running_script()
+    return [sys.executable, "-m", "syncd"] if script is None else [str(script)]
 
 
 def global_args(config: Path | None, data_dir: Path | None) -> list[str]:

@@ -4,6 +4,7 @@ packaged templates, and the agent prompt hook `syncd recall --hook` against real
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import plistlib
 import re
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from syncd.places import syncd_command
 from syncd.service import Paths, render_systemd
 from tests.syncd.processes import ROOT, env_for, finish, wait_ready
 from tests.syncd.test_daemon import cli, start
@@ -141,6 +143,66 @@ def test_launchd_plist_renders_and_parses(tmp_path: Path) -> None:
     assert plist["StandardOutPath"].startswith(f"{home}/Library/Logs/syncd/")
     assert plist["StandardErrorPath"].startswith(f"{home}/Library/Logs/syncd/")
     assert plist["EnvironmentVariables"] == {}
+
+
+def console_script(bin_dir: Path) -> Path:
+    """A ``syncd`` console script as pip writes one (a shebang naming this interpreter), in a
+    directory that is not the interpreter's: a ``pip install --user`` or a system install."""
+    bin_dir.mkdir(parents=True)
+    script = bin_dir / "syncd"
+    script.write_text(f"#!{sys.executable}\nimport sys\nfrom syncd.entry import main\n"
+                      "sys.exit(main())\n")
+    script.chmod(0o755)
+    return script
+
+
+def test_the_unit_runs_the_syncd_script_that_installed_it(tmp_path: Path) -> None:
+    """``syncd service install`` started as a ``syncd`` script names that script (absolute, a
+    pipx or uv link kept a link) in ExecStart and ProgramArguments, not ``python -m syncd``
+    nor a ``syncd`` on PATH; started as ``python -m syncd`` from a venv, the venv's script."""
+    home, data = tmp_path / "home", tmp_path / "data"
+    script = console_script(tmp_path / "user" / "bin")
+    link = tmp_path / "home" / ".local" / "bin" / "syncd"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(script)
+    for started_as in (script, link):
+        env = env_for(home, PATH=f"{tmp_path / 'elsewhere'}:/usr/bin:/bin")
+        out = subprocess.run([str(started_as), "--data-dir", str(data), "service", "install",
+                              "--systemd", "--print"], capture_output=True, text=True, env=env,
+                             timeout=60, check=False)
+        assert out.returncode == 0, out.stderr
+        assert _exec_argv(out.stdout)[0] == str(started_as)
+        out = subprocess.run([str(started_as), "--data-dir", str(data), "service", "install",
+                              "--launchd", "--print"], capture_output=True, text=True, env=env,
+                             timeout=60, check=False)
+        assert out.returncode == 0, out.stderr
+        assert plistlib.loads(out.stdout.encode())["ProgramArguments"][0] == str(started_as)
+    beside = Path(sys.executable).parent / "syncd"
+    out = syncd_cli(home, "--data-dir", str(data), "service", "install", "--systemd", "--print")
+    assert out.returncode == 0, out.stderr
+    assert _exec_argv(out.stdout)[0] == (
+        str(beside) if beside.is_file() else sys.executable)
+
+
+def test_the_syncd_command_prefers_the_running_script_then_the_interpreters(
+        tmp_path: Path) -> None:
+    """``places.syncd_command``'s order, on real files: the running ``syncd`` script; else the
+    executable ``syncd`` beside the interpreter; else the interpreter with ``-m syncd``. A file
+    merely named ``syncd`` that cannot run is no script."""
+    running = console_script(tmp_path / "running")
+    venv_bin = tmp_path / "venv" / "bin"
+    interpreter = venv_bin / "python"
+    beside = console_script(venv_bin)
+    interpreter.touch()
+    module = str(tmp_path / "src" / "syncd" / "__main__.py")
+    assert syncd_command(str(running), str(interpreter)) == [str(running)]
+    assert syncd_command(module, str(interpreter)) == [str(beside)]
+    beside.chmod(0o644)
+    assert syncd_command(module, str(interpreter)) == [str(interpreter), "-m", "syncd"]
+    assert syncd_command(str(beside), str(interpreter)) == [str(interpreter), "-m", "syncd"]
+    relative = running.relative_to(tmp_path)
+    with contextlib.chdir(tmp_path):
+        assert syncd_command(str(relative), str(interpreter)) == [str(running)]
 
 
 def test_packaged_templates_equal_the_deploy_files() -> None:

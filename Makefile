@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 CONSTRAINTS := constraints.txt
 PINNED := -c $(CONSTRAINTS) --build-constraint $(CONSTRAINTS)
 
-.PHONY: test lint pytest demo soak bench screenshots clean upgrade-deps reference
+.PHONY: test lint pytest demo soak bench screenshots clean upgrade-deps reference wheel-check
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -73,6 +73,21 @@ screenshots: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m syncd demo
+
+# syncd as a user installs it (issue 34): the wheel of this tree built in a temporary directory,
+# plain pip into a fresh venv that holds only it and its pinned dependencies, then `syncd demo`
+# run from outside the checkout. tests/test_wheel_install.py (in `make test`) checks the same
+# and more; this shows it. WHEEL_DIR=DIR keeps the wheel in DIR.
+wheel-check: $(STAMP)
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	wheel=$$($(PY) -c 'import pathlib, sys; from tests.test_wheel_install import build_wheel; \
+		print(build_wheel(pathlib.Path(sys.argv[1])))' "$$tmp") && \
+	echo "built $$wheel" && \
+	$(PYTHON) -m venv "$$tmp/venv" && \
+	"$$tmp/venv/bin/python" -m pip install --quiet -c "$(CURDIR)/$(CONSTRAINTS)" "$$wheel" && \
+	if [ -n "$(WHEEL_DIR)" ]; then mkdir -p "$(WHEEL_DIR)" && cp "$$wheel" "$(WHEEL_DIR)/"; fi && \
+	cd "$$tmp" && env -u PYTHONPATH "$$tmp/venv/bin/syncd" --version && \
+	env -u PYTHONPATH "$$tmp/venv/bin/syncd" demo
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -6,8 +6,8 @@ constraints.txt) gives a ``syncd`` that, run from a directory outside the checko
 ``syncd demo``, serves the web page and recalls with the offline model (``syncd run``), runs
 ``syncd hub``, and renders a service unit that starts that venv's script.
 
-Slow (a venv and its dependencies: about a minute on a quiet machine, 2-3 on a busy one):
-``make wheel-check`` does the same by hand and shows the demo.
+Slow (a venv and its dependencies; timings in bench/HISTORY.md): ``make wheel-check`` does the
+same by hand and shows the demo.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def install(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Install]:
     venv = root / "venv"
     # No pip in the venv: the checkout's pinned pip installs into it (``--python``), so the venv
     # holds the wheel and its dependencies only. No bytecode compiled ahead (``--no-compile``):
-    # a third of the install's time; Python compiles what it imports on first use instead.
+    # Python compiles what it imports on first use instead.
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
                    timeout=INSTALL_SECS)
     proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"),

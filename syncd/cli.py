@@ -91,8 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--allow-non-loopback", action="store_true",
                      help="allow a non-loopback listen address (only behind your own auth)")
 
-    _command(sub, "mcp", help="MCP over stdio, forwarding to the running daemon "
-                   "(what a coding agent launches)")
+    _command(sub, "mcp", help="MCP over stdio, forwarding to the daemon, which it starts "
+                   "when none runs (what a coding agent launches)")
     status = _command(sub, "status", help="show the daemon's state")
     status.add_argument("--json", action="store_true")
     list_ = _command(sub, "list", help="list memories, newest first")
@@ -354,7 +354,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command == "restore":
         return _restore(settings["data_dir"], args.source)
     if args.command == "mcp":
-        return _mcp(settings["data_dir"], settings["url"])
+        return _mcp(args, settings)
     if args.command == "service":
         return _service(args, settings)
     try:
@@ -604,17 +604,14 @@ def _sync(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK if report.get("ok") else EXIT_FAILED
 
 
-def _mcp(data_dir: Path, listen_url: str) -> int:
-    """Works before the daemon ever ran: ``initialize`` waits up to 20 s for it, other
-    requests get a "start `syncd run`" error, and the token file is re-read when it appears
-    or rotates."""
-    import asyncio
-
-    from syncd.mcp_stdio import run_stdio_bridge, token_from_file
-    from syncd.state import read_state
-    from syncd.token import token_path
-    url = str((read_state(data_dir) or {}).get("url") or listen_url)
-    return asyncio.run(run_stdio_bridge(url, token_from_file(token_path(data_dir))))
+def _mcp(args: argparse.Namespace, settings: dict[str, Any]) -> int:
+    """Lists the tools at once, daemon or not; a tool call starts the daemon when none answers
+    (``[mcp] autostart``) and waits for it (syncd/autostart.py)."""
+    from syncd.mcp_stdio import serve_mcp
+    options = settings["config"].mcp
+    return serve_mcp(data_dir=settings["data_dir"], listen_url=settings["url"],
+                     config=args.config, autostart=options.autostart,
+                     start_timeout=options.start_timeout_secs)
 
 
 def _service(args: argparse.Namespace, settings: dict[str, Any]) -> int:

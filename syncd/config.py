@@ -77,6 +77,8 @@ DEFAULT_HUB_LISTEN = "127.0.0.1:8787"
 DEFAULT_HUB_CURSOR: HubCursor = "ingest"
 DEFAULT_HUB_TOKEN_LIFETIME_DAYS = 7.0
 DEFAULT_HUB_REEMBED_SECS = 30.0
+DEFAULT_MCP_AUTOSTART = True
+DEFAULT_MCP_START_TIMEOUT_SECS = 20.0  # under the 30-60 s an MCP client gives a tool call
 
 
 # --- errors -------------------------------------------------------------------------------------
@@ -452,6 +454,17 @@ class HubConfig(_Section, kw_only=True, forbid_unknown_fields=True, frozen=True)
         self._check_period("reembed_secs")
 
 
+class McpConfig(_Section, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    """``[mcp]``: ``syncd mcp``, the stdio server an agent launches (syncd/autostart.py)."""
+
+    SECTION: ClassVar[str] = "mcp"
+    autostart: bool = DEFAULT_MCP_AUTOSTART
+    start_timeout_secs: float = DEFAULT_MCP_START_TIMEOUT_SECS
+
+    def __post_init__(self) -> None:
+        self._check_period("start_timeout_secs", strict=True)
+
+
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
     """The whole configuration. Build it with ``load_config``/``parse_config``, or directly in
     tests (``Config(daemon=DaemonConfig(data_dir=tmp_path, listen="127.0.0.1:0"))``)."""
@@ -462,6 +475,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=Tr
     sync: SyncConfig = msgspec.field(default_factory=SyncConfig)
     entitlement: EntitlementConfig = msgspec.field(default_factory=EntitlementConfig)
     hub: HubConfig = msgspec.field(default_factory=HubConfig)
+    mcp: McpConfig = msgspec.field(default_factory=McpConfig)
 
 
 SECTIONS: dict[str, type[_Section]] = {

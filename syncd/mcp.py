@@ -19,6 +19,11 @@ Rules:
     ``tools/list`` holds only ``READ_ONLY_TOOLS`` and calling another tool is a -32602 naming
     the tool and the role it needs, with nothing run. Unset, every tool is served (the
     daemon's one token is its owner's).
+  * Built without a store (``McpServer(None, …)``), it is the stdio bridge's local half: it
+    answers ``initialize``, ``tools/list``, ``ping`` and every malformed message exactly as the
+    daemon would, from the same table, so an agent never starts toolless; ``tools/call`` is
+    the daemon's (the bridge forwards it, and reports a daemon it cannot reach with
+    ``unavailable``, a tool error naming the fix).
   * A body is read as JSON whatever decoder it takes: valid JSON msgspec refuses (a number
     beyond double range, an escaped lone surrogate) is read by the stdlib, as the stdio bridge
     and the REST routes read it, so the request keeps its id; an answer msgspec cannot encode
@@ -155,7 +160,7 @@ def encode_message(value: object) -> bytes:
 class McpServer:
     """Stateless JSON-RPC dispatcher over the tool table; the ``Surfacer`` holds conversations."""
 
-    def __init__(self, store: Store, surfacer: Surfacer, *, server_name: str = "syncd",
+    def __init__(self, store: Store | None, surfacer: Surfacer, *, server_name: str = "syncd",
                  version: str = syncd.__version__) -> None:
         self.store = store
         self.surfacer = surfacer
@@ -164,6 +169,12 @@ class McpServer:
         entries = [_tool_entry(tool) for tool in surfacer.tools.values()]
         self._tools_list = {"tools": entries}
         self._read_tools_list = {"tools": [e for e in entries if e["name"] in READ_ONLY_TOOLS]}
+
+    def unavailable(self, request_id: object, message: str) -> dict[str, Any]:
+        """The answer to a ``tools/call`` no daemon could run: a tool error the agent reads,
+        ``message`` naming the fix."""
+        return {"jsonrpc": JSONRPC, "id": request_id,
+                "result": _tool_error("daemon_unavailable", message, None)}
 
     async def handle(self, payload: object) -> object | None:
         """Answer one decoded JSON-RPC message or batch; ``None`` means send nothing."""
@@ -260,6 +271,8 @@ class McpServer:
             raise _ProtocolError(INVALID_PARAMS, f"Tool {name!r} needs the write role; this "
                                  "token has the read role, which may call only the tools "
                                  "tools/list shows it")
+        if self.store is None:  # the bridge forwards tools/call; reaching here is a bug
+            raise _ProtocolError(INTERNAL_ERROR, "Internal error: no store to run tools on")
         arguments = params.get("arguments")
         if arguments is None:
             arguments = {}

@@ -6,14 +6,24 @@ token, one reused connection, in order); each answer is written to stdout as one
 Rules:
   * stdout carries JSON-RPC messages and nothing else; diagnostics go to stderr.
   * It never crashes on what it reads or on the daemon: when the daemon is down or refuses, each
-    request (a message with an ``id``) gets a -32000 error naming the cause and the fix, and the
-    bridge keeps going. Notifications get no answer, ever.
-  * ``initialize`` waits up to ``INITIALIZE_WAIT`` seconds for a daemon that is not up yet (or
+    request (a message with an ``id``) gets a -32000 error naming the cause and the fix (a tool
+    error, with a ``local`` server: below), and the bridge keeps going. Notifications get no
+    answer, ever.
+  * Without a ``local`` server (the bare forwarder, ``python -m syncd.mcp_stdio``),
+    ``initialize`` waits up to ``INITIALIZE_WAIT`` seconds for a daemon that is not up yet (or
     has not written its token yet): an agent started at login, or while the daemon restarts,
     would otherwise fail its handshake and go without memory tools for the whole session.
     Other requests fail at once.
   * Exit 0 at stdin EOF.
-  * It imports neither the store nor the tool table: an agent starts it often, so it starts fast.
+  * With a ``local`` server (what ``syncd mcp`` runs, ``serve_mcp``) everything but
+    ``tools/call`` is answered here, from the tool table, whether or not a daemon runs:
+    ``initialize`` and ``tools/list`` answer at once, so an agent never starts toolless.
+    ``tools/call`` is forwarded; one the daemon cannot answer is a tool error (``isError``)
+    naming the cause and the fix. With a ``starter`` (``[mcp] autostart``, syncd/autostart.py)
+    a daemon is started as the bridge starts and whenever a call finds none, and the call
+    waits for it. The daemon's URL is read again from its state file before every call.
+  * This module imports neither the store nor the tool table (``serve_mcp`` does, when it
+    runs): ``python -m syncd.mcp_stdio`` is the bare forwarder.
   * It never goes through a proxy (``trust_env=False``, whatever ``http_proxy`` says): the
     daemon is on this machine, and a proxy would be sent the token and every tool call.
 """
@@ -29,8 +39,9 @@ import math
 import os
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Final, Protocol
+from typing import IO, Any, Final, Protocol
 
 import aiohttp
 
@@ -53,6 +64,24 @@ class TokenSource(Protocol):
     """Gives the API token (``None``: none yet); ``refresh`` re-reads it after a refusal."""
 
     def __call__(self, *, refresh: bool = False) -> str | None: ...
+
+
+class LocalServer(Protocol):
+    """Answers what needs no daemon: ``syncd.mcp.McpServer`` built without a store."""
+
+    async def handle(self, payload: object) -> object | None: ...
+
+    def unavailable(self, request_id: object, message: str) -> dict[str, Any]: ...
+
+
+class Starter(Protocol):
+    """Starts a daemon when none answers (syncd/autostart.py)."""
+
+    def begin(self) -> None:
+        """Start one in the background if none answers (the bridge calls it as it starts)."""
+
+    async def ensure(self) -> str | None:
+        """``None`` once a daemon answers, else the message for the agent, naming the fix."""
 
 
 class _DaemonError(Exception):
@@ -110,6 +139,10 @@ def _errors_for(payload: object, code: int, message: str) -> object | None:
     return errors if isinstance(payload, list) else errors[0]
 
 
+def _is_call(message: object) -> bool:
+    return isinstance(message, dict) and message.get("method") == "tools/call"
+
+
 def _opens_session(payload: object) -> bool:
     messages = payload if isinstance(payload, list) else [payload]
     return any(isinstance(m, dict) and m.get("method") == "initialize" and "id" in m
@@ -141,15 +174,73 @@ def _encode_line(value: object) -> bytes:
 
 class _Bridge:
     def __init__(self, url: str, token: TokenSource, session: aiohttp.ClientSession,
-                 initialize_wait: float = INITIALIZE_WAIT) -> None:
-        self.base = url.rstrip("/")
-        self.endpoint = self.base + MCP_PATH
+                 initialize_wait: float = INITIALIZE_WAIT, local: LocalServer | None = None,
+                 starter: Starter | None = None,
+                 resolve: Callable[[], str] | None = None) -> None:
+        self.resolve = resolve
+        self._point_at(url)
         self.token = token
         self.session = session
         self.initialize_wait = initialize_wait
+        self.local = local
+        self.starter = starter
+
+    def _point_at(self, url: str) -> None:
+        self.base = url.rstrip("/")
+        self.endpoint = self.base + MCP_PATH
+
+    async def answer(self, line: bytes) -> object | None:
+        """The answer to one stdin line (``None``: nothing to write)."""
+        if self.local is None:
+            return await self.forward(line)
+        try:
+            payload = _read_json(line)
+        except (ValueError, RecursionError):
+            return await self.forward(line)  # the parse errors, as the bare bridge words them
+        messages = payload if isinstance(payload, list) else [payload]
+        calls = [m for m in messages if _is_call(m)]
+        if not calls:
+            return await self.local.handle(payload)
+        if not isinstance(payload, list):
+            return await self._call(line, payload)
+        # A batch's answers may come in any order (JSON-RPC 2.0 §6): local ones, then the calls'.
+        answers = [await self.local.handle(m) for m in messages if not _is_call(m)]
+        called = await self._call(_encode_line(calls), calls)
+        answers += called if isinstance(called, list) else [called]
+        return [a for a in answers if a is not None] or None
+
+    async def _call(self, body: bytes, payload: object) -> object | None:
+        """``tools/call`` (one, or a batch of them) answered by the daemon — started first if
+        none answers and there is a starter — or tool errors naming why it could not be."""
+        starter = self.starter
+        try:
+            return await self._post_fresh(body, payload)
+        except _DaemonError as exc:
+            if not exc.absent or starter is None:
+                return self._unavailable(payload, exc.message)
+        problem = await starter.ensure()
+        if problem is not None:
+            return self._unavailable(payload, problem)
+        try:
+            return await self._post_fresh(body, payload)
+        except _DaemonError as exc:
+            return self._unavailable(payload, exc.message)
+
+    async def _post_fresh(self, body: bytes, payload: object) -> object | None:
+        if self.resolve is not None:  # the daemon may have moved (port 0, a restart)
+            self._point_at(await asyncio.to_thread(self.resolve))
+        return await self._post(body, payload)
+
+    def _unavailable(self, payload: object, message: str) -> object | None:
+        assert self.local is not None
+        log.warning("%s", message)
+        failed = [self.local.unavailable(i, message) for i in _request_ids(payload)]
+        if not failed:
+            return None
+        return failed if isinstance(payload, list) else failed[0]
 
     async def forward(self, line: bytes) -> object | None:
-        """The answer to one stdin line (``None``: nothing to write)."""
+        """The daemon's answer to one stdin line (``None``: nothing to write)."""
         try:
             payload = _read_json(line)
         except RecursionError:  # too deep to read, here as in the daemon
@@ -182,9 +273,9 @@ class _Bridge:
     async def _post(self, body: bytes, payload: object) -> object | None:
         token = await asyncio.to_thread(self.token)  # a file read: off the loop
         if token is None:
-            raise _DaemonError(f"syncd has no API token yet (no readable token file) — start "
-                               f"the daemon with `syncd run`; it creates the token "
-                               f"(daemon URL {self.base})", absent=True)
+            raise _DaemonError(f"syncd daemon is not running at {self.base}: there is no API "
+                               "token yet (no readable token file) — start the daemon with "
+                               "`syncd run`; it creates the token", absent=True)
         status, text = await self._send(body, token)
         if status == 401:
             fresh = await asyncio.to_thread(self.token, refresh=True)
@@ -256,12 +347,15 @@ def _pump(source: IO[bytes], queue: asyncio.Queue[bytes | None],
         return  # the loop is gone: the bridge has stopped
 
 
-async def run_stdio_bridge(url: str, token: str | TokenSource, *, stdin: IO[bytes] | None = None,
-                           stdout: IO[bytes] | None = None,
+async def run_stdio_bridge(url: str | Callable[[], str], token: str | TokenSource, *,
+                           stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None,
                            request_timeout: float = DEFAULT_TIMEOUT,
-                           initialize_wait: float = INITIALIZE_WAIT) -> int:
-    """Forward newline-delimited JSON-RPC from ``stdin`` to the daemon at ``url``; answers to
-    ``stdout``. Returns the exit code (0 at stdin EOF)."""
+                           initialize_wait: float = INITIALIZE_WAIT,
+                           local: LocalServer | None = None,
+                           starter: Starter | None = None) -> int:
+    """Forward newline-delimited JSON-RPC from ``stdin`` to the daemon at ``url`` (or the URL
+    it returns, read again before each ``tools/call``); answers to ``stdout``. Returns the
+    exit code (0 at stdin EOF)."""
     source = stdin if stdin is not None else sys.stdin.buffer
     sink = stdout if stdout is not None else sys.stdout.buffer
     tokens = _fixed(token) if isinstance(token, str) else token
@@ -274,12 +368,16 @@ async def run_stdio_bridge(url: str, token: str | TokenSource, *, stdin: IO[byte
     connector = aiohttp.TCPConnector(limit=1)
     async with aiohttp.ClientSession(timeout=client_timeout, connector=connector,
                                      trust_env=False) as session:
-        bridge = _Bridge(url, tokens, session, initialize_wait)
+        resolve = None if isinstance(url, str) else url
+        first = url if isinstance(url, str) else await asyncio.to_thread(url)
+        bridge = _Bridge(first, tokens, session, initialize_wait, local, starter, resolve)
+        if starter is not None:
+            starter.begin()
         while (line := await queue.get()) is not None:
             if not line.strip():
                 continue
             try:
-                answer = await bridge.forward(line)
+                answer = await bridge.answer(line)
                 data = None if answer is None else _encode_line(answer)
             except Exception:  # never crash: a bug here costs one message, not the session
                 log.exception("forwarding a message failed")
@@ -313,6 +411,35 @@ def _safe_json(line: bytes) -> object:
 def _write(sink: IO[bytes], data: bytes) -> None:
     sink.write(data)
     sink.flush()
+
+
+def serve_mcp(*, data_dir: Path, listen_url: str, config: Path | None, autostart: bool,
+              start_timeout: float) -> int:
+    """``syncd mcp``: the tool table served here, tool calls forwarded to the daemon of
+    ``data_dir`` — started when none answers, if ``autostart`` (then a call waits up to
+    ``start_timeout`` seconds for it)."""
+    from syncd.autostart import DaemonStarter, daemon_url
+    from syncd.mcp import McpServer
+    from syncd.service import default_platform
+    from syncd.token import token_path
+    from syncd.tools import Surfacer
+
+    async def serve() -> int:
+        starter = DaemonStarter(config=config, data_dir=data_dir, listen_url=listen_url,
+                                timeout=start_timeout,
+                                platform=default_platform()) if autostart else None
+        try:
+            return await run_stdio_bridge(lambda: daemon_url(data_dir, listen_url),
+                                          token_from_file(token_path(data_dir)),
+                                          local=McpServer(None, Surfacer()), starter=starter)
+        finally:
+            if starter is not None:
+                await starter.close()
+
+    try:
+        return asyncio.run(serve())
+    except KeyboardInterrupt:
+        return 130
 
 
 def build_parser() -> argparse.ArgumentParser:

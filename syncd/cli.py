@@ -139,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     save.add_argument("--topic-key", help="a stable key: a later save with the same key and "
                       "realm updates this memory instead of adding one")
     save.add_argument("--importance", type=_finite, help="0 to 1 (default 0.5)")
+    save.add_argument("--json", action="store_true", help="the daemon's answer, as JSON")
 
     export = _command(sub, "export", help="export memories as the plane's JSON (or as "
                       "Markdown to read and grep: --format markdown)")
@@ -154,13 +155,17 @@ def build_parser() -> argparse.ArgumentParser:
     imp = _command(sub, "import", help="import a JSON export ({memory_nodes, memory_edges})")
     imp.add_argument("file", type=Path, metavar="FILE", help="an export (`syncd export`'s or "
                      "the plane's); `-` reads standard input")
+    imp.add_argument("--json", action="store_true",
+                     help="the counts and every refused row, as JSON")
 
     backup = _command(sub, "backup", help="online backup of the store to DEST (safe while "
                             "the daemon runs); the copy is integrity-checked")
     backup.add_argument("dest", type=Path)
+    backup.add_argument("--json", action="store_true")
     restore = _command(sub, "restore", help="make a backup the store again (the daemon must "
                              "be stopped); the store it replaces is kept beside it")
     restore.add_argument("source", type=Path)
+    restore.add_argument("--json", action="store_true")
 
     service = _command(sub, "service", help="install or uninstall the systemd user service / "
                              "launchd agent, or show its status")
@@ -183,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "for the web page")
     open_.add_argument("--no-browser", action="store_true",
                        help="only print the URL, even where a desktop exists")
+    open_.add_argument("--json", action="store_true",
+                       help="print {url, expires_in} as JSON (opens no browser)")
 
     hub = _command(sub, "hub", help="run the reference control plane (`syncd hub token "
                    "create|list|revoke --data-dir DIR` manages its API tokens)",
@@ -208,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "token signed by a pinned key)")
     license_.add_argument("action", choices=["install"])
     license_.add_argument("file", type=Path)
+    license_.add_argument("--json", action="store_true")
 
     _command(sub, "demo", help="run the embedded demo: a hub and two laptops on loopback")
     completion = _command(sub, "completion", help="print a shell completion script: "
@@ -350,9 +358,9 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command == "license":
         return _license(args, settings)
     if args.command == "backup":
-        return _backup(settings["data_dir"], args.dest)
+        return _backup(settings["data_dir"], args.dest, args.json)
     if args.command == "restore":
-        return _restore(settings["data_dir"], args.source)
+        return _restore(settings["data_dir"], args.source, args.json)
     if args.command == "mcp":
         return _mcp(args, settings)
     if args.command == "service":
@@ -531,7 +539,9 @@ def _license(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     except (ValueError, OSError, sqlite3.Error) as exc:
         print(f"syncd license: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    print(f"licence installed: plan {claims.plan}, features {', '.join(claims.features)}, "
+    print(json.dumps({"plan": claims.plan, "features": list(claims.features),
+                      "exp": claims.exp, "device": device}) if args.json else
+          f"licence installed: plan {claims.plan}, features {', '.join(claims.features)}, "
           f"valid until {when(claims.exp)} (device {device})")
     try:
         Client.for_data_dir(data_dir, settings["url"], timeout=5).call(
@@ -650,6 +660,9 @@ def _open(client: Client, args: argparse.Namespace) -> int:
     """A one-time login URL for the web page (single use, valid for a minute)."""
     answer = client.call("POST", "/ui/login-codes", {})
     url = str(answer["url"])
+    if args.json:
+        print(json.dumps({"url": url, "expires_in": answer["expires_in"]}))
+        return EXIT_OK
     print(url, flush=True)
     desktop = sys.platform == "darwin" or bool(
         os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
@@ -709,24 +722,26 @@ def _save(client: Client, args: argparse.Namespace) -> int:
     result = client.call("POST", "/v1/agent/memory/tools/save_memory",
                          {k: v for k, v in body.items() if v is not None})
     verb = "updated" if result.get("upserted") else "exists" if result.get("deduped") else "saved"
-    print(f"{verb} {result['node_id']}")
+    print(json.dumps(result) if args.json else f"{verb} {result['node_id']}")
     for note in (result.get("coerced") or {}).values():
         print(f"syncd: note: {note}", file=sys.stderr)
     return EXIT_OK
 
 
-def _backup(data_dir: Path, dest: Path) -> int:
+def _backup(data_dir: Path, dest: Path, as_json: bool = False) -> int:
     from local_store.backups import BackupError, backup
     try:
         memories = backup(data_dir, dest)
     except BackupError as exc:
         print(f"syncd: {exc.message}", file=sys.stderr)
         return EXIT_FAILED
-    print(f"backed up {memories} memories to {dest} (integrity_check: ok)")
+    print(json.dumps({"memories": memories, "dest": str(dest.absolute()),
+                      "integrity_check": "ok"}) if as_json else
+          f"backed up {memories} memories to {dest} (integrity_check: ok)")
     return EXIT_OK
 
 
-def _restore(data_dir: Path, source: Path) -> int:
+def _restore(data_dir: Path, source: Path, as_json: bool = False) -> int:
     from local_store import StoreLockedError
     from local_store.backups import BackupError, restore
     try:
@@ -738,7 +753,11 @@ def _restore(data_dir: Path, source: Path) -> int:
         print(f"syncd: {exc.message}; nothing was changed", file=sys.stderr)
         return EXIT_FAILED
     kept = f"; the store it replaced is kept as {done.replaced}" if done.replaced else ""
-    print(f"restored {done.memories} memories from {source} into {data_dir}{kept}")
+    print(json.dumps({"memories": done.memories, "source": str(source.absolute()),
+                      "data_dir": str(data_dir.absolute()),
+                      "replaced": None if done.replaced is None else str(done.replaced),
+                      "other_install": done.other_install}) if as_json else
+          f"restored {done.memories} memories from {source} into {data_dir}{kept}")
     if done.other_install:
         print("syncd: note: the backup is of another install, whose identity this data "
               "directory now has. Keep it only where that install no longer runs: a hub leaves "

@@ -114,6 +114,10 @@ def import_file(client: Client, args: argparse.Namespace,
         raise
     applied, refused = batches.applied, batches.refused
     unchanged = total - applied[0] - applied[1] - len(refused)
+    if getattr(args, "json", False):
+        print(json.dumps({"applied": {"memories": applied[0], "edges": applied[1]},
+                          "unchanged": unchanged, "refused": refused}))
+        return EXIT_OK if not refused else EXIT_FAILED
     print(f"applied {applied[0]} memories and {applied[1]} edges; {unchanged} rows unchanged "
           f"(this store already holds that version or a newer one); {len(refused)} rows refused")
     _list_refused(refused)

@@ -139,6 +139,11 @@ async def test_licence_install_turns_a_running_daemon_on(tmp_path: Path,
             code, out, err = await cli(tmp_path, *base, "license", "install", str(good))
             assert code == 0, (out, err)
             assert "licence installed" in out and device in out
+            code, out, err = await cli(tmp_path, *base, "license", "install", str(good),
+                                       "--json")
+            assert code == 0, (out, err)
+            assert json.loads(out) == {"plan": claims["plan"], "features": claims["features"],
+                                       "exp": claims["exp"], "device": device}
             status, body = await local.call("GET", "/v1/agent/status")
             gate = body["entitlement"]
             assert gate["entitled"] is True and gate["source"] == "license", gate

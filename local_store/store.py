@@ -10,6 +10,9 @@ Rules:
   * A transaction that purged text (``Writer.purged``: a hard delete, a remote tombstone that
     purges) returns only after the WAL is scrubbed, or once that is owed to a reader that
     still needs the text (``checkpoint.Checkpointer.scrub``).
+  * After each committed write transaction, on the event loop, every callable in
+    ``commit_listeners`` is called (a hub wakes its held long-polls, a laptop's sync runner
+    pushes a fresh save): cheap, never raising, never writing.
 """
 
 from __future__ import annotations
@@ -150,6 +153,7 @@ class Store:
         # Set by the daemon: None when graph expansion may run, else the reason it may not
         # (recall then runs with expand_hops = 0 and says so in ``gated``/``gate_reason``).
         self.graph_gate: Callable[[], str | None] | None = None
+        self.commit_listeners: list[Callable[[], None]] = []  # see the rules above
         self.writer_info: dict[str, object] = {
             "host": socket.gethostname(), "source": "syncd", "client": None,
             "client_version": None,
@@ -266,6 +270,8 @@ class Store:
             log.warning("%s", message)
             raise StoreFullError(message) from None
         self.checkpointer.poke()
+        for listener in self.commit_listeners:
+            listener()
         if events:
             self.index.apply([(memory_id, values) for memory_id, model, values in events
                               if model is None or model == self.index.model])

@@ -484,7 +484,7 @@ def _sync_factory(config: Any) -> Any:
     options = SyncOptions(realm=plane.realm, plane_model=plane.embedding_model,
                           private_memories=plane.private_memories,
                           overlap_secs=sync.overlap_secs, push_batch_bytes=sync.push_batch_bytes,
-                          anti_entropy_secs=sync.anti_entropy_secs)
+                          anti_entropy_secs=sync.anti_entropy_secs, long_poll=sync.long_poll)
     return lambda store: SyncRunner.create(store, url=plane.url, token=token, options=options,
                                            interval=sync.interval_secs, jitter=sync.jitter,
                                            token_file=plane.token_file, proxy=plane.proxy,
@@ -586,7 +586,8 @@ def _hub(args: argparse.Namespace, settings: dict[str, Any]) -> int:
                   cursor=args.cursor or config.hub.cursor,
                   shutdown_timeout=config.daemon.shutdown_timeout_secs,
                   token_lifetime_days=config.hub.token_lifetime_days,
-                  reembed_secs=config.hub.reembed_secs)
+                  reembed_secs=config.hub.reembed_secs,
+                  max_held_polls=config.hub.max_held_polls)
         return asyncio.run(hub.run(ready=lambda url: print(f"syncd hub: ready on {url}",
                                                            file=sys.stderr, flush=True)))
     except StartupError as exc:

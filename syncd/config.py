@@ -394,6 +394,7 @@ class SyncConfig(_Section, kw_only=True, forbid_unknown_fields=True, frozen=True
     overlap_secs: float = DEFAULT_SYNC_OVERLAP_SECS
     push_batch_bytes: int = DEFAULT_SYNC_PUSH_BATCH_BYTES
     anti_entropy_secs: float = DEFAULT_SYNC_ANTI_ENTROPY_SECS
+    long_poll: bool = True  # hold changes?wait= on a hub that offers it (docs/long-poll.md)
 
     def __post_init__(self) -> None:
         self._check_period("interval_secs", strict=True)
@@ -433,6 +434,7 @@ class HubConfig(_Section, kw_only=True, forbid_unknown_fields=True, frozen=True)
     store: str = "sqlite"
     store_file: Path | None = None
     reembed_secs: float = DEFAULT_HUB_REEMBED_SECS  # 0: never embed pushed rows at the hub
+    max_held_polls: int = 500  # long-polls held at once per process (docs/long-poll.md)
 
     def __post_init__(self) -> None:
         try:
@@ -452,6 +454,7 @@ class HubConfig(_Section, kw_only=True, forbid_unknown_fields=True, frozen=True)
         self._check("token_lifetime_days", self.token_lifetime_days <= 3650,
                     "must be at most 3650 (ten years)")
         self._check_period("reembed_secs")
+        self._check_number("max_held_polls", low=0)
 
 
 class McpConfig(_Section, kw_only=True, forbid_unknown_fields=True, frozen=True):

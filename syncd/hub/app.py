@@ -19,6 +19,12 @@ Rules:
     ``limit``/``has_more`` pagination and ``"feed": "ingest"`` in the body, so a late push is
     never skipped; ``exclude_origin=<replica id>`` leaves out the caller's own versions. ``cursor="origin"`` reproduces the plane: nodes filtered on their own
     ``updated_at``, edges on ``created_at``, and ``until`` read after the queries.
+  * Long-poll (ingest mode only; ``longpoll.py`` has its rules, docs/long-poll.md the wire):
+    ``changes?wait=SECONDS`` holds an answer without rows until a write commits or the wait
+    runs out; every ingest-mode ``changes`` answer carries ``Syncd-Long-Poll: <max seconds>``,
+    the advertisement a Kyma plane never sends. An origin-mode hub neither advertises nor
+    holds (its overlap window re-serves recent rows, so every poll would answer at once): it
+    ignores ``wait``, as the plane ignores unknown parameters.
   * ``export`` takes the extensions ``limit`` and ``cursor`` (``has_more``/``next_cursor`` in
     the body) and includes tombstones, so a client's anti-entropy sees deletes.
   * Every ``changes`` and ``export`` body (and ``status``) names the hub's ``store_id``; a
@@ -52,6 +58,7 @@ Rules:
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 import time
@@ -102,9 +109,20 @@ from syncd.http.web import (
     set_session_cookie,
 )
 from syncd.hub.invites import ID_PATTERN, Attempts, InviteError
+from syncd.hub.longpoll import (
+    DEFAULT_MAX_HELD,
+    GONE_CHECK_SECS,
+    HEADER,
+    MAX_WAIT_SECS,
+    HeldPolls,
+    PollsFull,
+    parse_wait,
+)
+from syncd.hub.longpoll import RETRY_AFTER_SECS as POLL_RETRY_AFTER_SECS
 from syncd.hub.store import (
     FileTokens,
     HubStore,
+    Page,
     PageSession,
     SqliteHubStore,
     StoreUnavailableError,
@@ -129,6 +147,7 @@ HUB = web.AppKey("hub_store", object)
 CURSOR_MODE = web.AppKey("cursor_mode", str)
 ISSUER = web.AppKey("issuer", tuple)
 INVITE_ATTEMPTS = web.AppKey("invite_attempts", Attempts)
+HELD_POLLS = web.AppKey("held_polls", HeldPolls)
 CALLER_ROLE = web.RequestKey("caller_role", str)  # the role the request was authenticated with
 # Paths browsers request from any site on their own: refused (no route has them), not logged.
 BROWSER_NOISE = frozenset({"/favicon.ico", "/robots.txt", "/apple-touch-icon.png",
@@ -141,9 +160,11 @@ RETRY_AFTER_SECS = 5
 def create_hub_app(backend: HubStore | Store, book: TokenBook | None = None, *,
                    cursor: str = "ingest", max_body: int = DEFAULT_MAX_BODY,
                    signing_key: Ed25519PrivateKey | None = None,
-                   token_lifetime_days: float = 7.0) -> web.Application:
+                   token_lifetime_days: float = 7.0,
+                   max_held_polls: int = DEFAULT_MAX_HELD) -> web.Application:
     """``backend`` is a ``HubStore`` (a bare feed ``Store`` is wrapped in ``SqliteHubStore``
-    with the tokens of ``book``). ``signing_key`` enables ``GET /v1/agent/entitlement``."""
+    with the tokens of ``book``). ``signing_key`` enables ``GET /v1/agent/entitlement``.
+    ``max_held_polls``: the long-polls held at once (``longpoll.py``)."""
     if cursor not in ("ingest", "origin"):
         raise ValueError(f"hub.cursor must be ingest or origin, got {cursor!r}")
     if isinstance(backend, Store):
@@ -157,6 +178,8 @@ def create_hub_app(backend: HubStore | Store, book: TokenBook | None = None, *,
     app[PAGE_SESSIONS], app[PAGE_KIND] = sessions, "hub"
     app[ISSUER] = (signing_key, token_lifetime_days)
     app[INVITE_ATTEMPTS] = Attempts()
+    app[HELD_POLLS] = HeldPolls(max_held_polls)
+    app.on_shutdown.append(_release_polls)
     if isinstance(backend, SqliteHubStore):
         app[MCP] = McpServer(backend.store, Surfacer(HUB_TOOLS))
     for method, path, handler, _role in ROUTES:
@@ -166,6 +189,11 @@ def create_hub_app(backend: HubStore | Store, book: TokenBook | None = None, *,
 
 def hub_of(request: web.Request) -> HubStore:
     return request.app[HUB]  # type: ignore[return-value]
+
+
+async def _release_polls(app: web.Application) -> None:
+    """A stopping hub answers its held polls now instead of waiting them out."""
+    app[HELD_POLLS].release(app[HUB].commits)  # type: ignore[attr-defined]
 
 
 class PageSessions:
@@ -318,12 +346,50 @@ async def changes(request: web.Request) -> web.StreamResponse:
         async with hub.changes_snapshot(since, realm, edge_version="created_at") as snapshot:
             return await stream_rows(request, snapshot, head={"since": echo}, tail=lambda: {
                 "until": format_ns(hub.now_ns()), "store_id": hub.store_id})
-    nodes, edges, until, more = await hub.feed(
-        since, limit=_limit(request), realm=realm,
-        exclude_origin=request.query.get("exclude_origin") or None)
-    return reply(ChangesResponse(since=echo, until=until, memory_nodes=nodes,
-                                 memory_edges=edges, store_id=hub.store_id,
-                                 has_more=more, feed="ingest"))
+    polls = request.app[HELD_POLLS]
+    wait = parse_wait(request.query.get("wait"))
+    read = functools.partial(hub.feed, since, limit=_limit(request), realm=realm,
+                             exclude_origin=request.query.get("exclude_origin") or None)
+    seen = hub.commits.generation  # before the read: a commit after it wakes the wait
+    page = await read()
+    offered = {HEADER: f"{MAX_WAIT_SECS:g}"} if polls.cap else {}  # cap 0: long-poll off
+    if wait and offered and not _has_rows(page):
+        try:
+            with polls.hold():
+                page = await _held(request, page, seen, wait, read)
+        except PollsFull as exc:
+            return error_response(503, "too_many_polls", str(exc), headers={
+                "Retry-After": str(POLL_RETRY_AFTER_SECS), **offered})
+    nodes, edges, until, more = page
+    response = reply(ChangesResponse(since=echo, until=until, memory_nodes=nodes,
+                                     memory_edges=edges, store_id=hub.store_id,
+                                     has_more=more, feed="ingest"))
+    response.headers.update(offered)
+    return response
+
+
+def _has_rows(page: Page) -> bool:
+    nodes, edges, _, more = page
+    return bool(nodes or edges or more)
+
+
+async def _held(request: web.Request, page: Page, seen: int, wait: float,
+                read: Callable[[], Awaitable[Page]]) -> Page:
+    """``read`` (the feed) again after each commit past generation ``seen``, until it has
+    rows, ``wait`` seconds pass, the app stops or the client is gone; the last page read."""
+    hub, polls = hub_of(request), request.app[HELD_POLLS]
+    deadline = time.monotonic() + wait
+    while not (polls.released or hub.commits.closed) and request.transport is not None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        if not await hub.commits.wait(seen, min(left, GONE_CHECK_SECS)) or polls.released:
+            continue  # a slice with no commit: is the client still there?
+        seen = hub.commits.generation
+        page = await read()
+        if _has_rows(page):
+            break
+    return page
 
 
 async def export(request: web.Request) -> web.StreamResponse:
@@ -457,9 +523,14 @@ async def hub_mcp(request: web.Request) -> web.Response:
 
 async def status(request: web.Request) -> web.Response:
     hub = hub_of(request)
+    polls = request.app[HELD_POLLS]
+    long_poll = {"max_wait_secs": MAX_WAIT_SECS, "held": polls.held, "max_held": polls.cap,
+                 "refused": polls.refused} \
+        if request.app[CURSOR_MODE] == "ingest" and polls.cap else None
     return reply({"version": __version__, "role": "hub", "store": hub.kind,
                   "store_id": hub.store_id, "cursor": request.app[CURSOR_MODE],
-                  "embedding_model": hub.embedder.model_id, **await hub.stats()})
+                  "embedding_model": hub.embedder.model_id, "long_poll": long_poll,
+                  **await hub.stats()})
 
 
 async def page_login(request: web.Request) -> web.Response:

@@ -12,6 +12,9 @@ Two implementations run the same conformance suite (``tests/hub/test_conformance
     database, everything in the database — page sessions too, so a balancing proxy may send a
     browser's requests to any process.
 
+Both keep ``commits`` (``longpoll.Commits``) bumped by every committed write — on PostgreSQL
+by every process's, through ``LISTEN``/``NOTIFY`` — so a held ``changes?wait=`` wakes.
+
 Page sessions: a store is handed the SHA-256 of a session's id, never the id (the cookie's
 value), and knows the session's token by the token's SHA-256, never the raw token. Adding one
 sweeps every expired session and keeps at most ``keep`` of *its token's* sessions (that token's
@@ -40,6 +43,7 @@ from protocol.rows import EdgeRow, NodeRow
 from protocol.settings import MemorySettings
 from syncd.hub.invites import FileInvites, InviteStore
 from syncd.hub.keys import load_or_create_key
+from syncd.hub.longpoll import Commits
 from syncd.hub.tokens import (
     TokenBook,
     authenticate,
@@ -89,6 +93,7 @@ class HubStore(Protocol):
     kind: str  # "sqlite" or "postgresql"
     store_id: str
     embedder: Embedder
+    commits: Commits  # bumped by every committed write (``longpoll.py``)
 
     @property
     def tokens(self) -> TokenStore: ...
@@ -217,6 +222,8 @@ class SqliteHubStore:
         self.store_id = store.store_id
         self.embedder = store.embedder
         self._page_sessions: dict[str, PageSession] = {}  # in sign-in order, oldest first
+        self.commits = Commits()  # every commit of the store: imports, MCP writes, re-embeds
+        store.commit_listeners.append(self.commits.notify)
 
     def now_ns(self) -> int:
         return self.store.clock.physical_ns()
@@ -292,6 +299,9 @@ class SqliteHubStore:
         self._page_sessions.pop(sid_sha256, None)
 
     async def close(self) -> None:
+        self.commits.close()
+        if self.commits.notify in self.store.commit_listeners:
+            self.store.commit_listeners.remove(self.commits.notify)
         await self.store.close()
 
 

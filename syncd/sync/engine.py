@@ -46,6 +46,15 @@ Rules:
     ``resync_pending`` is stored with it. Anti-entropy runs in every pass while it is set; it is
     cleared only in the transaction that re-queues what the plane lacks, so a failed pass
     cannot forget the reset, and a cursor-less pull does not count as a bootstrap meanwhile.
+  * Long-poll (docs/long-poll.md): against a plane whose ``changes`` answers advertise it
+    (``PlaneClient.long_poll_secs``) and whose feed follows ingest order, ``watch`` holds
+    ``changes?wait=`` requests from the stored cursor, each at most ``LONG_POLL_SECS``, and
+    returns once the plane has a row after it: the caller then runs a pass, which pulls it.
+    An empty answer moves only the watch's own ``since`` (never the stored cursor). A watch
+    runs only while a scheduled pass would (not blocked on auth, not backing off, not
+    gated); a failed poll raises, and the caller waits for its next pass. A pass cancels the
+    poll it finds held and the watch polls again after it: never two requests at once (R22),
+    and never a pass waiting on a poll.
   * Errors: 401/403 stop and block scheduled passes until a manual run; other failures back
     off exponentially (capped, jittered, at least ``Retry-After`` up to the cap — a value too
     large for a float is the cap). A cursor is never reset because of a transient error.
@@ -105,6 +114,7 @@ BACKOFF_BASE_SECS = 1.0
 BACKOFF_CAP_SECS = 600.0
 LOG_EVERY_SECS = 60.0
 PLANE_DIM = 384
+LONG_POLL_SECS = 25.0  # the longest wait asked for (under a hub's 30 and most proxies' 60)
 RESYNC = "resync_pending"  # sync state: a reset was detected, anti-entropy has not finished
 PRIVATE_PREFIX = "private:"
 NAMES_MODEL = "plane_names_model"  # sync state: "1" when the plane's settings name its model
@@ -126,6 +136,7 @@ class SyncOptions:
     overlap_secs: float = 120.0
     push_batch_bytes: int = 3 * 1024 * 1024 // 2
     anti_entropy_secs: float = 3600.0
+    long_poll: bool = True  # use a plane's long-poll when it offers one
 
 
 @dataclass(slots=True)
@@ -209,6 +220,7 @@ class SyncEngine:
         self._plane_embedder: Embedder | None = None
         self.status = SyncStatus(url=client.url, realm=options.realm)
         self._flight = asyncio.Lock()
+        self._held: asyncio.Future[ChangesResponse | None] | None = None  # a long-poll
         self._wall = wall
         self._not_before = 0.0  # monotonic seconds
         self._bad_streak: tuple[str, int, int] | None = None  # rows, passes, the last pass
@@ -234,11 +246,65 @@ class SyncEngine:
 
     # ------------------------------------------------------------------ scheduling
 
-    async def scheduled(self) -> PassReport | None:
-        """The scheduler's tick: skipped while backing off or blocked on auth."""
-        if self.status.auth_blocked or time.monotonic() < self._not_before:
+    async def scheduled(self, trigger: str = "schedule") -> PassReport | None:
+        """The scheduler's pass (a tick, a local write, a long-poll that saw rows): skipped
+        while backing off or blocked on auth."""
+        if self._held_off():
             return None
-        return await self.run_pass("schedule")
+        return await self.run_pass(trigger)
+
+    def _held_off(self) -> bool:
+        return self.status.auth_blocked or time.monotonic() < self._not_before
+
+    def long_poll_wait(self) -> float | None:
+        """Seconds a long-poll may be held for now, or None: not offered by the plane (or
+        turned off), or no scheduled pass would run now (auth, backoff, the gate)."""
+        offered = self.client.long_poll_secs
+        if not self.options.long_poll or offered is None or self._held_off() or (
+                self.gate is not None and self.gate() is not None):
+            return None
+        return min(offered, LONG_POLL_SECS)
+
+    async def watch(self) -> str | None:
+        """Long-poll until the plane holds something after the stored cursor: returns that
+        cursor (a pass should run), or None when no poll may run (``long_poll_wait``; no
+        cursor yet, or a feed not in ingest order). A pass pre-empts the poll it finds held
+        (``run_pass``); the watch then polls again from the cursor that pass left. Raises
+        ``PlaneError`` as a request does."""
+        while self.long_poll_wait() is not None:
+            async with self._flight:  # behind every pass in flight or queued
+                state = await self.store.sync_state()
+            cursor = state.get("cursor")
+            if cursor is None or state.get("feed") != "ingest":
+                return None
+            if await self._poll_after(cursor, state.get("plane_store_id")):
+                return cursor
+        return None
+
+    async def _poll_after(self, cursor: str, store_id: str | None) -> bool:
+        """Polls from ``cursor`` until one finds something (True), or a pass pre-empts one or
+        no poll may run (False)."""
+        since = cursor
+        while (wait := self.long_poll_wait()) is not None:
+            self._held = asyncio.ensure_future(self.client.poll_changes(
+                since, self.options.realm, self.store.replica_id, wait))
+            try:
+                page = await self._held
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
+                return False  # a pass started: it pulls what the poll was waiting for
+            finally:
+                self._held = None
+            if page is None or page.memory_nodes or page.memory_edges or page.has_more or (
+                    store_id and page.store_id and page.store_id != store_id):
+                return True
+            if page.until != since:
+                if not (_is_stamp(page.until) and _advances(since, page.until)):
+                    return True  # went backwards, or no timestamp: the pass judges it
+                since = page.until  # only this replica's own versions came in between
+        return False
 
     @contextlib.asynccontextmanager
     async def idle(self) -> AsyncIterator[None]:
@@ -247,8 +313,11 @@ class SyncEngine:
             yield
 
     async def run_pass(self, trigger: str = "manual") -> PassReport:
-        """One full pass; concurrent callers queue behind the pass in flight."""
+        """One full pass; concurrent callers queue behind the pass in flight. A held long-poll
+        is cancelled first: a pass pulls anyway, and one request at a time goes out (R22)."""
         async with self._flight:
+            if self._held is not None:  # set between passes only
+                self._held.cancel()
             return await self._pass(trigger)
 
     async def _pass(self, trigger: str) -> PassReport:

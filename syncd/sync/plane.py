@@ -23,6 +23,11 @@ Rules:
     without them (its errors quote that URL); they travel as ``Proxy-Authorization``, on a
     plain-HTTP request itself, for an https:// plane on the CONNECT only (never into the
     tunnel, where the plane would read them).
+  * Long-poll (docs/long-poll.md): every ``changes`` answer's ``Syncd-Long-Poll`` header (a
+    syncd hub's advertisement; Kyma sends none) is kept in ``long_poll_secs``, None without
+    it. ``poll_changes`` holds one such request (its read timeout is the wait plus the
+    client's timeout) and is counted in ``polls``, never in ``requests`` or the byte counts,
+    which a pass running beside it reports as its own.
   * The plane's bearer token goes on each request, never in the session's default headers:
     aiohttp copies a session's default ``Authorization`` into ``Proxy-Authorization``, which
     would hand the token to the proxy (on the CONNECT too, outside TLS).
@@ -59,6 +64,7 @@ from protocol.rows import (
     import_result_decoder,
 )
 from protocol.settings import MemorySettings, settings_decoder
+from syncd.hub.longpoll import HEADER as LONG_POLL_HEADER
 from syncd.sync.proxy import choose_proxy
 from syncd.sync.spool import SPOOL_FROM, Spool
 
@@ -186,6 +192,7 @@ class PlaneClient:
             return aiohttp.ClientTimeout(total=total, connect=timeout,
                                          sock_connect=min(timeout, 10.0), sock_read=timeout)
         self._timeout = limit(max(fetch_limit, timeout))
+        self._timeout_secs = timeout
         self._send_timeout = limit(SEND_LIMIT_FACTOR * timeout)
         self._session: aiohttp.ClientSession | None = None
         self._wall = wall
@@ -194,6 +201,8 @@ class PlaneClient:
         self.bytes_out = 0
         self.egress_refusals = 0
         self.last_timing: Timing | None = None
+        self.long_poll_secs: float | None = None  # what the last ``changes`` answer offered
+        self.polls = 0  # long-polls sent (``poll_changes``)
         self.spool_from = spool_from
         self.spooled = 0  # bodies kept on disk
 
@@ -223,6 +232,28 @@ class PlaneClient:
         params = _changes_params(since, realm, limit, exclude_origin)
         return await self._get_page(CHANGES_PATH, params, changes_decoder, ChangesResponse,
                                     unreadable)
+
+    async def poll_changes(self, since: str, realm: str | None, exclude_origin: str | None,
+                           wait: float) -> ChangesResponse | None:
+        """A long-poll: at most one row of the changes after ``since``, answered as soon as
+        the hub has any or after ``wait`` seconds. None when the answer holds a row that does
+        not fit the row schema (there is something to pull: the pass reads it row by row)."""
+        params = {**_changes_params(since, realm, 1, exclude_origin), "wait": f"{wait:g}"}
+        self.polls += 1
+        data = await self._request("GET", CHANGES_PATH, params, None,
+                                   limits=self._poll_limits(wait), counted=False)
+        try:
+            return changes_decoder.decode(data)
+        except msgspec.ValidationError:
+            return None
+        except msgspec.DecodeError as exc:
+            raise Transient(f"{CHANGES_PATH}: malformed response: {exc}") from None
+
+    def _poll_limits(self, wait: float) -> aiohttp.ClientTimeout:
+        """A poll's read may take ``wait`` seconds more than any other request's."""
+        secs = self._timeout_secs
+        return aiohttp.ClientTimeout(total=wait + secs, connect=secs,
+                                     sock_connect=min(secs, 10.0), sock_read=wait + secs)
 
     async def changes_spooled(self, since: str | None, realm: str | None, limit: int | None,
                               exclude_origin: str | None = None, *,
@@ -314,33 +345,44 @@ class PlaneClient:
             raise Transient(f"{path}: malformed response ({data.size} bytes): {exc}") from None
 
     async def _request(self, method: str, path: str, params: dict[str, str],
-                       body: bytes | None, *, spool_from: int | None = None) -> Any:
+                       body: bytes | None, *, spool_from: int | None = None,
+                       limits: aiohttp.ClientTimeout | None = None,
+                       counted: bool = True) -> Any:
+        """``counted=False`` (a long-poll) leaves ``requests``, the byte counts and
+        ``last_timing`` to the passes."""
         session = self._open()
         headers = {**self._headers, **self._proxied_headers,
                    **({"Content-Type": "application/json"} if body is not None else {})}
         sent = self._wall()
-        self.requests += 1
+        if counted:
+            self.requests += 1
         proxy = self.proxy
+        if limits is None:
+            limits = self._timeout if body is None else self._send_timeout
         try:
             # a body as a stream: aiohttp writes raw bytes over 1 MiB in one piece (and warns)
             stream = None if body is None else io.BytesIO(body)
             async with session.request(method, self.url + path, params=params, data=stream,
-                                       headers=headers, timeout=self._timeout
-                                       if body is None else self._send_timeout,
+                                       headers=headers, timeout=limits,
                                        proxy=None if proxy is None else proxy.url,
                                        proxy_headers=self._proxy_headers) as resp:
                 data = await (resp.read() if spool_from is None or resp.status >= 300
                               else _read_or_spool(resp, spool_from))
-                self.last_timing = Timing(sent, self._wall(), _date_ns(resp.headers.get("Date")))
+                if counted:
+                    self.last_timing = Timing(sent, self._wall(),
+                                              _date_ns(resp.headers.get("Date")))
                 status, retry_after = resp.status, _retry_after(resp.headers.get("Retry-After"))
+                if path == CHANGES_PATH:
+                    self.long_poll_secs = _seconds(resp.headers.get(LONG_POLL_HEADER))
         except (aiohttp.ClientError, TimeoutError) as exc:
             via = "" if proxy is None else f" (through the proxy {proxy.url}, from {proxy.source})"
             failure = Transient(f"{method} {self.url}{path}: {in_words(exc)}{via}")
             # connecting failed (refused, no such host, TLS handshake): not a byte was sent
             failure.unsent = isinstance(exc, aiohttp.ClientConnectorError)
             raise failure from None
-        self.bytes_out += len(body or b"")
-        self.bytes_in += data.size if isinstance(data, Spool) else len(data)
+        if counted:
+            self.bytes_out += len(body or b"")
+            self.bytes_in += data.size if isinstance(data, Spool) else len(data)
         if 200 <= status < 300:
             return data
         head = data[:200] if isinstance(data, bytes) else b""  # a refusal is never spooled
@@ -482,6 +524,15 @@ def _date_ns(header: str | None) -> int | None:
         return int(email.utils.parsedate_to_datetime(header).timestamp()) * 1_000_000_000
     except (TypeError, ValueError, IndexError):
         return None
+
+
+def _seconds(header: str | None) -> float | None:
+    """A positive, finite number of seconds, else None (not offered)."""
+    try:
+        value = float(header or "")
+    except ValueError:
+        return None
+    return value if 0 < value < float("inf") else None
 
 
 def _retry_after(header: str | None) -> float | None:

@@ -1,5 +1,6 @@
 """``SyncRunner``: the daemon's sync schedule — one asyncio task that runs a pass, then waits
-``interval`` seconds (± ``jitter`` × interval, drawn afresh each time) before the next.
+``interval`` seconds (± ``jitter`` × interval, drawn afresh each time) before the next, or less
+when there is something to send or to fetch.
 
 Rules of this module:
   * One loop, one pass at a time: the next wait starts when a pass ends, so passes never overlap
@@ -7,7 +8,22 @@ Rules of this module:
     single-flight too: a manual ``POST /v1/agent/sync/run`` queues behind a scheduled pass
     instead of overlapping it.
   * The first pass runs at start; a pass that raises is logged and the schedule goes on.
-  * ``stop`` starts no new pass and gives the one in flight ``grace`` seconds.
+  * A wait ends early (docs/long-poll.md):
+      - "local": a write committed on this store (``Store.commit_listeners``) and the outbox
+        is not empty — a save is pushed at once, not at the next tick. A pass's own writes
+        leave the outbox empty: they cost one count, no pass;
+      - "live": the long-poll saw rows on the plane. It runs as a task of its own beside the
+        loop (a held poll never delays a push), started after each pass when the plane
+        advertises one (``SyncEngine.long_poll_wait``), ended when it sees rows or fails;
+        against a plane without it (Kyma) there is only the interval.
+    Such a pass is skipped while the engine backs off or is blocked on auth, as a tick is. A
+    poll is not restarted after a "live" pass that left the cursor where the poll found rows
+    (a row that cannot be applied holds it, R5): the next tick's pass restarts it, so a stuck
+    cursor costs a poll per interval, never a loop.
+  * The entitlement refresh (``after_success``) follows interval and manual passes only, not
+    the pushes and pulls in between.
+  * ``stop`` starts no new pass, cancels a held poll at once (never waits for it) and gives
+    the pass in flight ``grace`` seconds.
 
 This replaced APScheduler 3.x, which ran this one job through an interval trigger, a thread pool
 it never used, a time-zone probe (worked around with ``timezone=UTC``) and two INFO log lines per
@@ -27,7 +43,7 @@ from typing import Any
 from local_store import Store
 from local_store.embed import Embedder
 from syncd.sync.engine import HELD_BACK, RESYNC, PassReport, SyncEngine, SyncOptions
-from syncd.sync.plane import PlaneClient
+from syncd.sync.plane import PlaneClient, PlaneError
 
 log = logging.getLogger("syncd.sync")
 STOP_GRACE_SECS = 5.0
@@ -67,6 +83,11 @@ class SyncRunner:
         self._schedule: asyncio.Task[None] | None = None
         self._stopping = False
         self._reembed: asyncio.Task[int] | None = None
+        self._poll: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._local = False  # a write committed since the loop last looked
+        self._found_at: str | None = None  # the cursor after which the poll last saw rows
+        self._live = False  # ... and the loop has not run a pass for it yet
 
     @classmethod
     def create(cls, store: Store, *, url: str, token: str | None, options: SyncOptions,
@@ -81,6 +102,7 @@ class SyncRunner:
 
     async def start(self) -> None:
         await self.engine.start()
+        self.engine.store.commit_listeners.append(self._committed)
         self._schedule = asyncio.create_task(self._every_interval(), name="sync-schedule")
 
     def next_wait(self) -> float:
@@ -88,19 +110,70 @@ class SyncRunner:
         spread = self.interval * self.jitter
         return max(0.0, self.interval + random.uniform(-spread, spread))
 
+    def _committed(self) -> None:
+        self._local = True
+        self._wake.set()
+
     async def _every_interval(self) -> None:
+        trigger = "schedule"
         while not self._stopping:
             try:
-                self._after(await self.engine.scheduled())
+                self._after(await self.engine.scheduled(trigger), trigger)
+                await self._watch(trigger)
             except Exception:  # a bug in one pass must not end the schedule
                 log.exception("scheduled sync pass failed")
-            await asyncio.sleep(self.next_wait())
+            trigger = await self._next(self.next_wait())
 
-    def _after(self, report: PassReport | None) -> None:
+    async def _next(self, wait: float) -> str:
+        """Wait ``wait`` seconds or until there is something to push or pull; which it was."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while True:
+            self._wake.clear()  # before the flags: a wake after this is not missed
+            if self._live:
+                self._live = False
+                return "live"
+            if self._local:
+                self._local = False
+                if await self.engine.store.outbox_depth():
+                    return "local"
+                continue
+            left = deadline - loop.time()
+            if left <= 0:
+                return "schedule"
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await self._wake.wait()
+
+    async def _watch(self, trigger: str) -> None:
+        """Start the long-poll after a pass, when the plane offers one and none is held."""
+        if self._stopping or (self._poll is not None and not self._poll.done()) or \
+                self.engine.long_poll_wait() is None:
+            return
+        if trigger == "live" and self._found_at is not None and \
+                (await self.engine.store.sync_state()).get("cursor") == self._found_at:
+            return  # the pass did not get past what the poll saw: the next tick tries again
+        self._poll = asyncio.create_task(self._held_poll(), name="sync-long-poll")
+
+    async def _held_poll(self) -> None:
+        try:
+            found = await self.engine.watch()
+        except PlaneError as exc:  # the next pass meets it too, and reports it
+            log.debug("long-poll failed, interval polling until the next pass: %s", exc)
+            return
+        except Exception:  # a bug in the poll must not go unseen; the schedule goes on
+            log.exception("long-poll failed, interval polling until the next pass")
+            return
+        if found is not None:
+            self._found_at, self._live = found, True
+            self._wake.set()
+
+    def _after(self, report: PassReport | None, trigger: str = "manual") -> None:
         """Pulled rows carry the plane's model's vectors: embed them with the local model in the
-        background (one task at a time), so semantic recall covers them without a restart."""
+        background (one task at a time), so semantic recall covers them without a restart.
+        An interval or manual pass the plane answered refreshes the entitlement."""
         answered = report is not None and (report.ok or report.error_kind == HELD_BACK)
-        if answered and self.after_success is not None and (
+        if answered and trigger in ("schedule", "manual") and self.after_success is not None and (
                 self._refresh is None or self._refresh.done()):
             self._refresh = asyncio.create_task(self.after_success(), name="entitlement")
         store = self.engine.store
@@ -115,6 +188,11 @@ class SyncRunner:
         (safe either way: every store write is one transaction)."""
         schedule, self._schedule = self._schedule, None
         self._stopping = True
+        if self._committed in self.engine.store.commit_listeners:
+            self.engine.store.commit_listeners.remove(self._committed)
+        if self._poll is not None:  # a held poll is dropped, not waited for
+            self._poll.cancel()
+            await asyncio.gather(self._poll, return_exceptions=True)
         if schedule is not None:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(grace), self.engine.idle():
@@ -146,6 +224,8 @@ class SyncRunner:
         return {"configured": True, "url": status.url, "realm": status.realm,
                 "token_file": None if self.token_file is None else str(self.token_file),
                 "interval_secs": self.interval, "cursor": state.get("cursor"),
+                "long_poll_secs": self.engine.long_poll_wait(),
+                "long_poll_held": self._poll is not None and not self._poll.done(),
                 "plane_store_id": state.get("plane_store_id"),
                 "plane_model": state.get("plane_model"), "outbox": stats["outbox"],
                 "resync_pending": RESYNC in state,

@@ -98,15 +98,18 @@ class KymaLike:
     async def settings(self, request: web.Request) -> web.Response:
         return web.json_response({"default_limit": 8})  # no model named: the config's is used
 
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/agent/memory/import", self.import_)
+        app.router.add_get("/v1/agent/memory/changes", self.changes)
+        app.router.add_get("/v1/agent/memory/export", self.export)
+        app.router.add_get("/v1/agent/memory/settings", self.settings)
+
 
 @pytest.fixture
 async def kyma() -> AsyncIterator[tuple[KymaLike, str]]:
     plane = KymaLike()
     app = web.Application()
-    app.router.add_post("/v1/agent/memory/import", plane.import_)
-    app.router.add_get("/v1/agent/memory/changes", plane.changes)
-    app.router.add_get("/v1/agent/memory/export", plane.export)
-    app.router.add_get("/v1/agent/memory/settings", plane.settings)
+    plane.add_routes(app)
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()

@@ -32,6 +32,11 @@ Rules:
   * A row's words are split by the laptops' tokeniser in Python and stored as a ``tsvector``
     (GIN index); vectors live in ``vectors`` and every hub process keeps its own float32 index
     of them, following the feed (``recall.py``).
+  * An import that wrote rows sends ``NOTIFY syncd_hub_feed`` in its transaction (delivered
+    at its commit); every serving process ``LISTEN``s on a connection of its own and wakes
+    its held ``changes?wait=`` polls (``syncd/hub/longpoll.py``), which read the feed again.
+    A lost listening connection is reconnected (and checked every ``LISTEN_CHECK_SECS``);
+    meanwhile held polls answer at their timeout, never later.
   * Nothing lives in a hub process between requests: tokens, the signing key, settings,
     counters and the web page's sessions are rows, read when needed.
 """

@@ -44,6 +44,7 @@ from protocol.rows import EdgeRow, NodeRow
 from protocol.settings import DEFAULT_SETTINGS, MemorySettings, load_settings, merge_patch
 from protocol.timestamp import format_ns, parse_ns
 from syncd.hub.keys import key_from_pem, new_key_pem
+from syncd.hub.longpoll import Commits
 from syncd.hub.pg.invites import PgInvites
 from syncd.hub.pg.marks import batch_end
 from syncd.hub.pg.migrate import Conn, migrate
@@ -70,6 +71,8 @@ _RETRYABLE = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError)
 _UNAVAILABLE = (OSError, asyncpg.InterfaceError, asyncpg.CannotConnectNowError,
                 asyncpg.PostgresConnectionError, asyncpg.TooManyConnectionsError,
                 asyncpg.QueryCanceledError, asyncio.TimeoutError, *_RETRYABLE)
+FEED_CHANNEL = "syncd_hub_feed"  # NOTIFY'd by every import that wrote rows, at its commit
+LISTEN_CHECK_SECS = 30.0  # the listening connection is checked this often (a cut link)
 T = TypeVar("T")
 
 
@@ -133,6 +136,8 @@ class PgHubStore:
         self.invites = PgInvites(self._connection)
         self.vectors = VectorTail(embedder.model_id, embedder.dim)
         self._follower: asyncio.Task[None] | None = None
+        self._listener: asyncio.Task[None] | None = None
+        self.commits = Commits()
         self._catch_up_lock = asyncio.Lock()
         self._closed = False
 
@@ -159,6 +164,7 @@ class PgHubStore:
             raise
         if follow:
             store._follower = asyncio.create_task(store._follow(), name="pg-vector-follower")
+            store._listener = asyncio.create_task(store._listen(dsn), name="pg-feed-listener")
         return store
 
     @classmethod
@@ -171,10 +177,12 @@ class PgHubStore:
         if self._closed:
             return
         self._closed = True
-        if self._follower is not None:
-            self._follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._follower
+        self.commits.close()
+        for task in (self._follower, self._listener):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self._pool.close()
 
     def now_ns(self) -> int:
@@ -209,6 +217,8 @@ class PgHubStore:
         result.applied_nodes, result.applied_edges = applied.nodes, applied.edges
         result.skipped_nodes = len(wires) - len(bad_nodes) - applied.nodes
         result.skipped_edges = len(edges) - len(bad_edges) - applied.edges
+        if applied.nodes or applied.edges:
+            self.commits.notify()  # this process's polls at once; the others by NOTIFY
         if applied.nodes:
             await self.catch_up()
         return result
@@ -257,6 +267,7 @@ class PgHubStore:
         if written or written_edges:
             await conn.execute("SELECT hub_feed_mark($1, $2, $3)", tx,
                                len(written) + len(written_edges), time.time_ns())
+            await conn.execute("SELECT pg_notify($1, '')", FEED_CHANNEL)  # sent at commit
         return _Applied(sum(counts[mid] for mid in written),
                         sum(edge_counts[eid] for eid in written_edges), problems)
 
@@ -611,6 +622,57 @@ class PgHubStore:
             if failures:
                 log.info("vector index catch-up works again after %d failed attempts", failures)
             failures, wait = 0, FOLLOW_SECS
+
+
+    async def _listen(self, dsn: str) -> None:
+        """``LISTEN`` on a connection of its own: another process's commit bumps ``commits``.
+        After (re)connecting it bumps once, for what committed while nobody listened; a lost
+        connection is retried as the follower retries, and logged once per outage. While it is
+        down, held polls answer at their timeout, and the laptops' next polls read the feed."""
+        wait, failures = FOLLOW_SECS, 0
+        while True:
+            try:
+                conn = await asyncpg.connect(dsn, server_settings={
+                    "application_name": APPLICATION_NAME})
+            except Exception as exc:  # a database away: retried, never fatal
+                if not failures:
+                    log.warning("cannot LISTEN for other hub processes' commits (%s: %s); "
+                                "retrying", type(exc).__name__, exc)
+                failures += 1
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, FOLLOW_BACKOFF_CAP_SECS)
+                continue
+            try:
+                await self._listen_on(conn)
+                if failures:
+                    log.info("listening for commits again after %d failed attempts", failures)
+                failures, wait = 0, FOLLOW_SECS
+                await self._while_alive(conn)
+            except Exception as exc:
+                if not failures:
+                    log.warning("lost the LISTEN connection (%s: %s); reconnecting",
+                                type(exc).__name__, exc)
+                failures += 1
+            finally:
+                with contextlib.suppress(Exception):
+                    await conn.close(timeout=5)
+
+    async def _listen_on(self, conn: asyncpg.Connection) -> None:
+        await conn.add_listener(FEED_CHANNEL, lambda *_: self.commits.notify())
+        self.commits.notify()
+
+    @staticmethod
+    async def _while_alive(conn: asyncpg.Connection) -> None:
+        """Raises once ``conn`` is found dead: closed under it, or failing a check."""
+        lost = asyncio.Event()
+        conn.add_termination_listener(lambda _: lost.set())
+        while not lost.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(LISTEN_CHECK_SECS):
+                    await lost.wait()
+            if not lost.is_set():
+                await conn.fetchval("SELECT 1", timeout=10)
+        raise ConnectionError("the connection was closed")
 
 
 async def _upsert(conn: Conn, sql: str, columns: tuple[str, ...],

@@ -203,3 +203,71 @@ async def test_against_kyma_the_laptop_keeps_interval_polling_and_sends_no_wait(
     finally:
         await laptops.close()
         await runner.cleanup()
+
+
+class StuckHub:
+    """A small real server that offers the long-poll and, after the first cursor, serves one
+    row no store can apply (``updated_at`` is no time), forever: a poisoned feed (R5)."""
+
+    FIRST, LATER = "2026-12-02T10:00:00.000000000Z", "2026-12-02T10:00:01.000000000Z"
+
+    def __init__(self) -> None:
+        self.polls = 0
+
+    async def changes(self, request: web.Request) -> web.Response:
+        since = request.query.get("since", "")
+        self.polls += "wait" in request.query
+        rows = [] if not since else [{
+            "id": "memory:00000000-0000-4000-8000-00000000000b", "content": "poisoned",
+            "realm": "default", "memory_type": "fact", "importance": 0.5, "status": "active",
+            "created_at": "not-a-time", "updated_at": "not-a-time", "origin": "elsewhere"}]
+        return web.json_response(
+            {"since": since, "until": self.LATER if since else self.FIRST, "memory_nodes": rows,
+             "memory_edges": [], "store_id": "stuck", "has_more": False, "feed": "ingest"},
+            headers={"Syncd-Long-Poll": "30"})
+
+    async def settings(self, request: web.Request) -> web.Response:
+        return web.json_response({"default_limit": 8, "embedding_model": MODEL})
+
+    async def export(self, request: web.Request) -> web.Response:
+        return web.json_response({"memory_nodes": [], "memory_edges": []})
+
+
+async def test_a_row_that_holds_the_cursor_does_not_loop_the_long_poll(
+        tmp_path: Path, laptops: Laptops) -> None:
+    """The poll sees the poisoned row, the "live" pass cannot apply it and the cursor stays:
+    no new poll starts until the next tick (3600 s here), so the laptop does not spin."""
+    plane = StuckHub()
+    app = web.Application()
+    app.router.add_get("/v1/agent/memory/changes", plane.changes)
+    app.router.add_get("/v1/agent/memory/settings", plane.settings)
+    app.router.add_get("/v1/agent/memory/export", plane.export)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        _, sync = await laptops.start("b", tmp_path / "b", f"http://127.0.0.1:"
+                                      f"{runner.addresses[0][1]}", "t", interval=3600)
+        waits: list[int] = []  # how many passes had run when the loop began each wait
+        next_wait = sync._next
+
+        async def recorded(wait: float) -> str:  # called once _watch has decided
+            waits.append(len(laptops.passes["b"]))
+            return await next_wait(wait)
+
+        sync._next = recorded  # type: ignore[method-assign]
+
+        async def back_to_waiting() -> bool:
+            return 2 in waits
+
+        await until_true(back_to_waiting, "the poll saw the row, a live pass ran, the loop "
+                                          "waits again")
+        assert not (await sync.status())["long_poll_held"]
+        report = sync.engine.status.last_pass
+        assert report is not None and report["pull_problems"] == 1
+        assert (await sync.engine.store.sync_state())["cursor"] == StuckHub.FIRST
+        assert plane.polls == 1
+        assert laptops.passes["b"] == ["schedule", "live"]
+    finally:
+        await laptops.close()
+        await runner.cleanup()

@@ -268,6 +268,7 @@ def test_error_message_form() -> None:
     ("[embedding]\nidle_unload_secs = nan", {}, "embedding.idle_unload_secs = nan: must be >= 0"),
     ("[hub]\ntoken_lifetime_days = 0", {}, "hub.token_lifetime_days = 0: must be > 0"),
     ("[hub]\nreembed_secs = -1", {}, "hub.reembed_secs = -1: must be >= 0"),
+    ("[hub]\nmax_held_polls = -1", {}, "hub.max_held_polls = -1: must be >= 0"),
     ('[hub]\nstore = "mysql://db/hub"', {},
      "hub.store = \"mysql://db/hub\": store: must be `sqlite` or a postgresql:// DSN"),
     ('[hub]\nstore = "postgresql://db/hub"\nstore_file = "/etc/dsn"', {},

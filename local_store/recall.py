@@ -511,18 +511,34 @@ class Recall:
         return hits[:limit], float(hits[limit][1]) if cut_tied else None
 
     def _passing_hits(self, hits: list[Any], where: str, params: list[object]) -> list[Any]:
-        """(score, row) of the hits whose rows pass the filters, best first (ties by id); each
-        row is (rowid, content, *ROW_COLUMNS)."""
+        """(score, row) of the hits whose rows pass the filters, best first (ties by id): the
+        best CAND_K of them at least, or all that pass when fewer do; each row is (rowid,
+        content, *ROW_COLUMNS). The rows of the hits scoring at least the CAND_K-th best are
+        read first, and the rest only when the filters drop some of those: every hit not read
+        scores below each one read, so the best CAND_K that pass are the same either way (a
+        keyword leg asks for 4×CAND_K hits, and read them all with their text, when the
+        filters usually drop none)."""
         score = {int(r[0]): float(r[1]) for r in hits}
+        ordered = sorted(score, key=lambda rowid: -score[rowid])
+        first = ordered
+        if len(ordered) > CAND_K:
+            floor = score[ordered[CAND_K - 1]]
+            first = [rowid for rowid in ordered if score[rowid] >= floor]
+        found = self._hit_rows(first, where, params)
+        if len(found) < CAND_K and len(first) < len(ordered):
+            found += self._hit_rows(ordered[len(first):], where, params)
+        found.sort(key=lambda r: (-score[r[0]], r[2]))
+        return [(score[r[0]], r) for r in found]
+
+    def _hit_rows(self, rowids: list[int], where: str, params: list[object]) -> list[Any]:
+        """The rows (rowid, content, *ROW_COLUMNS) of these rowids that pass the filters."""
         found: list[Any] = []
-        rowids = list(score)
         for start in range(0, len(rowids), 500):
             chunk = rowids[start:start + 500]
             found += self._fetch(
                 f"SELECT m.rowid, m.content, {ROW_SQL} FROM memories m WHERE {where} "
                 f"AND m.rowid IN ({','.join('?' * len(chunk))})", [*params, *chunk])
-        found.sort(key=lambda r: (-score[r[0]], r[2]))
-        return [(score[r[0]], r) for r in found]
+        return found
 
     # ------------------------------------------------------------------ rows, graph, scores
 

@@ -375,13 +375,8 @@ def build_save(raw: Mapping[str, object], writer: Mapping[str, object], *,
     why = optional_str(args, "why", limit=MAX_CONTENT_CHARS, label=f"{p}why")
     where = optional_str(args, "where", limit=MAX_CONTENT_CHARS, label=f"{p}where")
     learned = optional_str(args, "learned", limit=MAX_CONTENT_CHARS, label=f"{p}learned")
-    content = fold_content(content, why, where, learned)
-    if not content.replace(REDACTED, "").strip():
-        sent = raw.get("content")
-        raise ValidationError(f"{p}content", "is empty" if not isinstance(sent, str) or (
-            not sent.strip()) else "is empty after removing <private> sections")
-    if len(content) > MAX_CONTENT_CHARS:
-        raise ValidationError(f"{p}content", f"must be at most {MAX_CONTENT_CHARS} characters")
+    content = checked_content(fold_content(content, why, where, learned), raw.get("content"),
+                              f"{p}content")
     realm = parse_realm(args.get("realm"), f"{p}realm")
     memory_type = parse_memory_type(args.get("memory_type"), coerced, f"{p}memory_type")
     return Draft(
@@ -405,6 +400,47 @@ def build_save(raw: Mapping[str, object], writer: Mapping[str, object], *,
         references=parse_id_list(args.get("references"), f"{p}references"),
         coerced=coerced,
     )
+
+
+def checked_content(content: str, sent: object, label: str = "content") -> str:
+    """A memory's (redacted) text, refused when nothing is left of it or it is too long;
+    ``sent`` is the text as given, to say which."""
+    if not content.replace(REDACTED, "").strip():
+        raise ValidationError(label, "is empty" if not isinstance(sent, str) or (
+            not sent.strip()) else "is empty after removing <private> sections")
+    if len(content) > MAX_CONTENT_CHARS:
+        raise ValidationError(label, f"must be at most {MAX_CONTENT_CHARS} characters")
+    return content
+
+
+EDIT_FIELDS = ("content", "title", "tags", "importance")
+
+
+def build_edit(raw: object) -> tuple[dict[str, object], dict[str, str]]:
+    """An edit's changes (``Store.edit``): the fields of ``EDIT_FIELDS`` it names, redacted and
+    checked as a save's (a title of null clears it); and what was coerced, as a save says."""
+    if not isinstance(raw, Mapping):
+        raise ValidationError("body", "must be a JSON object")
+    if unknown := sorted(set(raw) - set(EDIT_FIELDS)):
+        raise ValidationError(str(unknown[0]), "cannot be edited; an edit changes "
+                              f"{', '.join(EDIT_FIELDS)}")
+    args = strip_json_object(raw)
+    changes: dict[str, object] = {}
+    coerced: dict[str, str] = {}
+    if "content" in args:
+        if not isinstance(content := args["content"], str):
+            raise ValidationError("content", "must be a string")
+        changes["content"] = checked_content(content, raw.get("content"))
+        changes["content_preview"] = preview(content)
+    if "title" in args:
+        changes["title"] = optional_str(args, "title", limit=MAX_TITLE_CHARS)
+    if "tags" in args:
+        changes["tags"] = parse_tags(args["tags"])
+    if "importance" in args:
+        changes["importance"] = parse_importance(args["importance"], "importance", coerced)
+    if not changes:
+        raise ValidationError("body", f"names nothing to change: {', '.join(EDIT_FIELDS)}")
+    return changes, coerced
 
 
 def entity_content(name: str, kind: str | None, properties: Mapping[str, object],

@@ -67,10 +67,13 @@ from local_store.feed import feed_page, stored_vectors
 from local_store.reader import SyncReader
 from local_store.recall import Mode, Recall, Semantic
 from local_store.records import (
+    EDIT_FIELDS,
     MAX_CONTENT_CHARS,
     MAX_TAG_CHARS,
     Draft,
+    build_edit,
     build_save,
+    dedupe_key,
     entity_content,
     normalise_memory_id,
     optional_str,
@@ -390,6 +393,31 @@ class Store:
         if coerced:
             result["coerced"] = coerced
         return result
+
+    async def edit(self, memory_id: object, args: object) -> dict[str, Any]:
+        """An edit of a memory's content, title, tags or importance (``records.build_edit``):
+        a new version that syncs, with the same id, realm and type. New content is embedded
+        again, as a save's is."""
+        mid = normalise_memory_id(memory_id)
+        changes, coerced = build_edit(args)
+
+        def run(w: Writer, vectors: list[Vector | None]) -> dict[str, Any]:
+            row = w.live_node(mid, "memory_id")
+            row.update(changes)
+            if "content" in changes:
+                row["dedupe_key"] = dedupe_key(row["realm"], row["memory_type"], row["content"])
+            written = w.put_node(row, vectors[0] if vectors else None)
+            result: dict[str, Any] = {"ok": True, "memory_id": mid,
+                                      "updated_at": written["updated_at"],
+                                      "changed": [f for f in EDIT_FIELDS if f in changes]}
+            if coerced:
+                result["coerced"] = coerced
+            return result
+
+        content = changes.get("content")
+        if isinstance(content, str):
+            return await self._write_embedded([content], run)
+        return await self._write(lambda w: run(w, []))
 
     async def delete(self, memory_id: object, *, hard: bool = False) -> dict[str, Any]:
         mid = normalise_memory_id(memory_id)

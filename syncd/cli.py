@@ -111,6 +111,14 @@ def build_parser() -> argparse.ArgumentParser:
     delete.add_argument("memory_id", metavar="ID")
     delete.add_argument("--hard", action="store_true", help="purge the text, not just hide it")
     delete.add_argument("--json", action="store_true")
+    edit = _command(sub, "edit", help="edit a memory: its text in $VISUAL or $EDITOR (saved "
+                    "as an edit that syncs), or the fields given")
+    edit.add_argument("memory_id", metavar="ID")
+    edit.add_argument("--title", help="a new title (\"\" clears it)")
+    edit.add_argument("--tag", action="append", dest="tags",
+                      help="the tags, replacing the old ones (repeat for several)")
+    edit.add_argument("--importance", type=_finite, help="0 to 1")
+    edit.add_argument("--json", action="store_true")
     stop = _command(sub, "stop", help="stop the running daemon cleanly (a service manager "
                           "may start it again: `syncd service uninstall` stops it for good)")
     stop.add_argument("--json", action="store_true")
@@ -883,6 +891,58 @@ def _get(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _edit(client: Client, args: argparse.Namespace) -> int:
+    """Change the fields given; with none, the content, in the person's editor."""
+    path = "/v1/agent/memory/items/" + quote(args.memory_id, safe=":")
+    changes: dict[str, Any] = {}
+    if args.title is not None:
+        changes["title"] = args.title or None
+    if args.tags is not None:
+        changes["tags"] = args.tags
+    if args.importance is not None:
+        changes["importance"] = args.importance
+    if not changes:
+        memory = client.call("GET", path)
+        text = _edited(str(memory.get("content") or ""), memory["id"])
+        if text is None:
+            return EXIT_FAILED
+        if text == memory.get("content"):
+            print(json.dumps({"ok": True, "memory_id": memory["id"], "changed": []})
+                  if args.json else f"no change to {memory['id']}; nothing saved")
+            return EXIT_OK
+        changes["content"] = text
+    result = client.call("PATCH", path, changes)
+    for note in (result.get("coerced") or {}).values():
+        print(f"syncd: note: {note}", file=sys.stderr)
+    print(json.dumps(result) if args.json else
+          f"edited {result['memory_id']} ({', '.join(result['changed'])})")
+    return EXIT_OK
+
+
+def _edited(text: str, memory_id: str) -> str | None:
+    """``text`` as the person left it in ``$VISUAL``/``$EDITOR`` (vi without either); None,
+    said on stderr, when the editor failed. One trailing line break, which editors add, is
+    not part of it."""
+    import subprocess
+    import tempfile
+    editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
+    with tempfile.TemporaryDirectory(prefix="syncd-edit-") as tmp:
+        path = Path(tmp) / (memory_id.replace(":", "-") + ".md")
+        path.write_text(text + "\n", encoding="utf-8")
+        try:
+            done = subprocess.run([*shlex.split(editor), str(path)], check=False)
+        except OSError as exc:
+            print(f"syncd edit: cannot run the editor {editor!r} ($VISUAL, $EDITOR): "
+                  f"{exc.strerror or exc}; nothing saved", file=sys.stderr)
+            return None
+        if done.returncode != 0:
+            print(f"syncd edit: the editor {editor!r} exited {done.returncode}; nothing saved",
+                  file=sys.stderr)
+            return None
+        edited = path.read_text(encoding="utf-8")
+    return edited[:-1] if edited.endswith("\n") else edited
+
+
 def _delete(client: Client, args: argparse.Namespace) -> int:
     path = "/v1/agent/memory/items/" + quote(args.memory_id, safe=":")
     result = client.call("DELETE", path + ("?hard=true" if args.hard else ""))
@@ -934,7 +994,7 @@ def _answers(client: Client) -> bool:
 
 
 COMMANDS = {"status": _status, "recall": _recall, "save": _save, "stop": _stop,
-            "list": _list, "get": _get, "delete": _delete,
+            "list": _list, "get": _get, "delete": _delete, "edit": _edit,
             "export": _export, "sync": _sync, "open": _open}  # and import, with its limit
 
 

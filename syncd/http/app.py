@@ -344,6 +344,12 @@ async def get_item(request: web.Request) -> web.Response:
     return reply(await request.app[STORE].get(request.match_info["id"]))
 
 
+async def edit_item(request: web.Request) -> web.Response:
+    """An edit of a memory's content, title, tags or importance (``Store.edit``)."""
+    return reply(await request.app[STORE].edit(request.match_info["id"],
+                                               await read_json(request)))
+
+
 async def delete_item(request: web.Request) -> web.Response:
     hard = request.query.get("hard", "false").lower()
     if hard not in ("true", "false", "1", "0"):
@@ -459,6 +465,7 @@ ROUTES: list[tuple[str, str, Callable[[web.Request], Awaitable[web.StreamRespons
     ("PUT", "/v1/agent/memory/settings", put_settings),
     ("POST", "/v1/agent/memory/tools/{name}", tool),
     ("GET", "/v1/agent/memory/items/{id}", get_item),
+    ("PATCH", "/v1/agent/memory/items/{id}", edit_item),
     ("DELETE", "/v1/agent/memory/items/{id}", delete_item),
     ("GET", "/v1/agent/status", status),
     ("GET", "/v1/agent/sync/status", sync_status),

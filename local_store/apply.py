@@ -36,6 +36,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from local_store import versions as history
 from local_store.errors import ValidationError
 from local_store.floats import float32_rows
 from local_store.merge import NODE_HASHED, hash_values, hashed_values, wins
@@ -155,11 +156,26 @@ def node_from_wire(wire: NodeRow, key: WireKey | None = None) -> Row:
         "content_preview": preview(content), "importance": min(1.0, max(0.0, importance)),
         "origin": origin or "", "deleted": 1 if wire.deleted else 0, "local_seq": 0,
         "dedupe_key": None, "source_uris": None, "mentions": None, "last_seen": None,
+        "base_version": _wire_base(wire.base),
     }
     values = hashed_values(row)
     row["content_hash"] = key[1] if key is not None and _hash_alike(values, key[0]) else (
         hash_values(values))
     return row
+
+
+def _wire_base(value: object) -> str | None:
+    """The ``base`` extension (the version a row was written over, ``""``: none) as stored;
+    anything that is not a timestamp says nothing and is stored as unknown (None): the row
+    itself is fine, and only conflict detection reads it (``versions``)."""
+    if value is None:
+        return None
+    if value == "":
+        return ""
+    try:
+        return parse_timestamp(value, "base")
+    except ValidationError:
+        return None
 
 
 def _redacted_texts(texts: tuple[str | None, ...]) -> list[str | None]:
@@ -435,6 +451,7 @@ def _apply_batch(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow],
     winners: dict[str, tuple[Row, Vector | None]] = {}
     versions: list[str] = []  # every version seen, for the clock (noted once, below)
     fresh = 0
+    losers: list[Row] = []
     for index, wire in enumerate(nodes):
         if held[index]:
             versions.append(known[ids[index]][0])
@@ -447,6 +464,8 @@ def _apply_batch(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow],
             versions.append(key[0])
             if not wins(key, known.get(row["id"])):
                 result.skipped_nodes += 1
+                if not row["deleted"] and key != known.get(row["id"]):
+                    losers.append(row)  # perhaps a concurrent version: ``history``
                 continue
             check_width(wire, dim)
             values = batch[fresh - 1] if batch is not None else vector_from_wire(wire)
@@ -460,6 +479,7 @@ def _apply_batch(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow],
         result.applied_nodes += 1
     writer.apply_nodes(list(winners.values()), model,
                        {mid for mid in winners if mid not in stored})
+    history.keep_losers(writer, losers)
     for index, ewire in enumerate(edges):
         try:
             erow = edge_from_wire(ewire)

@@ -14,7 +14,7 @@ from protocol.rows import EDGE_COLUMNS, NODE_EXPORT_COLUMNS, NODE_LATE_COLUMNS
 
 NODE_WIRE = tuple(c for c in NODE_EXPORT_COLUMNS if c != "embedding") + NODE_LATE_COLUMNS
 NODE_LOCAL = ("origin", "content_hash", "local_seq", "deleted", "dedupe_key", "source_uris",
-              "mentions", "last_seen")
+              "mentions", "last_seen", "base_version")
 NODE_COLUMNS = NODE_WIRE + NODE_LOCAL
 NODE_ID = NODE_COLUMNS.index("id")  # where a node row's id sits
 

@@ -35,6 +35,7 @@ import msgspec
 import numpy as np
 
 from local_store import db, replica
+from local_store import versions as version_store
 from local_store.apply import ApplyResult, apply_batch
 from local_store.arguments import (
     int_arg,
@@ -88,9 +89,11 @@ from local_store.records import (
     slug,
     stamp_provenance,
 )
+from local_store.records import preview as content_preview
 from local_store.redact import strip_json_object, strip_json_strings
 from local_store.reference import Reference, load_reference
 from local_store.vectors import VectorIndex
+from local_store.versions import VersionPolicy
 from local_store.views import (
     edge_view,
     list_view,
@@ -166,8 +169,10 @@ class Store:
 
     @classmethod
     async def open(cls, data_dir: Path | str, *, embedder: Embedder | None = None,
-                   wall: Callable[[], int] = time.time_ns, feed: bool = False) -> Store:
-        """``feed=True`` (a hub) marks every write transaction in the change feed."""
+                   wall: Callable[[], int] = time.time_ns, feed: bool = False,
+                   versions: VersionPolicy | None = None) -> Store:
+        """``feed=True`` (a hub) marks every write transaction in the change feed.
+        ``versions``: how much history to keep (``versions.VersionPolicy``'s defaults)."""
         data_dir = Path(data_dir)
         lock = db.DataDirLock(data_dir)
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="syncd-writer")
@@ -198,6 +203,7 @@ class Store:
             raise
         assert writer is not None and reader is not None
         store = cls(data_dir, embedder or HashingEmbedder(), writer, reader, lock, pool, store_id)
+        writer.versions = versions or VersionPolicy()
         try:
             await store._load()
             if feed:
@@ -1018,10 +1024,68 @@ class Store:
         """Every table's rows, ordered — for "the store is unchanged" assertions."""
         out: dict[str, list[tuple[Any, ...]]] = {}
         for table, order in (("meta", "key"), ("memories", "id"), ("vectors", "memory_id, model"),
-                             ("edges", "id"), ("outbox", "kind, item_id")):
+                             ("edges", "id"), ("outbox", "kind, item_id"),
+                             ("memory_versions", "n")):
             out[table] = [tuple(r) for r in await self._fetch(
                 f"SELECT * FROM {table} ORDER BY {order}")]
         return out
+
+    # ------------------------------------------------------------------ versions
+
+    async def versions(self, memory_id: object) -> dict[str, Any]:
+        """The memory's versions, newest first, the current one first (``reason`` current)."""
+        mid = normalise_memory_id(memory_id)
+        rows = await self._fetch(NODE_SELECT + " WHERE id = ?", (mid,))
+        current = dict(zip(NODE_COLUMNS, rows[0], strict=True)) if rows else None
+        if current is None or (current["deleted"] and not current["content"]):
+            raise NotFoundError(f"memory_id: memory {mid} not found")
+        kept = await self._fetch(version_store.LIST_SQL, (mid,))
+        return {"memory_id": mid, "versions": [version_store.current_view(current)]
+                + [version_store.version_view(r) for r in kept]}
+
+    async def restore_version(self, memory_id: object, n: object) -> dict[str, Any]:
+        """Make version ``n`` current: a new local edit (it syncs), embedded like a save.
+        A conflict restored is reviewed."""
+        mid, number = normalise_memory_id(memory_id), version_store.parse_n(n)
+        found = await self._fetch("SELECT content FROM memory_versions WHERE n = ? AND "
+                                  "memory_id = ?", (number, mid))
+        if not found:
+            await self.versions(mid)  # an unknown memory is named as such
+            raise NotFoundError(f"n: version {number} of memory {mid} not found")
+
+        def run(w: Writer, vectors: list[Vector | None]) -> dict[str, Any]:
+            version = version_store.version_row(w, mid, number)
+            current = w.node(mid)
+            if current is None or (current["deleted"] and not current["content"]):
+                raise NotFoundError(f"memory_id: memory {mid} not found")
+            row = version_store.restored_row(current, version)
+            same = vectors[0] is not None and row["content"] == found[0][0]
+            w.put_node(row, vectors[0] if same else None)
+            version_store.mark_reviewed(w, mid, number)
+            return {"ok": True, "memory_id": mid, "restored": number,
+                    "updated_at": row["updated_at"]}
+
+        return await self._write_embedded([found[0][0]], run)
+
+    async def dismiss_version(self, memory_id: object, n: object) -> dict[str, Any]:
+        """Mark conflict ``n`` reviewed; the memory is unchanged."""
+        mid, number = normalise_memory_id(memory_id), version_store.parse_n(n)
+        await self.versions(mid)
+        return await self._write(lambda w: version_store.dismiss(w, mid, number))
+
+    async def conflicts(self, limit: int = version_store.CONFLICT_LIST) -> dict[str, Any]:
+        """Conflict versions not yet reviewed: their count and the newest ``limit``."""
+        (count,) = await self._fetch("SELECT count(*) FROM memory_versions WHERE "
+                                     "reason = 'conflict' AND reviewed = 0")
+        rows = await self._fetch(version_store.OPEN_CONFLICTS_SQL, (limit,))
+        return {"count": int(count[0]), "items": [
+            {"memory_id": r[0], "n": r[1], "title": r[2], "content_preview": content_preview(r[3]),
+             "updated_at": r[4], "origin": r[5]} for r in rows]}
+
+    async def prune_versions(self) -> int:
+        """Forget versions older than the policy's age bound (the daemon runs it now and
+        then; writes prune as they keep). Returns how many went."""
+        return await self._write(version_store.prune_old)
 
     async def integrity_check(self) -> str:
         rows = await self._fetch("PRAGMA integrity_check")

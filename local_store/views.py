@@ -34,7 +34,7 @@ def wire_node(row: Row, embedding: list[float] | None) -> NodeRow:
         superseded_by=row["superseded_by"], provenance=row["provenance"],
         topic_key=row["topic_key"], memory_class=row["memory_class"], space=row["space"],
         writer_agent_id=row["writer_agent_id"], origin=row["origin"] or None,
-        deleted=True if row["deleted"] else None,
+        deleted=True if row["deleted"] else None, base=row["base_version"],
     )
 
 
@@ -64,7 +64,7 @@ def wire_edge(row: Row) -> EdgeRow:
 
 def memory_view(row: Row) -> dict[str, Any]:
     view = {name: row[name] for name in NODE_COLUMNS if name not in (
-        "content_hash", "local_seq", "deleted", "last_seen")}
+        "content_hash", "local_seq", "deleted", "last_seen", "base_version")}
     view["tags"] = [t for t in (row["tags"] or "").split(",") if t]
     view["provenance"] = maybe_json(row["provenance"])
     return view

@@ -30,6 +30,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from local_store import versions
 from local_store.columns import (
     EDGE_ALL,
     EDGE_SELECT,
@@ -80,6 +81,7 @@ class Writer:
         # (memory_id, model or None for "every model", values or None for removal), collected
         # per transaction so the store can update its in-RAM index after the commit.
         self.vector_events: list[tuple[str, str | None, npt.NDArray[np.float32] | None]] = []
+        self.versions = versions.VersionPolicy()  # the history kept (``Store.open``)
         self.json_ids = _has_json_each(conn)  # current_keys' fast lookup (SQLite's JSON functions)
 
     # ------------------------------------------------------------------ transaction frame
@@ -160,6 +162,7 @@ class Writer:
         if local:
             row["updated_at"] = self.stamp_after(base)
             row["origin"] = self.replica_id
+            row["base_version"] = base or ""
             if row["created_at"] is None:  # a new memory: created = valid = this stamp
                 row["created_at"] = row["updated_at"]
                 row["valid_at"] = row["valid_at"] or row["updated_at"]
@@ -167,6 +170,8 @@ class Writer:
                 row["invalid_at"] = row["updated_at"]  # Kyma's soft delete (see ``delete``)
         row["content_hash"] = node_hash(row)
         row["local_seq"] = self.next_seq()
+        if local:
+            self.keep_version(row, base)
         if local and not row["deleted"]:  # with no new vector, every model's is stale
             self.drop_stale_vectors(row, "" if vector is None else vector.model)
         self.fts_remove([row["id"]])
@@ -180,6 +185,15 @@ class Writer:
         if local:
             self.enqueue("node", row["id"], row["local_seq"], base)
         return row
+
+    def keep_version(self, row: Row, base: str | None) -> None:
+        """Before a local version overwrites the memory: keep the one it replaces
+        (``versions``), or purge them all when it is a hard delete's tombstone."""
+        if row["deleted"] and not _holds_text(row):
+            versions.purge(self, row["id"])
+        elif base is not None:
+            versions.keep_current(self, row["id"], "deleted" if row["deleted"] else "replaced",
+                                  row["content_hash"])
 
     def drop_stale_vectors(self, row: Row, model: str) -> None:
         """A local content change makes every other model's vector of this memory stale (the
@@ -259,7 +273,7 @@ class Writer:
             "space": draft.space, "writer_agent_id": draft.writer_agent_id,
             "origin": self.replica_id, "content_hash": "", "local_seq": 0, "deleted": 0,
             "dedupe_key": draft.dedupe_key, "source_uris": draft.source_uris,
-            "mentions": draft.mentions, "last_seen": None,
+            "mentions": draft.mentions, "last_seen": None, "base_version": None,
         }
 
     def save(self, draft: Draft, vector: Vector | None) -> dict[str, Any]:
@@ -339,6 +353,7 @@ class Writer:
             # A hard delete's tombstone replaces text: a live row's, indexed, or a soft
             # tombstone's, whose terms FTS5 keeps in its segments until they are merged.
             self.purge_index = self.purged = True
+        versions.keep_replaced(self, [row for row, _ in old])
         self.fts_remove(old_ids)
         self.drop_changed_vectors([row for row, _ in old if not row["deleted"]], model)
         for sql, params in node_batches((row for row, _ in winners if row["id"] in new_ids),

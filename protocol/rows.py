@@ -90,6 +90,7 @@ class NodeRow(msgspec.Struct, kw_only=True, omit_defaults=True):
     writer_agent_id: str | None = None
     origin: str | None = None  # syncd: replica id that wrote this version
     deleted: bool | None = None  # syncd: tombstone flag
+    base: str | None = None  # syncd: the version this one was written over ("": none)
 
 
 class EdgeRow(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -61,7 +61,7 @@ def test_column_lists_match_the_struct() -> None:
     fields = NodeRow.__struct_fields__
     assert len(NODE_EXPORT_COLUMNS) == 20
     assert fields[:23] == NODE_EXPORT_COLUMNS + NODE_LATE_COLUMNS
-    assert fields[23:] == ("origin", "deleted")
+    assert fields[23:] == ("origin", "deleted", "base")
     assert EdgeRow.__struct_fields__[:8] == EDGE_COLUMNS
 
 

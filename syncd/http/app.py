@@ -358,6 +358,22 @@ async def delete_item(request: web.Request) -> web.Response:
                                                   hard=hard in ("true", "1")))
 
 
+async def item_versions(request: web.Request) -> web.Response:
+    return reply(await request.app[STORE].versions(request.match_info["id"]))
+
+
+async def restore_version(request: web.Request) -> web.Response:
+    """Make version ``n`` current, as a new edit (it syncs). No body needed."""
+    return reply(await request.app[STORE].restore_version(request.match_info["id"],
+                                                          request.match_info["n"]))
+
+
+async def dismiss_version(request: web.Request) -> web.Response:
+    """Mark conflict ``n`` reviewed; the memory is unchanged."""
+    return reply(await request.app[STORE].dismiss_version(request.match_info["id"],
+                                                          request.match_info["n"]))
+
+
 async def status(request: web.Request) -> web.Response:
     store = request.app[STORE]
     stats = await store.stats()
@@ -377,12 +393,16 @@ def _entitlement(request: web.Request) -> dict[str, Any] | None:
 
 
 async def sync_status(request: web.Request) -> web.Response:
+    """The sync loop's state, plus ``conflicts``: how many conflict versions nobody has
+    reviewed yet, and ``conflict_versions``, the newest of them (``Store.conflicts``)."""
     runner = request.app[SYNC]
+    conflicts = await request.app[STORE].conflicts()
+    review = {"conflicts": conflicts["count"], "conflict_versions": conflicts["items"]}
     if runner is None:
         return reply({"configured": False, "entitlement": _entitlement(request),
-                      "reason": "no control plane: set control_plane.url to sync"})
+                      "reason": "no control plane: set control_plane.url to sync", **review})
     return reply({**await runner.status(),  # type: ignore[attr-defined]
-                  "entitlement": _entitlement(request)})
+                  "entitlement": _entitlement(request), **review})
 
 
 async def entitlement_check(request: web.Request) -> web.Response:
@@ -467,6 +487,9 @@ ROUTES: list[tuple[str, str, Callable[[web.Request], Awaitable[web.StreamRespons
     ("GET", "/v1/agent/memory/items/{id}", get_item),
     ("PATCH", "/v1/agent/memory/items/{id}", edit_item),
     ("DELETE", "/v1/agent/memory/items/{id}", delete_item),
+    ("GET", "/v1/agent/memory/items/{id}/versions", item_versions),
+    ("POST", "/v1/agent/memory/items/{id}/versions/{n}/restore", restore_version),
+    ("POST", "/v1/agent/memory/items/{id}/versions/{n}/dismiss", dismiss_version),
     ("GET", "/v1/agent/status", status),
     ("GET", "/v1/agent/sync/status", sync_status),
     ("POST", "/v1/agent/sync/run", sync_run),

@@ -51,6 +51,34 @@ async def test_a_hard_delete_leaves_no_text_on_the_hub_or_another_laptop(
         assert [n.content for n in nodes if n.id == victim["node_id"]] == [""]
 
 
+async def test_a_hard_delete_purges_the_versions_on_the_hub_and_another_laptop(
+        hub: Hub, tmp_path: Path) -> None:
+    """Every replica kept the earlier text as versions (``local_store/versions.py``): the
+    pulled or imported hard-delete tombstone deletes them, and the scrub takes them off disk."""
+    first, second = new_marker(), new_marker()
+    async with two_laptops(tmp_path, hub.url, hub.token) as (a, b):
+        victim = await a.store.save({"content": f"key {first}", "topic_key": "project/key"})
+        await a.sync()
+        await b.sync()
+        await a.store.save({"content": f"key {second}", "topic_key": "project/key"})
+        await a.store.delete(victim["id"])
+        await a.sync()
+        await b.sync()
+        for store in (a.store, hub.store, b.store):  # non-vacuity: each kept the old text
+            kept = (await store.versions(victim["id"]))["versions"][1:]
+            assert f"key {first}" in [v["content"] for v in kept], kept
+        for where in (a.data_dir, hub.data_dir, b.data_dir):
+            assert await on_disk(where, first), where
+        await a.store.delete(victim["id"], hard=True)
+        await a.sync()
+        await b.sync()
+        for store in (a.store, hub.store, b.store):
+            assert (await store.dump())["memory_versions"] == []
+        for where in (a.data_dir, hub.data_dir, b.data_dir):
+            assert await on_disk(where, first) == [], where
+            assert await on_disk(where, second) == [], where
+
+
 async def test_an_edge_tombstone_alone_scrubs_the_reason_it_replaces(tmp_path: Path) -> None:
     """A hard delete's edge tombstones may arrive in a later page or import than its node:
     one that replaces an edge holding a reason purges too, and scrubs the WAL."""

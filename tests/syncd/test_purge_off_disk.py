@@ -87,6 +87,27 @@ async def test_a_hard_delete_leaves_its_text_in_no_file_of_the_data_dir(
     assert not daemon.store.checkpointer.scrub_owed
 
 
+async def test_a_hard_delete_takes_the_memorys_versions_off_the_disk(daemon: Daemon) -> None:
+    """Text only an earlier version still holds (kept in ``memory_versions``) leaves every
+    file as the delete answers, like the current text."""
+    data = daemon.store.data_dir
+    first, second = new_marker(), new_marker()
+    saved = await daemon.store.save({"content": f"key {first}", "topic_key": "project/k"})
+    await daemon.store.save({"content": f"key {second}", "topic_key": "project/k"})
+    for n in range(30):
+        await daemon.store.save({"content": f"unrelated memory number {n} about builds"})
+    status, history, _ = await daemon.call(
+        "GET", f"/v1/agent/memory/items/{saved['id']}/versions")
+    assert status == 200 and isinstance(history, dict), history
+    assert [v["content"] for v in history["versions"]] == [f"key {second}", f"key {first}"]
+    await daemon.store.checkpoint()  # into memory.db too, not only the WAL
+    assert "memory.db" in await on_disk(data, first)  # non-vacuity: the version is on disk
+    await hard_delete(daemon, str(saved["id"]))
+    assert await on_disk(data, first) == []
+    assert await on_disk(data, second) == []
+    assert (await daemon.store.dump())["memory_versions"] == []
+
+
 def outside_reader(db_path: Path) -> sqlite3.Connection:
     """A read-only connection holding a read transaction (its snapshot) until closed, as a
     ``sqlite3`` shell or another tool might."""

@@ -14,7 +14,8 @@ Rules:
     a soft delete replaced it. ``conflict``: a version concurrent with the one that won
     last-writer-wins here — either side: the local version a pulled one beat, or a pulled one
     that lost to the local version.
-  * A hard delete — local, or a pulled or imported tombstone without text — deletes every
+  * A hard delete — local, or a pulled or imported version without content (its tombstone,
+    also as a plane that drops the ``deleted`` extension serves it) — deletes every
     version of the memory in the same transaction, and sets ``Writer.purged`` so the WAL is
     scrubbed (``checkpoint.py``): no kept text outlives it, on a laptop or a hub.
   * Bounds (``VersionPolicy``): at most ``keep`` versions per memory (the newest by version
@@ -120,7 +121,7 @@ def keep_current(w: Writer, memory_id: str, reason: str, new_hash: str) -> None:
 def keep_replaced(w: Writer, winners: Sequence[Row]) -> None:
     """Before pulled ``winners`` overwrite the rows of their ids: keep each live local
     version (``replaced_reason``), and purge every version of an id a hard-delete tombstone
-    wins (``purge``)."""
+    wins (``purge``): a version without content (only a hard delete writes one)."""
     ids = [row["id"] for row in winners]
     local: dict[str, tuple[str, int]] = {}
     pending: set[str] = set()
@@ -133,8 +134,8 @@ def keep_replaced(w: Writer, winners: Sequence[Row]) -> None:
     kept, stamp = [], _now(w)
     for row in winners:
         found = local.get(row["id"])
-        if row["deleted"] and not row["content"]:
-            purge(w, row["id"])
+        if not row["content"]:  # a hard delete's tombstone, also as a plane that drops
+            purge(w, row["id"])  # ``deleted`` serves it (Kyma: archived, invalidated, empty)
         elif found is not None and not found[1]:
             reason = replaced_reason(row.get("base_version"), bool(row["deleted"]), found[0],
                                      row["id"] in pending)
@@ -148,19 +149,19 @@ def keep_replaced(w: Writer, winners: Sequence[Row]) -> None:
 
 def keep_losers(w: Writer, losers: Sequence[Row]) -> None:
     """Keep pulled rows that lost last-writer-wins here as conflicts, when they were
-    concurrent with the local winner (``loser_is_conflict``). A memory whose local row is a
-    hard delete's tombstone keeps nothing: its text is gone for good."""
+    concurrent with the local winner (``loser_is_conflict``). A memory whose local row holds
+    no content (a hard delete's tombstone) keeps nothing: its text is gone for good."""
     if not losers:
         return
-    local: dict[str, tuple[str | None, int, str]] = {}
+    local: dict[str, tuple[str | None, str, str, str]] = {}
     for chunk in _chunks([row["id"] for row in losers]):
-        local.update((r[0], (r[1], r[2], r[3])) for r in w.conn.execute(
-            "SELECT id, base_version, deleted, content FROM memories "
+        local.update((r[0], (r[1], r[2], r[3], r[4])) for r in w.conn.execute(
+            "SELECT id, base_version, content, updated_at, content_hash FROM memories "
             f"WHERE id IN ({','.join('?' * len(chunk))})", chunk))
     stamp = _now(w)
     kept = [(row["id"], *(row[name] for name in VERSION_FIELDS), stamp) for row in losers
             for found in (local.get(row["id"]),)
-            if found is not None and not (found[1] and not found[2])
+            if found is not None and found[1] and not _echo(row, found[2], found[3])
             and loser_is_conflict(found[0], row["updated_at"])]
     if kept:
         w.conn.executemany(
@@ -168,6 +169,28 @@ def keep_losers(w: Writer, losers: Sequence[Row]) -> None:
             f"kept_at) VALUES (?, 'conflict', {', '.join('?' * len(VERSION_FIELDS))}, ?)",
             kept)
         prune(w, [k[0] for k in kept])
+        review_settled(w, [k[0] for k in kept])  # the same text as the winner's: no choice
+
+
+def _echo(row: Row, version: str, content_hash: str) -> bool:
+    """Is the pulled row the local version itself, come back without its ``origin`` (a plane
+    that drops syncd's extensions serves this replica's own versions with origin "")? It
+    then sorts below the local copy, yet is no rival of it."""
+    return bool(row["updated_at"] == version and row["content_hash"] == content_hash)
+
+
+def review_settled(w: Writer, memory_ids: Sequence[str]) -> None:
+    """A conflict whose text became current again (restored here, or on another replica and
+    pulled) is reviewed: the user already chose it."""
+    open_ids = {r[0] for r in w.conn.execute(
+        "SELECT DISTINCT memory_id FROM memory_versions WHERE reason = 'conflict' AND "
+        "reviewed = 0")}
+    settled = [(mid, mid, mid) for mid in memory_ids if mid in open_ids]
+    if settled:
+        w.conn.executemany(
+            "UPDATE memory_versions SET reviewed = 1 WHERE reason = 'conflict' AND reviewed = 0 "
+            "AND memory_id = ? AND content = (SELECT content FROM memories WHERE id = ?) AND "
+            "title IS (SELECT title FROM memories WHERE id = ?)", settled)
 
 
 def purge(w: Writer, memory_id: str) -> None:

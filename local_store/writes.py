@@ -363,6 +363,7 @@ class Writer:
             self.conn.executemany(sql, params)
         if winners:
             self.fts_add_seqs(winners[0][0]["local_seq"], winners[-1][0]["local_seq"])
+        versions.review_settled(self, old_ids)
         self.conn.executemany(
             "DELETE FROM vectors WHERE memory_id = ? AND (model = ? OR ?)",
             [(row["id"], model, row["deleted"]) for row, vector in old

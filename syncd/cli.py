@@ -106,6 +106,15 @@ def build_parser() -> argparse.ArgumentParser:
     get = _command(sub, "get", help="show one memory, its text and its edges")
     get.add_argument("memory_id", metavar="ID")
     get.add_argument("--json", action="store_true")
+    history = _command(sub, "history", help="show a memory's versions, newest first (the "
+                             "current one, then earlier and conflicting ones)")
+    history.add_argument("memory_id", metavar="ID")
+    choice = history.add_mutually_exclusive_group()
+    choice.add_argument("--restore", type=int, metavar="N",
+                        help="make version N current (a new edit, which syncs)")
+    choice.add_argument("--dismiss", type=int, metavar="N",
+                        help="mark conflict N reviewed, keeping the current version")
+    history.add_argument("--json", action="store_true")
     delete = _command(sub, "delete", help="delete a memory (a tombstone syncs; --hard also "
                             "purges its text from this store)")
     delete.add_argument("memory_id", metavar="ID")
@@ -451,6 +460,7 @@ def _creates_config(args: argparse.Namespace) -> bool:
 def _run(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     import asyncio
 
+    from local_store.versions import VersionPolicy
     from syncd.daemon import Daemon, StartupError, make_embedder
     config = settings["config"]
     try:
@@ -464,7 +474,8 @@ def _run(args: argparse.Namespace, settings: dict[str, Any]) -> int:
             plane_model=config.control_plane.embedding_model,
             shutdown_timeout=config.daemon.shutdown_timeout_secs,
             allow_non_loopback=args.allow_non_loopback or config.daemon.allow_non_loopback,
-            sync=_sync_factory(config), entitlement=_entitlement_setup(config))
+            sync=_sync_factory(config), entitlement=_entitlement_setup(config),
+            versions=VersionPolicy(config.versions.keep, config.versions.max_age_days))
         return asyncio.run(daemon.run(ready=lambda url: print(f"syncd: ready on {url}",
                                                               file=sys.stderr, flush=True)))
     except StartupError as exc:
@@ -943,6 +954,49 @@ def _edited(text: str, memory_id: str) -> str | None:
     return edited[:-1] if edited.endswith("\n") else edited
 
 
+def _history(client: Client, args: argparse.Namespace) -> int:
+    """``syncd history ID``: the versions, or ``--restore N`` / ``--dismiss N`` one of them."""
+    path = "/v1/agent/memory/items/" + quote(args.memory_id, safe=":") + "/versions"
+    for action in ("restore", "dismiss"):
+        number = getattr(args, action)
+        if number is not None:
+            result = client.call("POST", f"{path}/{number}/{action}")
+            print(json.dumps(result, indent=2) if args.json else
+                  f"{action}d version {number} of {result['memory_id']}"
+                  + (" (a new edit: it syncs)" if action == "restore" else ""))
+            return EXIT_OK
+    body = client.call("GET", path)
+    if args.json:
+        print(json.dumps(body, indent=2))
+        return EXIT_OK
+    versions = body["versions"]
+    open_conflicts = sum(1 for v in versions if v["reason"] == "conflict" and not v["reviewed"])
+    print(f"{body['memory_id']}  {len(versions)} version{'s' * (len(versions) != 1)}"
+          + (f", {open_conflicts} conflict(s) to review" if open_conflicts else ""))
+    for version in versions:
+        print(_version_line(version))
+        print(f"      {_first_line(version['content'] or '')}")
+    if open_conflicts:
+        print("\nkeep a conflict with `syncd history ID --restore N`, or drop it with "
+              "`--dismiss N`")
+    return EXIT_OK
+
+
+def _first_line(text: str) -> str:
+    line = text.strip().split("\n")[0]
+    return line if len(line) <= 100 else line[:99] + "…"
+
+
+def _version_line(version: dict[str, Any]) -> str:
+    name = "current" if version["n"] is None else f"#{version['n']}"
+    reason = version["reason"] + (" (reviewed)" if version.get("reviewed") else "")
+    if version.get("deleted"):
+        reason += ", deleted"
+    return (f"  {name:<8} {reason:<20} {(version['updated_at'] or '')[:19]}  "
+            f"importance {version['importance']}  {version['status']}  "
+            f"from {(version['origin'] or 'the plane')[:8]}")
+
+
 def _delete(client: Client, args: argparse.Namespace) -> int:
     path = "/v1/agent/memory/items/" + quote(args.memory_id, safe=":")
     result = client.call("DELETE", path + ("?hard=true" if args.hard else ""))
@@ -994,7 +1048,7 @@ def _answers(client: Client) -> bool:
 
 
 COMMANDS = {"status": _status, "recall": _recall, "save": _save, "stop": _stop,
-            "list": _list, "get": _get, "delete": _delete, "edit": _edit,
+            "list": _list, "get": _get, "history": _history, "delete": _delete, "edit": _edit,
             "export": _export, "sync": _sync, "open": _open}  # and import, with its limit
 
 

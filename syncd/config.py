@@ -73,6 +73,8 @@ DEFAULT_SYNC_PUSH_BATCH_BYTES = 3 * MiB // 2  # the plane's body limit is about 
 DEFAULT_SYNC_ANTI_ENTROPY_SECS = 3600.0
 DEFAULT_ENTITLEMENT_PUBLIC_KEYS: tuple[str, ...] = ()
 DEFAULT_ENTITLEMENT_REFRESH_SECS = 3600.0
+DEFAULT_VERSIONS_KEEP = 20  # earlier versions kept per memory (local_store/versions.py)
+DEFAULT_VERSIONS_MAX_AGE_DAYS = 180.0
 DEFAULT_HUB_LISTEN = "127.0.0.1:8787"
 DEFAULT_HUB_CURSOR: HubCursor = "ingest"
 DEFAULT_HUB_TOKEN_LIFETIME_DAYS = 7.0
@@ -404,6 +406,18 @@ class SyncConfig(_Section, kw_only=True, forbid_unknown_fields=True, frozen=True
         self._check_period("anti_entropy_secs", strict=True)
 
 
+class VersionsConfig(_Section, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    """``[versions]``: how much history of each memory this replica keeps (docs/versions.md)."""
+
+    SECTION: ClassVar[str] = "versions"
+    keep: int = DEFAULT_VERSIONS_KEEP
+    max_age_days: float = DEFAULT_VERSIONS_MAX_AGE_DAYS
+
+    def __post_init__(self) -> None:
+        self._check_number("keep", low=0, high=10_000)
+        self._check_number("max_age_days", low=0, high=36_500)
+
+
 class EntitlementConfig(_Section, kw_only=True, forbid_unknown_fields=True, frozen=True):
     """``[entitlement]``: the pinned keys that verify entitlement tokens and licences."""
 
@@ -476,6 +490,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=Tr
     embedding: EmbeddingConfig = msgspec.field(default_factory=EmbeddingConfig)
     control_plane: ControlPlaneConfig = msgspec.field(default_factory=ControlPlaneConfig)
     sync: SyncConfig = msgspec.field(default_factory=SyncConfig)
+    versions: VersionsConfig = msgspec.field(default_factory=VersionsConfig)
     entitlement: EntitlementConfig = msgspec.field(default_factory=EntitlementConfig)
     hub: HubConfig = msgspec.field(default_factory=HubConfig)
     mcp: McpConfig = msgspec.field(default_factory=McpConfig)

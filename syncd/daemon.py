@@ -44,6 +44,7 @@ from local_store import (
     StoreUnusableError,
 )
 from local_store.embed import Embedder
+from local_store.versions import VersionPolicy
 from syncd.config import is_loopback_host, local_url
 from syncd.entitlement.gate import Decision
 from syncd.entitlement.keeper import Keeper, attach_gate
@@ -111,10 +112,12 @@ class Daemon:
                  shutdown_timeout: float = 10.0, allow_non_loopback: bool = False,
                  sync: Callable[[Store], SyncRunner] | None = None,
                  entitlement: EntitlementSetup | None = None,
-                 reembed_tick: float = REEMBED_TICK_SECS) -> None:
+                 reembed_tick: float = REEMBED_TICK_SECS,
+                 versions: VersionPolicy | None = None) -> None:
         # absolute: status and the logs show where the store is, whatever the cwd was
         self.data_dir, self.host, self.port = data_dir.absolute(), host, port
         self.reembed_tick = reembed_tick
+        self.versions = versions
         self.embedder, self.unix_socket = embedder, unix_socket
         self.extra_hosts, self.max_body, self.plane_model = extra_hosts, max_body, plane_model
         self.shutdown_timeout, self.allow_non_loopback = shutdown_timeout, allow_non_loopback
@@ -137,7 +140,8 @@ class Daemon:
         found = await loop.run_in_executor(None, listing, self.data_dir)
         served = False
         try:
-            store = await Store.open(self.data_dir, embedder=self.embedder)
+            store = await Store.open(self.data_dir, embedder=self.embedder,
+                                     versions=self.versions)
         except StoreLockedError as exc:
             raise StartupError(str(exc), EXIT_TEMPFAIL) from None
         except StoreUnusableError as exc:  # restarting cannot fix the file
@@ -246,6 +250,10 @@ class Daemon:
         async def checkpoint_periodically() -> None:
             while True:
                 await asyncio.sleep(CHECKPOINT_SECS)
+                try:  # versions past the age bound go even where nothing is written
+                    await store.prune_versions()
+                except Exception:
+                    log.exception("pruning old versions failed")
                 try:
                     await store.checkpoint()
                 except Exception:

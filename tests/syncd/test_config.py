@@ -490,3 +490,21 @@ def test_the_allow_non_loopback_flag_covers_a_listen_from_the_file(tmp_path: Pat
     args.allow_non_loopback = False
     with pytest.raises(ValueError, match=r"daemon\.listen .*allow_non_loopback = true"):
         _settings(args)
+
+
+def test_the_versions_section_sets_the_history_kept() -> None:
+    config = parse_config(b"[versions]\nkeep = 5\nmax_age_days = 30\n", env=ENV)
+    assert (config.versions.keep, config.versions.max_age_days) == (5, 30.0)
+    env = parse_config(b"", env={**ENV, "SYNCD_VERSIONS_KEEP": "7"})
+    assert env.versions.keep == 7
+
+
+@pytest.mark.parametrize(("data", "field"), [
+    ("[versions]\nkeep = -1\n", "versions.keep"),
+    ("[versions]\nkeep = 1.5\n", "versions.keep"),
+    ("[versions]\nmax_age_days = -2\n", "versions.max_age_days"),
+    ("[versions]\nmax_age_days = nan\n", "versions.max_age_days"),
+    ("[versions]\nkept = 3\n", "versions.kept"),
+])
+def test_bad_versions_settings_name_the_field(data: str, field: str) -> None:
+    assert field in str(_error(data))

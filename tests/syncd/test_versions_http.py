@@ -4,6 +4,8 @@ nothing."""
 
 from __future__ import annotations
 
+import json
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,7 @@ import pytest
 
 from local_store import HashingEmbedder, Store
 from tests.syncd.conftest import Daemon
+from tests.syncd.processes import cli, finish, spawn, wait_ready
 
 MODEL = HashingEmbedder().model_id
 FIELDS = {"content", "title", "tags", "importance", "status", "updated_at", "origin", "reason"}
@@ -138,3 +141,44 @@ async def test_the_routes_need_the_token(daemon: Daemon) -> None:
                          ("POST", f"/v1/agent/memory/items/{mid}/versions/1/restore")):
         status, _, _ = await daemon.call(method, path, headers={"Authorization": "Bearer no"})
         assert status == 401
+
+
+async def test_history_from_the_command_line(tmp_path: Path) -> None:
+    """``syncd history ID [--json]``, ``--restore N``, and a bad N, against a real daemon
+    process."""
+    data = str(tmp_path / "data")
+    proc = await spawn(tmp_path, "--data-dir", data, "run", "--listen", "127.0.0.1:0")
+    try:
+        await wait_ready(proc)
+
+        async def syncd(*args: str) -> tuple[int, str, str]:
+            return await cli(tmp_path, "--data-dir", data, *args)
+
+        for text in ("deploys go out with make ship", "deploys go out with just ship"):
+            code, out, err = await syncd("save", text, "--topic-key", "deploy")
+            assert code == 0, err
+        mid = out.split()[-1]
+        code, out, err = await syncd("history", mid, "--json")
+        assert code == 0, err
+        versions = json.loads(out)["versions"]
+        assert [(v["reason"], v["content"]) for v in versions] == [
+            ("current", "deploys go out with just ship"),
+            ("replaced", "deploys go out with make ship")]
+        code, out, err = await syncd("history", mid)
+        assert code == 0, err
+        lines = out.splitlines()
+        assert lines[0].endswith("2 versions") and "current" in lines[1]
+        assert lines[2].strip() == "deploys go out with just ship"
+        assert f"#{versions[1]['n']}" in lines[3] and "replaced" in lines[3]
+        code, out, err = await syncd("history", mid, "--restore", str(versions[1]["n"]))
+        assert code == 0 and out.startswith(f"restored version {versions[1]['n']}"), err
+        code, out, err = await syncd("get", mid, "--json")
+        assert json.loads(out)["content"] == "deploys go out with make ship"
+        code, _, err = await syncd("history", mid, "--restore", "999999")
+        assert code == 1 and "n: version 999999" in err, err
+        code, _, err = await syncd("history", "memory:nope")
+        assert code == 1 and "memory:nope not found" in err, err
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code, err = await finish(proc)
+    assert code == 0, err

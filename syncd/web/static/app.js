@@ -756,6 +756,7 @@
     document.title = (memory.title || memory.memory_type) + " · syncd";
     const history = $("#history-body", root);
     loadHistory(memory, history, seq);
+    loadVersions(id, $("#versions-body", root), seq);
   }
 
   function memoryPicker() {
@@ -833,6 +834,11 @@
     // history
     wrap.append(h("section", {class: "card", id: "memory-history"},
       h("h2", {}, "Supersession history"), h("div", {id: "history-body"},
+        h("p", {class: "muted"}, "Loading…"))));
+
+    // versions (local_store/versions.py): earlier and conflicting versions, restorable
+    wrap.append(h("section", {class: "card", id: "memory-versions"},
+      h("h2", {}, "Versions"), h("div", {id: "versions-body"},
         h("p", {class: "muted"}, "Loading…"))));
 
     // edges
@@ -978,6 +984,104 @@
     clear(root).append(...parts);
   }
 
+  // ------------------------------------------------------------------ versions
+
+  function versionsPath(id, n, action) {
+    const base = "/v1/agent/memory/items/" + encodeURIComponent(id) + "/versions";
+    return n === undefined ? base : `${base}/${encodeURIComponent(n)}/${action}`;
+  }
+
+  async function loadVersions(id, root, seq) {
+    let answer;
+    try {
+      answer = await api("GET", versionsPath(id));
+    } catch (exc) {
+      if (seq !== state.memorySeq) return;
+      clear(root).append(h("p", {class: "muted"}, "Versions unavailable: " + errorText(exc)));
+      return;
+    }
+    if (seq !== state.memorySeq) return;
+    const versions = Array.isArray(answer.versions) ? answer.versions : [];
+    if (versions.length <= 1) {
+      clear(root).append(h("p", {class: "muted", id: "versions-none"},
+        "No earlier versions: this one is the first this store holds."));
+      return;
+    }
+    const msg = h("p", {class: "message", id: "versions-message", role: "status", hidden: true});
+    const after = (text) => openMemory(id, [text, "ok"]);
+    const rows = versions.map((v) => {
+      const open = v.reason === "conflict" && !v.reviewed;
+      return [
+        v.n === null ? "current" : "#" + v.n,
+        badge(v.reason + (v.reviewed ? " (reviewed)" : ""), open ? "warn" : "type"),
+        h("div", {class: "version-text"}, v.title ? h("strong", {}, v.title) : null,
+          h("div", {}, v.content || "")),
+        `${num(v.importance, 2)} · ${v.status}`,
+        when(v.updated_at),
+        h("span", {class: "mono"}, (v.origin || "the plane").slice(0, 8)),
+        v.n === null ? h("span", {class: "muted"}, "—") : h("span", {class: "version-actions"},
+          versionButton(id, v.n, "restore", "Restore", msg, after),
+          open ? versionButton(id, v.n, "dismiss", "Dismiss", msg, after) : null),
+      ];
+    });
+    clear(root).append(table(["#", "Reason", "Text", "Importance · status", "Written", "By",
+      ""], rows, "table versions"), msg);
+  }
+
+  /** A restore (a new edit, which syncs) or a dismiss of version ``n``; ``after(text)`` shows
+   * the outcome (it reloads the view the button is on). */
+  function versionButton(id, n, action, label, msg, after) {
+    const button = h("button", {type: "button", class: "version-" + action,
+      dataset: {n: String(n), memory: id}}, label);
+    button.addEventListener("click", async () => {
+      button.disabled = true;
+      showMessage(msg, action === "restore" ? "Restoring…" : "Dismissing…", "info");
+      try {
+        await api("POST", versionsPath(id, n, action));
+      } catch (exc) {
+        button.disabled = false;
+        showMessage(msg, "Error: " + errorText(exc), "error");
+        return;
+      }
+      await after(action === "restore" ? `Restored version ${n}: it is current, and syncs`
+        : `Dismissed conflict ${n}`);
+    });
+    return button;
+  }
+
+  function conflictsView(status) {
+    const items = Array.isArray(status.conflict_versions) ? status.conflict_versions : [];
+    const msg = h("p", {class: "message", id: "conflicts-message", role: "status",
+      hidden: true});
+    const after = async (text) => {
+      await loadSync();
+      const shown = $("#conflicts-message");
+      if (shown) showMessage(shown, text, "ok");
+    };
+    const card = h("section", {class: "card", id: "sync-conflicts"},
+      h("h2", {}, "Conflicts ", status.conflicts ? badge(String(status.conflicts), "warn") :
+        badge("none", "ok")));
+    if (!items.length) {
+      card.append(h("p", {class: "muted"}, "No conflict waiting: when two machines edit one " +
+        "memory apart, the version that lost is kept here for you to restore or dismiss."), msg);
+      return card;
+    }
+    card.append(table(["Memory", "Lost version", "Written", "By", ""], items.map((c) => [
+      nodeRef(c.memory_id, c.title || c.memory_id),
+      h("div", {class: "version-text"}, c.content_preview || ""),
+      when(c.updated_at),
+      h("span", {class: "mono"}, (c.origin || "the plane").slice(0, 8)),
+      h("span", {class: "version-actions"},
+        versionButton(c.memory_id, c.n, "restore", "Restore", msg, after),
+        versionButton(c.memory_id, c.n, "dismiss", "Dismiss", msg, after)),
+    ]), "table conflicts"), msg);
+    if (status.conflicts > items.length) {
+      card.append(h("p", {class: "muted"}, `The newest ${items.length} of ` +
+        `${status.conflicts} are listed.`));
+    }
+    return card;
+  }
+
   /** An action's answer shows in the memory's view only while it still shows that memory
    * (the person may have opened another meanwhile), and its message only when no newer action
    * started since. ``keepSince``: see openMemory. */
@@ -1072,6 +1176,7 @@
         h("h2", {}, "Last pass"), lastPass ? passView(lastPass) :
           h("p", {class: "muted"}, "No pass yet since the daemon started.")));
     }
+    if (typeof status.conflicts === "number") cards.append(conflictsView(status));
     cards.append(h("section", {class: "card", id: "sync-gate"}, h("h2", {}, "Entitlement"),
       ent ? gateView(ent) : h("p", {class: "muted"}, "This daemon has no entitlement gate.")));
     root.append(cards);

@@ -297,7 +297,8 @@ def current_view(row: Row) -> dict[str, Any]:
 def parse_n(value: object) -> int:
     """A version number from a path or an argument: a positive whole number."""
     text = str(value).strip() if isinstance(value, str | int) else ""
-    if isinstance(value, bool) or not text.isdigit() or not text.isascii() or int(text) < 1:
+    if (isinstance(value, bool) or not text.isdigit() or not text.isascii()
+            or not 1 <= int(text) < 2**63):  # SQLite's integers
         raise ValidationError("n", f"must be a version number (a whole number from 1), got "
                               f"{strip_private(str(value))[:40]!r}")
     return int(text)

@@ -301,7 +301,7 @@ async def test_restoring_the_conflict_makes_it_current_and_reviews_it(tmp_path: 
         await b.close()
 
 
-@pytest.mark.parametrize("n", ["0", "-1", "x", "1.5", "", "٣", True, None])
+@pytest.mark.parametrize("n", ["0", "-1", "x", "1.5", "", "٣", True, None, 2**63, "9" * 30])
 async def test_a_bad_version_number_names_n_and_changes_nothing(store: Store, n: object) -> None:
     mid = (await store.save({"content": "a", "topic_key": "k"}))["node_id"]
     await store.save({"content": "b", "topic_key": "k"})

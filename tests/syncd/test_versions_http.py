@@ -69,7 +69,7 @@ async def test_an_unknown_memory_is_a_404_naming_the_id(daemon: Daemon) -> None:
 
 
 @pytest.mark.parametrize(("n", "status"), [("0", 422), ("-3", 422), ("abc", 422),
-                                           ("1e3", 422), ("999999", 404)])
+                                           ("1e3", 422), ("9" * 30, 422), ("999999", 404)])
 async def test_a_bad_version_number_names_n_and_changes_nothing(
         daemon: Daemon, n: str, status: int) -> None:
     mid = await edited(daemon)

@@ -24,6 +24,8 @@ from protocol.rows import EdgeRow, NodeRow
 
 
 def wire_node(row: Row, embedding: list[float] | None) -> NodeRow:
+    """``base``: the version the row was written over, when the store keeps it (a PostgreSQL
+    hub's rows have none: its clients then read conflicts as through Kyma, docs/versions.md)."""
     return NodeRow(
         id=row["id"], labels=row["labels"], realm=row["realm"], memory_type=row["memory_type"],
         title=row["title"], content=row["content"], content_preview=row["content_preview"],
@@ -34,7 +36,7 @@ def wire_node(row: Row, embedding: list[float] | None) -> NodeRow:
         superseded_by=row["superseded_by"], provenance=row["provenance"],
         topic_key=row["topic_key"], memory_class=row["memory_class"], space=row["space"],
         writer_agent_id=row["writer_agent_id"], origin=row["origin"] or None,
-        deleted=True if row["deleted"] else None, base=row["base_version"],
+        deleted=True if row["deleted"] else None, base=row.get("base_version"),
     )
 
 

@@ -155,3 +155,11 @@ def test_bench_purge_prints_its_table_and_finds_no_marker_left() -> None:
     assert any(line.startswith("hard delete, WAL scrubbed before it returns") for line in lines)
     assert "hard deletes whose marker was on disk after the call: 0 of 5" in lines
     assert lines[-1].endswith("marker gone: True"), lines[-1]
+
+
+def test_bench_versions_prints_its_table() -> None:
+    lines = run_bench("bench/versions.py", "--runs", "1")
+    assert lines[0].split() == ["measure", "versions", "baseline", "ratio"], lines
+    values = {line.split()[0]: float(line.split()[1]) for line in lines[1:]}
+    assert set(values) == {"update_apply_rows_per_s", "edit_p50_ms"}, lines
+    assert all(value > 0 for value in values.values()), lines

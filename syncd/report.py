@@ -62,6 +62,11 @@ def status_lines(status: dict[str, Any]) -> list[str]:
     if status.get("outbox") and not (status.get("sync") or {}).get("configured"):
         lines[7] += (" — memories and edges not yet pushed, one entry each however often "
                      "edited; kept for when sync is set up, pushed on its first pass")
+    if status.get("conflicts"):
+        ids = ", ".join(status.get("conflict_memories") or [])
+        lines.append(f"  {'conflicts':16} {status['conflicts']} — versions that lost to a "
+                     "concurrent edit, kept for review (restore or dismiss): `syncd history "
+                     f"ID` for {ids}, or the web page's Sync view (`syncd open`)")
     return lines + _gate_lines(status.get("entitlement") or {}, status.get("data_dir")) + \
         _sync_lines(status.get("sync") or {})
 

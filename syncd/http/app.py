@@ -384,7 +384,14 @@ async def status(request: web.Request) -> web.Response:
                    "store_id": store.store_id, "replica_id": store.replica_id,
                    "embedder": store.embedder.model_id, "embedder_error": store.embedder_error,
                    "indexed_vectors": len(store.index),
-                   **stats, "sync": sync, "entitlement": _entitlement(request)})
+                   **stats, **_conflict_summary(await store.conflicts(limit=5)),
+                   "sync": sync, "entitlement": _entitlement(request)})
+
+
+def _conflict_summary(conflicts: dict[str, Any]) -> dict[str, Any]:
+    """Unreviewed conflict versions: their count, and the memories of the newest few."""
+    ids = list(dict.fromkeys(item["memory_id"] for item in conflicts["items"]))
+    return {"conflicts": conflicts["count"], "conflict_memories": ids}
 
 
 def _entitlement(request: web.Request) -> dict[str, Any] | None:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from local_store import HashingEmbedder, Store
+from syncd.report import status_lines
 from tests.syncd.conftest import Daemon
 from tests.syncd.processes import cli, finish, spawn, wait_ready
 
@@ -119,9 +120,16 @@ async def test_the_sync_status_counts_conflicts_until_they_are_reviewed(
     assert conflict["n"] == item["n"] and conflict["reviewed"] is False
     assert (await ok(daemon, "GET", f"/v1/agent/memory/items/{mid}"))["content"] == (
         "the other's words")
+    overall = await ok(daemon, "GET", "/v1/agent/status")
+    assert overall["conflicts"] == 1 and overall["conflict_memories"] == [mid]
+    lines = status_lines(overall)
+    assert any(line.split()[:2] == ["conflicts", "1"] and mid in line for line in lines), lines
     await ok(daemon, "POST", f"/v1/agent/memory/items/{mid}/versions/{item['n']}/dismiss")
     status = await ok(daemon, "GET", "/v1/agent/sync/status")
     assert status["conflicts"] == 0 and status["conflict_versions"] == []
+    overall = await ok(daemon, "GET", "/v1/agent/status")
+    assert overall["conflicts"] == 0
+    assert not any("conflicts" in line for line in status_lines(overall))
     assert (await ok(daemon, "GET", f"/v1/agent/memory/items/{mid}"))["content"] == (
         "the other's words")  # a dismiss changes nothing else
 

@@ -72,6 +72,8 @@ async def test_the_loser_is_kept_as_a_conflict_on_every_laptop_that_held_it(
             assert loser not in [text for reason, text in history if reason != "conflict"]
         nodes, _, _ = await hub.store.changes(0)
         assert [n.content for n in nodes if n.id == mid] == [winner]  # the loser: not current
+        hub_kept = [v["content"] for v in await conflicts_of(hub.store, mid)]
+        assert hub_kept == ([loser] if later == "y" else [])  # the hub held it, or never did
         await sync_all(x, y)  # quiet passes keep what they kept, and push nothing new
         for laptop in (x, y):
             assert len(await conflicts_of(laptop.store, mid)) == int(laptop in holders)

@@ -12,6 +12,8 @@ Rules:
     plane requires of every row (contract §4.4): another width is a bad row naming
     ``embedding``. Vectors of another model (a plane's, pulled) keep the width they came with.
     Zeros of any width are "no vector", as a missing embedding is: nothing is stored for them.
+  * A row that loses last-writer-wins may still be a concurrent version: ``versions`` keeps it
+    as a conflict when the local winner was not written over it (the ``base`` extension).
   * Timestamps are stored canonical; a row without a parseable ``updated_at`` is rejected.
   * Rows from a writer that sent no ``origin`` (the control plane's own) get origin ``""``.
   * Edges are upserted by their deterministic id; the edge's wire ``created_at`` is its version

@@ -203,7 +203,7 @@ class Store:
             raise
         assert writer is not None and reader is not None
         store = cls(data_dir, embedder or HashingEmbedder(), writer, reader, lock, pool, store_id)
-        writer.versions = versions or VersionPolicy()
+        writer.version_policy = versions or VersionPolicy()
         try:
             await store._load()
             if feed:

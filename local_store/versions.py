@@ -205,7 +205,7 @@ def prune_memory(w: Writer, memory_id: str) -> None:
 
 def prune(w: Writer, memory_ids: Iterable[str]) -> int:
     """Apply the policy's bounds to these memories (count) and to the table (age)."""
-    keep = w.versions.keep
+    keep = w.version_policy.keep
     removed = sum(w.conn.execute(
         "DELETE FROM memory_versions WHERE memory_id = ? AND n NOT IN (SELECT n FROM "
         "memory_versions WHERE memory_id = ? ORDER BY updated_at DESC, n DESC LIMIT ?)",
@@ -215,7 +215,7 @@ def prune(w: Writer, memory_ids: Iterable[str]) -> int:
 
 def prune_old(w: Writer) -> int:
     """Forget versions kept longer than ``max_age_days`` ago."""
-    age_ns = int(w.versions.max_age_days * DAY_NS)
+    age_ns = int(w.version_policy.max_age_days * DAY_NS)
     cutoff = format_ns(max(0, w.clock.physical_ns() - age_ns))
     return int(w.conn.execute("DELETE FROM memory_versions WHERE kept_at < ?",
                               (cutoff,)).rowcount)

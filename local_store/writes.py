@@ -12,6 +12,9 @@ Rules:
     (contract §2.3; ``tombstone_props``), stored so: a plane that drops the ``deleted``
     extension (Kyma) still carries the deletion, and every replica holds — and hashes — the
     same props.
+  * A version replaced — by a local write or an applied remote one — is kept in the same
+    transaction (``versions``: why, for how long), and a hard delete, local or remote, deletes
+    every kept version of the memory.
   * A transaction that purges text sets ``purged`` (the store then scrubs the WAL): a hard
     delete, a pulled or imported tombstone without content over a row holding text (also a
     soft tombstone's: its terms stay in FTS5's segments, so the index is merged too), and an
@@ -81,7 +84,7 @@ class Writer:
         # (memory_id, model or None for "every model", values or None for removal), collected
         # per transaction so the store can update its in-RAM index after the commit.
         self.vector_events: list[tuple[str, str | None, npt.NDArray[np.float32] | None]] = []
-        self.versions = versions.VersionPolicy()  # the history kept (``Store.open``)
+        self.version_policy = versions.VersionPolicy()  # the history kept (``Store.open``)
         self.json_ids = _has_json_each(conn)  # current_keys' fast lookup (SQLite's JSON functions)
 
     # ------------------------------------------------------------------ transaction frame

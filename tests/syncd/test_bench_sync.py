@@ -9,8 +9,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADER = ["metric", "n", "p50", "p95", "value", "vs baseline", "target"]
-METRICS = ("save → recallable on B (B ticks 0.5 s after A)",
-           "save → recallable on B (same phase: worst)",
+METRICS = ("save → recallable on B, defaults (long-poll)",
+           "interval 1 s, no long-poll (B ticks 0.5 s after A)",
+           "interval 1 s, no long-poll (same phase: worst)",
            "baseline: save, sync/run A, sync/run B, recall",
            "bootstrap 500 memories + vectors", "idle pass (after sync)",
            "baseline: GET /healthz on the hub", "push 500 local memories (one pass)",

@@ -753,7 +753,8 @@
       importance.dataset.edited = typed.dataset.edited;
       if (focused) importance.focus();
     }
-    document.title = (memory.title || memory.memory_type) + " · syncd";
+    document.title = (memory.title || firstLine(memory.content || "") || memory.memory_type) +
+      " · syncd";
     const history = $("#history-body", root);
     loadHistory(memory, history, seq);
     loadVersions(id, $("#versions-body", root), seq);
@@ -779,7 +780,8 @@
     const archived = memory.status === "archived";
     const wrap = h("article", {class: "memory", dataset: {id}});
     wrap.append(h("div", {class: "memory-head"},
-      h("h1", {id: "memory-title"}, memory.title || `(untitled ${memory.memory_type || "memory"})`),
+      h("h1", {id: "memory-title"}, memory.title || firstLine(memory.content || "") ||
+        `(${memory.memory_type || "memory"} with no text)`),
       h("div", {class: "hit-meta"},
         badge(memory.memory_type || "?", "type"),
         memory.realm ? badge(memory.realm, "realm") : null,

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,3 +69,14 @@ async def stop_all(procs: list[asyncio.subprocess.Process]) -> None:
     for proc in reversed(procs):
         code, err = await finish(proc)
         assert code == 0, err
+
+
+@asynccontextmanager
+async def daemon(home: Path, data: Path | str) -> AsyncIterator[str]:
+    """A ``syncd run`` on ``data`` (port 0) for the block; yields its URL. Stopped with
+    SIGTERM after it, and it must exit 0."""
+    proc = await spawn(home, "--data-dir", str(data), "run", "--listen", "127.0.0.1:0")
+    try:
+        yield await wait_ready(proc)
+    finally:
+        await stop_all([proc])

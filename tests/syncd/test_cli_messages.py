@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from syncd.state import state_path
-from tests.syncd.processes import cli, finish, spawn, wait_ready
+from tests.syncd.processes import cli, daemon, finish, spawn, wait_ready
 
 
 async def test_a_bare_port_is_refused_with_the_address_meant(tmp_path: Path) -> None:
@@ -87,9 +87,7 @@ async def test_stop_stops_the_running_daemon_and_says_so(tmp_path: Path) -> None
 
 async def test_list_get_and_delete_from_the_command_line(tmp_path: Path) -> None:
     data = str(tmp_path / "data")
-    proc = await spawn(tmp_path, "--data-dir", data, "run", "--listen", "127.0.0.1:0")
-    try:
-        await wait_ready(proc)
+    async with daemon(tmp_path, data):
 
         async def syncd(*args: str) -> tuple[int, str, str]:
             return await cli(tmp_path, "--data-dir", data, *args)
@@ -131,10 +129,6 @@ async def test_list_get_and_delete_from_the_command_line(tmp_path: Path) -> None
         assert [m["id"] for m in json.loads(out)["memories"]] == [ids["deploy with make ship"]]
         code, _, err = await syncd("list", "--limit", "0")
         assert code == 2 and "--limit must be from 1 to 200, got 0" in err
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        code, err = await finish(proc)
-    assert code == 0, err
 
 
 @pytest.mark.parametrize(("command", "says"), [

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import stat
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import aiohttp
 
 from local_store import Store, ValidationError
 from syncd.token import read_token, token_path
-from tests.syncd.processes import cli, finish, spawn, wait_ready
+from tests.syncd.processes import cli, daemon
 
 
 async def editor_script(tmp_path: Path, body: str) -> str:
@@ -28,9 +27,7 @@ async def editor_script(tmp_path: Path, body: str) -> str:
 async def test_edit_in_the_editor_or_by_flags_keeps_the_id(tmp_path: Path) -> None:
     data = tmp_path / "data"
     base = ("--data-dir", str(data))
-    proc = await spawn(tmp_path, *base, "run", "--listen", "127.0.0.1:0")
-    try:
-        url = await wait_ready(proc)
+    async with daemon(tmp_path, data) as url:
         code, out, err = await cli(tmp_path, *base, "save", "deploy with make ship",
                                    "--realm", "billing", "--tag", "ops")
         assert code == 0, err
@@ -83,10 +80,6 @@ async def test_edit_in_the_editor_or_by_flags_keeps_the_id(tmp_path: Path) -> No
                 assert "hunter2" not in json.dumps(await resp.json())
         code, out, err = await cli(tmp_path, *base, "get", mid, "--json")
         assert json.loads(out)["title"] == "Deploying"  # the refused edits changed nothing
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        code, err = await finish(proc)
-    assert code == 0, err
 
 
 async def test_an_edit_is_a_new_version_in_the_outbox(tmp_path: Path) -> None:

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 from pathlib import Path
 
 import aiohttp
 
 from syncd.token import read_token, token_path
-from tests.syncd.processes import cli, finish, spawn, wait_ready
+from tests.syncd.processes import cli, daemon
 
 STAMP = "2026-11-30T08:15:42.123456789+00:00"
 LATER = "2026-12-01T09:00:00.000000000+00:00"
@@ -62,9 +61,7 @@ OLD_FIELDS = ("- valid: 2026-11-30 08:15:42 UTC to 2026-12-01 09:00:00 UTC\n"
 
 async def test_markdown_export_reads_as_sections_and_import_refuses_it(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    proc = await spawn(tmp_path, "--data-dir", str(data), "run", "--listen", "127.0.0.1:0")
-    try:
-        url = await wait_ready(proc)
+    async with daemon(tmp_path, data) as url:
         rows = tmp_path / "rows.json"
         rows.write_text(json.dumps(ROWS))
         code, out, err = await cli(tmp_path, "--data-dir", str(data), "import", str(rows))
@@ -110,7 +107,3 @@ async def test_markdown_export_reads_as_sections_and_import_refuses_it(tmp_path:
                 assert resp.content_type == "text/markdown"
                 assert resp.headers["X-Syncd-Memories"] == "4"
                 assert await resp.text() == md
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        code, err = await finish(proc)
-    assert code == 0, err

@@ -5,7 +5,6 @@ nothing."""
 from __future__ import annotations
 
 import json
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ import pytest
 from local_store import HashingEmbedder, Store
 from syncd.report import status_lines
 from tests.syncd.conftest import Daemon
-from tests.syncd.processes import cli, finish, spawn, wait_ready
+from tests.syncd.processes import cli, daemon
 
 MODEL = HashingEmbedder().model_id
 FIELDS = {"content", "title", "tags", "importance", "status", "updated_at", "origin", "reason"}
@@ -155,9 +154,7 @@ async def test_history_from_the_command_line(tmp_path: Path) -> None:
     """``syncd history ID [--json]``, ``--restore N``, and a bad N, against a real daemon
     process."""
     data = str(tmp_path / "data")
-    proc = await spawn(tmp_path, "--data-dir", data, "run", "--listen", "127.0.0.1:0")
-    try:
-        await wait_ready(proc)
+    async with daemon(tmp_path, data):
 
         async def syncd(*args: str) -> tuple[int, str, str]:
             return await cli(tmp_path, "--data-dir", data, *args)
@@ -186,7 +183,3 @@ async def test_history_from_the_command_line(tmp_path: Path) -> None:
         assert code == 1 and "n: version 999999" in err, err
         code, _, err = await syncd("history", "memory:nope")
         assert code == 1 and "memory:nope not found" in err, err
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        code, err = await finish(proc)
-    assert code == 0, err

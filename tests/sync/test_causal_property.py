@@ -1,5 +1,5 @@
 """Causality over random histories (issue 32, point 1; docs/sync-causality.md): three laptops
-on one hub (ingest mode), each behind its own fault-injecting proxy, all on one ``FakeWall``
+on one hub (ingest or origin cursor mode, drawn per history), each behind its own fault-injecting proxy, all on one ``FakeWall``
 (the hub's ``Date`` too). A history is a random list of steps: a laptop sets the memory's
 importance (a value no other write uses), syncs (its push reply possibly dropped after the hub
 committed), restarts (store and engine closed and reopened), goes offline or back, or the wall
@@ -14,8 +14,9 @@ At the end every laptop is back online and three round-robin passes run. Then ev
 holds the same value, it is some write's, and no acknowledged write lost to one it causally
 follows: for the final write ``f`` there is no write ``w`` with ``f`` before ``w``.
 
-Issue 32's own scenario is always one of the examples (``ISSUE_32``).
-``SYNCD_PROPERTY_EXAMPLES`` (default 5) and ``SYNCD_CAUSAL_STEPS`` (default 20) size the run.
+Issue 32's own scenario is always one of the examples (``ISSUE_32``), in both modes.
+``SYNCD_PROPERTY_EXAMPLES`` (default 5) and ``SYNCD_CAUSAL_STEPS`` (default 20) size the run;
+``pytest --hypothesis-show-statistics`` counts what the histories held (hypothesis events).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import FakeWall
@@ -88,9 +89,9 @@ async def value(lap: Laptop | Hub, mid: str) -> float:
     return float(rows[0][0])
 
 
-async def run_history(root: Path, steps: list[tuple[object, ...]]) -> None:
+async def run_history(root: Path, mode: str, steps: list[tuple[object, ...]]) -> None:
     wall = FakeWall()
-    hub = await start_world_hub(root / "hub", "ingest", wall)
+    hub = await start_world_hub(root / "hub", mode, wall)
     proxies = [FaultProxy(hub.url) for _ in range(LAPTOPS)]
     for proxy in proxies:
         await proxy.start()
@@ -123,6 +124,8 @@ async def run_history(root: Path, steps: list[tuple[object, ...]]) -> None:
                 i, drop = int(args[0]), bool(args[1])
                 if i in offline:
                     continue
+                if drop:
+                    event("a push reply dropped after the hub committed")
                 proxies[i].fail_always(
                     Fault("drop_after_commit", method="POST", path=IMPORT) if drop else None)
                 await laps[i].sync()
@@ -130,12 +133,15 @@ async def run_history(root: Path, steps: list[tuple[object, ...]]) -> None:
                 model.saw(i, await value(laps[i], mid))
             elif kind == "restart":
                 (i,) = args
+                event("a laptop restarted")
                 await laps[int(i)].close()
                 laps[int(i)] = await open_laptop(int(i))
             elif kind == "offline":
                 (i,) = args
+                event("a laptop went offline or back")
                 offline ^= {int(i)}
             else:
+                event("the wall moved past half the overlap window")
                 wall.advance(OVERLAP_SECS / 2 + 1)
         for _ in range(FINAL_ROUNDS):
             for lap in laps:
@@ -144,6 +150,8 @@ async def run_history(root: Path, steps: list[tuple[object, ...]]) -> None:
         for lap in laps:
             assert await value(lap, mid) == final, lap.name
         assert final in model.writes
+        event(f"hub cursor mode {mode}")
+        event(f"the final value was written by a laptop: {final != first}")
         later = [v for v, clock in model.writes.items() if before(model.writes[final], clock)]
         assert not later, (f"the final value {final} was written before {later}, "
                            f"which lost to it: {steps}")
@@ -156,11 +164,13 @@ async def run_history(root: Path, steps: list[tuple[object, ...]]) -> None:
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.lists(STEP, min_size=1, max_size=STEPS))
-@example(ISSUE_32)
-def test_no_acknowledged_write_loses_to_one_it_follows(steps: list[tuple[object, ...]]) -> None:
+@given(st.sampled_from(["ingest", "origin"]), st.lists(STEP, min_size=1, max_size=STEPS))
+@example("ingest", ISSUE_32)
+@example("origin", ISSUE_32)
+def test_no_acknowledged_write_loses_to_one_it_follows(
+        mode: str, steps: list[tuple[object, ...]]) -> None:
     root = Path(tempfile.mkdtemp(prefix="syncd-causal-"))
     try:
-        asyncio.run(run_history(root, steps))
+        asyncio.run(run_history(root, mode, steps))
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import re  # urllib.parse imports it already
 import socket
 import sys
 from collections.abc import Mapping
@@ -57,6 +58,12 @@ DEFAULT_URL = "http://127.0.0.1:7777"
 QUERY_PATH = "/v1/agent/memory/query"
 
 
+# "this project", "our repo", "the codebase", "this app": words that point at the project the
+# agent works in (its cwd) rather than naming it.
+PROJECT_POINTER = re.compile(
+    r"\b(?:(?:this|our|the|current)\s+(?:project|repo|repository|codebase|code\s+base)"
+    r"|this\s+(?:app|application|service))\b(?!-)", re.IGNORECASE)  # "the repo-list" names
+
 SESSION_START = "SessionStart"
 SESSION_LIMIT = 8  # memories a session starts with
 SESSION_BUDGET_CHARS = 4000  # the context a session starts with, cut at a line
@@ -78,7 +85,8 @@ def run_hook(config: Path | None, data_dir: Path | None) -> int:
             prompt = payload.get("prompt")
             if not isinstance(prompt, str) or not prompt.strip():
                 return 0
-            event, body = "UserPromptSubmit", {"query": prompt, "realms": realms,
+            event, body = "UserPromptSubmit", {"query": named_project(prompt, project),
+                                               "realms": realms,
                                                "confident_only": True}
         where, listen_url = daemon_address(config, data_dir, os.environ)
         result = _query(where, listen_url, body)
@@ -93,6 +101,11 @@ def run_hook(config: Path | None, data_dir: Path | None) -> int:
     except Exception:  # the hook must never break the agent's prompt
         return 0
     return 0
+
+
+def named_project(prompt: str, project: str) -> str:
+    """``prompt`` with each pointer at the project ("this repo") replaced by its name."""
+    return PROJECT_POINTER.sub(project, prompt) if project else prompt
 
 
 def session_query(project: str, realms: list[str]) -> dict[str, Any]:

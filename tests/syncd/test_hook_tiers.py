@@ -8,6 +8,7 @@ import json
 import signal
 from pathlib import Path
 
+from syncd.hook import named_project
 from tests.syncd.processes import finish, wait_ready
 from tests.syncd.test_daemon import cli, start
 
@@ -86,6 +87,43 @@ async def test_a_session_starts_with_the_projects_memories(tmp_path: Path) -> No
         code, out, err = await cli(data, "recall", "--hook", stdin=session("startup"))
         context = json.loads(out)["hookSpecificOutput"]["additionalContext"]
         assert len(context) <= 4000 and context.endswith("\n")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert (await finish(proc))[0] == 0
+
+
+def test_a_pointer_at_the_project_is_replaced_by_its_name() -> None:
+    assert named_project("how do we deploy this project?", "proj") == "how do we deploy proj?"
+    assert named_project("Does our repo pin numpy? And the codebase, this app?", "acme") == \
+        "Does acme pin numpy? And acme, acme?"
+    assert named_project("the project settings in this   code base", "p") == "p settings in p"
+    # Only pointers: a word that merely contains one, or another project's name, stays.
+    assert named_project("projects in the repository-list of the billing project", "p") == \
+        "projects in the repository-list of the billing project"
+    assert named_project("how do we deploy this project?", "") == "how do we deploy this project?"
+
+
+async def test_a_prompt_about_this_project_recalls_the_projects_memory(tmp_path: Path) -> None:
+    """Memories name their project; a prompt says "this project". The hook asks with the
+    project's (the cwd's) name, so the memory answers with confidence in its project and the
+    same prompt elsewhere injects nothing."""
+    data, project, elsewhere = tmp_path / "data", tmp_path / "work" / "proj", tmp_path / "misc"
+    proc = await start(data)
+    await wait_ready(proc)
+    try:
+        code, out, err = await cli(data, "save", "Deploy proj with 'make ship' from the repo "
+                                   "root; it needs AWS_PROFILE=prod", "--realm", "proj")
+        assert code == 0, err
+
+        def hook_input(cwd: Path) -> bytes:
+            return json.dumps({"prompt": "how do we deploy this project?",
+                               "cwd": str(cwd)}).encode()
+
+        code, out, err = await cli(data, "recall", "--hook", stdin=hook_input(project))
+        assert code == 0, err
+        assert "make ship" in json.loads(out)["hookSpecificOutput"]["additionalContext"]
+        code, out, err = await cli(data, "recall", "--hook", stdin=hook_input(elsewhere))
+        assert (code, out) == (0, ""), (out, err)
     finally:
         proc.send_signal(signal.SIGTERM)
         assert (await finish(proc))[0] == 0

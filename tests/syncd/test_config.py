@@ -94,6 +94,19 @@ def test_example_documents_every_option_of_every_section_with_a_comment() -> Non
                 f"{section}.{field.name} has no explanatory comment above it")
 
 
+def test_example_sets_each_option_with_a_fixed_default_and_comments_out_the_rest() -> None:
+    """An option with a fixed default is set to it; one unset by default (``None``) or whose
+    default depends on the platform (a factory) is shown commented out, as the header says."""
+    for section, cls in SECTIONS.items():
+        lines = _example_sections()[section]
+        for field in msgspec.structs.fields(cls):
+            commented = any(line.startswith(f"# {field.name} = ") for line in lines)
+            unset = field.default is None or field.default is msgspec.NODEFAULT
+            assert commented == unset, (
+                f"{section}.{field.name}: {'commented out' if commented else 'set'} in "
+                f"{EXAMPLE.name}, but its default is {field.default!r}")
+
+
 def test_example_names_no_option_that_does_not_exist() -> None:
     for section, lines in _example_sections().items():
         names = {m[1] for line in lines if (m := re.match(r"(?:# )?(\w+) = ", line))}

@@ -14,7 +14,7 @@ from pathlib import Path
 from syncd.exits import EXIT_TEMPFAIL
 from tests.syncd.faultproxy import FaultProxy
 from tests.syncd.processes import finish, wait_ready
-from tests.syncd.test_cli_review_fixes import hung_plane
+from tests.syncd.test_cli_failures import hung_plane
 from tests.syncd.test_daemon import cli, start
 
 

@@ -4,7 +4,7 @@ Pipeline (both modes): filters → semantic leg (exact cosine over the in-RAM in
 keyword leg (50) → candidate map with 0-based ranks → graph expansion from the top 10 seeds
 (1–2 hops, proximity 1/(1+hops)) → blend → sort → truncate → ``context``.
 
-Where ``syncd`` mode departs from ``plane`` mode (each is listed in the README):
+Where ``syncd`` mode departs from ``plane`` mode (each is listed in docs/recall.md):
   * keyword leg on FTS5/BM25 with quoted tokens (strict AND, relaxed to OR without stopwords
     when AND finds nothing), instead of substring counting;
   * semantic leg ranked by cosine alone (the plane mixes in importance), and candidates must

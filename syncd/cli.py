@@ -48,7 +48,7 @@ def _seconds(text: str) -> float:
 
 
 # How long `syncd sync` waits for its pass, where every other command waits the client's 30 s.
-# A pass legitimately takes minutes: a first pull of 1M memories took 91 s (README), and a
+# A pass legitimately takes minutes: a first pull of a large store (bench/HISTORY.md), and a
 # manual pass queues behind a scheduled one. Ten minutes covers several of those; past it a
 # person is better told to look at `syncd status` than left waiting (the pass goes on).
 SYNC_TIMEOUT_SECS = 600.0

@@ -1,6 +1,7 @@
-"""A laptop restored from a backup (``syncd restore``) catches up through sync, as the README
-says: what other installs synced after the backup comes with the next pass; its own later
-writes (a hub leaves them out of its ``changes``) come with the next anti-entropy pass."""
+"""A laptop restored from a backup (``syncd restore``) catches up through sync, as
+``docs/operations.md`` says: what other installs synced after the backup comes with the next
+pass; its own later writes (a hub leaves them out of its ``changes``) come with the next
+anti-entropy pass."""
 
 from __future__ import annotations
 

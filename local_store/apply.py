@@ -103,8 +103,7 @@ def node_from_wire(wire: NodeRow, key: WireKey | None = None) -> Row:
     ``key`` is ``wire_key(wire)`` when already computed: if normalising left every hashed
     value as the wire had it (the common case), its hash is the row's and is not recomputed.
     This runs for every pulled row, so it avoids per-field helper calls on the common path,
-    works on locals and builds the row in one dict display (10k rows: 52 against 61 ms
-    filling the dict a key at a time).
+    works on locals and builds the row in one dict display rather than a key at a time.
     """
     mid = wire.id
     if not isinstance(mid, str) or not mid.strip():
@@ -380,14 +379,13 @@ def apply_batch(writer: Writer, nodes: list[NodeRow], edges: list[EdgeRow],
     here: handing it over would cost more than it saves. Once the lookup is answered, the
     hasher stops, and of the rows it had not reached only those the store holds are hashed
     (``already_held`` needs their key): any other row is normalised anyway, and
-    ``node_from_wire`` hashes it once. Hashing every wire row, a fresh 10k-row apply took
-    ~7 ms longer (126 against 118 ms before its SQL, best of 20); a re-apply is unchanged.
+    ``node_from_wire`` hashes it once (hashing every wire row made a fresh apply slower; a
+    re-apply is unchanged).
 
     A batch of ``HELPER_FROM`` rows or more runs with Python's cyclic garbage collector paused
     (``gc_paused``): its row dicts and tuples, allocated by the ten thousand and nearly all
     freed by reference counting, triggered full collections that walked every live object —
-    each pulled row's 384-float embedding list included (~65 ms per 10k rows). Paused for the
-    batch, fresh applies ran at 14.3k against 12.9k rows/s (9 alternated pairs)."""
+    each pulled row's 384-float embedding list included."""
     with gc_paused(len(nodes) + len(edges) >= HELPER_FROM):
         if kept:
             nodes = held_columns(writer, nodes, kept)

@@ -14,7 +14,7 @@ Rules:
     ``memory.db`` once the WAL is checkpointed (``checkpoint`` scrubs after a purge).
   * A new store file gets ``PAGE_SIZE`` pages (8 KiB; SQLite's default is 4 KiB). A 10,000-row
     bootstrap commits ~30 MB: with half as many pages it writes half as many WAL frames and
-    splits b-tree pages half as often (bench/store.py: fresh apply 12.7k → 15.1k rows/s,
+    splits b-tree pages half as often (bench/store.py;
     recall and save no slower). A store created with other pages keeps them: WAL mode fixes
     the page size of a file once it has any.
   * Migrations are ``schema/NNNN_name.sql`` applied in order, each in its own transaction

@@ -185,7 +185,7 @@ class SessionTuning:
         options = ort.SessionOptions()
         options.intra_op_num_threads = intra_op_threads
         # No busy-spinning between ops: a daemon shares the laptop; spinning threads made
-        # 2-thread queries 3× slower than 1-thread ones under load (bench/embed.py).
+        # 2-thread queries slower than 1-thread ones under load (bench/embed.py).
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.inter_op_num_threads = self.inter_op_threads
         options.graph_optimization_level = levels[self.optimization]
@@ -398,7 +398,7 @@ class MiniLMEmbedder:
                 chunk = order[start:start + size]
                 pooled = self._run(loaded.session, [ids[k] for k in chunk])
                 out[[rows[k] for k in chunk]] = pooled
-        if len(rows) > 1:  # a batch's freed buffers: ~2 ms to hand back, tens of MB kept otherwise
+        if len(rows) > 1:  # a batch's freed buffers: tens of MB kept otherwise
             release_freed_memory()
         return normalise_rows(out)
 

@@ -1,10 +1,10 @@
 """Lists of Python floats → one float32 matrix, fast: the vectors of a pulled page.
 
-``struct.pack`` converts one float at a time through the interpreter's argument tuple (~5 µs
-for a 384-float row). msgspec's msgpack encoder walks the lists in C and writes each float as a
+``struct.pack`` converts one float at a time through the interpreter's argument
+tuple. msgspec's msgpack encoder walks the lists in C and writes each float as a
 float64 with a one-byte marker (``0xcb`` + 8 big-endian bytes): a fixed layout that numpy reads
 in place and narrows to float32 with a C cast — the rounding ``struct``'s ``f`` format uses.
-About 2 µs per row, same bytes.
+Same bytes.
 
 Anything else in a list (an int, a bool, a numpy scalar, a row of another length) changes the
 layout, and a value that is not finite in float32 is refused too: the answer is then None and

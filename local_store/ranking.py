@@ -43,8 +43,8 @@ would you your does did get got make made new current currently still anymore pl
 
 def tokenize(text: str) -> list[str]:
     """The plane's tokeniser: split on non-alphanumerics, keep ≥ 2 chars, lower-case, dedup
-    (first occurrence first). Linear: for a pasted log of 15,000 words (160 KB) a list lookup
-    per word took 2.8 s, a dict takes 13 ms."""
+    (first occurrence first). Linear (a dict, not a list lookup per word: a pasted log has
+    thousands of words)."""
     seen: dict[str, None] = {}
     for piece in _SPLIT.split(text):
         token = piece.lower()
@@ -110,13 +110,13 @@ def coverage(tokens: Sequence[str], text: str) -> float:
     """Fraction of the words the keyword query looked for (``fts_words``: the non-stopword
     tokens, at most 32) that occur in ``text``, compared as the keyword index compares them
     (``fold``): FTS5 finds "creme" in "Crème", so coverage counts it. Bounded like the query
-    itself: over all 12,000 distinct tokens of a pasted log it took 6 ms per hit.
+    itself (over every distinct token of a pasted log it cost milliseconds per hit).
 
     Runs for every keyword hit, so a word is looked up in the lower-cased text first; only the
     words missing there are folded and looked up in the folded text, which is built only when
     the text is not ASCII (ASCII folds to its lower case, so an ASCII word missing from ASCII
-    text stays missing). Folding costs ~15 µs for 400 characters of accented text; ASCII text
-    costs what it did before."""
+    text stays missing). ASCII text costs what it did
+    before folding."""
     words = fts_words(tokens, relaxed=False)
     if not words:
         return 0.0
@@ -147,9 +147,9 @@ def fold(text: str) -> str:
 
 @functools.cache
 def _marks() -> re.Pattern[str]:
-    """The BMP's combining marks as one character class (built on first use, ~10 ms). Kept
+    """The BMP's combining marks as one character class (built on first use). Kept
     within the BMP, ``re`` tests a character with one bitmap lookup; a class that also holds
-    the supplementary planes' marks is a list of ranges tried one by one, ~6× slower."""
+    the supplementary planes' marks is a list of ranges tried one by one, much slower."""
     marks = [cp for cp in range(0x10000) if unicodedata.combining(chr(cp))]
     ranges: list[str] = []
     start = prev = marks[0]

@@ -70,7 +70,7 @@ class RowMemo:
     unchanged. Used on the reader's thread only.
 
     Recall's semantic leg reads the rows of its nearest memories (filtering and hydrating in one
-    query, ~6 µs a row); an agent's recalls revisit many of them, also across the writes between
+    query); an agent's recalls revisit many of them, also across the writes between
     them. ``fresh`` asks SQLite whether another connection has committed since (``data_version``;
     this connection only reads) and, if so, which memories changed: every write of a memory
     takes the next ``local_seq`` in its transaction (schema 0001), so ``local_seq`` above the

@@ -798,7 +798,7 @@ class Store:
         engine = Recall(self._recall_reader.fetch, semantic, self._settings,
                         memo=self._recall_reader.memo)
         # The keyword leg's thread gets its work first: started second, it waited for a core
-        # until the product was done (p50 at 100k: 8.92–9.24 against 9.10–9.90 ms).
+        # until the product was done.
         running = loop.run_in_executor(self._recall_reader.pool, functools.partial(
             engine.run, request, mode, graph and gated is None, started))
         if semantic is not None:
@@ -821,9 +821,7 @@ class Store:
     def _semantic_for(self, query: str) -> Semantic | None:
         """On the query thread: embed the query and compare it with the index (a locked
         snapshot). Recall's keyword leg runs meanwhile on the recall reader's thread. OpenBLAS
-        runs a large product on both cores, so the overlap is partial: it saved 0.35–0.6 ms at
-        100k memories and nothing measurable at 10k. With MiniLM embedding the query, it saved
-        1.2–1.6 ms of ~10 ms at 400 memories."""
+        runs a large product on both cores, so the overlap is partial."""
         try:
             vector = np.asarray(self._run_embedder([query])[0], dtype=np.float32)
         except Exception:  # logged; the keyword leg answers alone
@@ -850,7 +848,7 @@ class Store:
         """Each memory's best cosine with the generic texts, computed on a thread of its own
         before recall asks for it — at open, and after a write of many vectors (recall
         computes the few others itself: a product per query, which OpenBLAS spreads over both
-        cores, so 1–4 ms rather than 0.2 while other work keeps them busy)."""
+        cores, and slows while other work keeps them busy)."""
         reference = self._reference
         with self._filling:  # called from the event loop and the query thread
             if reference is None or (self._filler is not None and self._filler.is_alive()):

@@ -8,16 +8,15 @@ Rules:
     committed write (never from inside the transaction). Removal swaps in the last vector, so
     the matrix stays dense; capacity grows by doubling.
   * Vectors are stored as columns (``dim × capacity``): the query's product is then OpenBLAS's
-    plain matrix-vector kernel, which reads the matrix about twice as fast here as the
-    transposed kernel a row per vector calls for (100k × 384: 4.4–5.3 ms against 6.9–9.6 ms
-    on two threads, 7.8 against 14.2 ms on one; ``bench/recall_speed.py``). Writing a block of
+    plain matrix-vector kernel, which reads the matrix faster than the transposed kernel a
+    row per vector calls for (``bench/recall_speed.py``). Writing a block of
     rows transposes it 64 rows at a time, so each piece stays in cache.
   * Writers (the event loop, after a commit) and readers (recall's thread) meet at one lock:
     ``snapshot`` compares a query with every row and takes the ids while holding it, so a reader
     never sees a row moved under it.
   * Snapshots share one immutable tuple of the ids, built on the first snapshot after a write
     that added or moved an id (re-embedding a known id moves nothing), so a read-mostly store
-    copies its 100k ids (~0.5 ms) once per write rather than once per query.
+    copies its ids once per write rather than once per query.
 """
 
 from __future__ import annotations
@@ -89,7 +88,7 @@ class VectorIndex:
     def from_rows(cls, model: str, dim: int, ids: list[str], blobs: Sequence[bytes]) -> VectorIndex:
         """Build from each id's little-endian float32 blob (``dim`` floats each). ``BLOCK`` blobs
         are joined at a time, so no copy of all of them is ever made (at 100k memories that
-        copy was 150 MB of fresh pages: 110–160 ms)."""
+        copy was 150 MB of fresh pages)."""
         if len(blobs) != len(ids):
             raise ValueError(f"{len(ids)} ids but {len(blobs)} vectors")
         index = cls(model, dim, capacity=max(1024, len(ids) * 5 // 4))
@@ -245,7 +244,7 @@ class VectorIndex:
         """Write ``vectors`` into columns ``start…``, ``BLOCK`` at a time; ``floats`` gives a
         block's values, vector after vector. A transposing copy of a whole page at once would
         miss the cache on every element, and joining every blob first would copy them all
-        (64 at a time: 4.5 ms for 10k vectors, against 14–22 ms in one copy)."""
+        (hence 64 at a time)."""
         for at in range(0, len(vectors), BLOCK):
             block = vectors[at:at + BLOCK]
             rows = unit_rows(floats(block).reshape(len(block), self.dim))

@@ -373,7 +373,7 @@ class Writer:
              if vector is None or row["deleted"]])
         # A pulled vector is a row of ``float32_rows``' little-endian float32 matrix, or
         # ``vector_from_wire``'s array over packed "<f" bytes: contiguous "<f4" either way, so
-        # its buffer is bound as is (``blob_view``; 10k rows: 2 against 7 ms with copies).
+        # its buffer is bound as is (``blob_view``), with no copy.
         self.conn.executemany(
             "INSERT INTO vectors (memory_id, model, dim, vec) VALUES (?, ?, ?, ?) "
             "ON CONFLICT (memory_id, model) DO UPDATE SET dim = excluded.dim, vec = excluded.vec",
@@ -428,7 +428,7 @@ class Writer:
 
     # FTS5 buffers index changes in RAM while rowids arrive in increasing order and flushes a
     # new segment whenever one arrives out of order: these statements feed it rows sorted by
-    # rowid, which makes a 10,000-row apply index 4x faster than in id order.
+    # rowid, which makes an apply index much faster than in id order.
 
     def fts_remove(self, ids: list[str]) -> None:
         """Drop the FTS entries of these ids' current live rows (call before overwriting)."""
@@ -457,8 +457,8 @@ class Writer:
         """Version keys of the given ids (for fast re-apply skipping).
 
         One join of the table with the ids sent as a JSON array, answered as one JSON array:
-        at 10k ids, 34–39 ms against 44–50 ms for ``IN`` lists of 500, which SQLite sorts into a
-        temporary index each, and 27 against 33 ms for the same join fetched row by row. One
+        faster than ``IN`` lists of 500, which SQLite sorts into a temporary index each, and
+        than the same join fetched row by row. One
         value also means one SQLite step, which runs without the GIL while another thread
         works (``apply_batch``'s hasher). A NUL does not survive ``json_each``, so ids holding
         one are looked up in ``IN`` lists, as all are by an SQLite built without its JSON

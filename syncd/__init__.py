@@ -1,6 +1,6 @@
 """syncd: the local memory daemon (config, HTTP + MCP, sync engine, gate, CLI).
 
-``__version__`` is read on first use, not at import: ``importlib.metadata`` costs ~15 ms, which
+``__version__`` is read on first use, not at import: ``importlib.metadata`` has a cost
 the prompt hook (``syncd.hook``, run on every prompt) would pay without needing it.
 """
 

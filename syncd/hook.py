@@ -48,7 +48,7 @@ from syncd.places import (
 from syncd.state import read_state
 from syncd.token import read_token, token_path
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~2 ms); mypy reads it
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy reads it
 if TYPE_CHECKING:
     from typing import Any
 
@@ -192,7 +192,7 @@ def _post(parts: SplitResult, token: str, data: bytes) -> tuple[int, bytes]:
             f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n").encode("latin-1")
     host = parts.hostname or ""
-    # bytes: a str host is IDNA-encoded first, whose codec imports unicodedata (~1 ms)
+    # bytes: a str host is IDNA-encoded first, whose codec imports unicodedata
     address = (host.encode("ascii") if host.isascii() else host, parts.port or 80)
     # typeshed says str, getaddrinfo takes bytes too
     with socket.create_connection(address, timeout=HOOK_TIMEOUT_SECS) as sock:  # type: ignore[arg-type]

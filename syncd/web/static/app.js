@@ -1797,9 +1797,10 @@
   function planeSettings(fieldsets) {
     const details = h("details", {class: "plane-settings", id: "settings-plane"},
       h("summary", {}, `Control-plane settings (${fieldsets.length} sections)`),
-      h("p", {class: "muted small", id: "settings-plane-note"}, "These are the control " +
-        "plane's settings: this daemon stores and serves them, but the laptop's recall does " +
-        "not use them."), ...fieldsets);
+      h("p", {class: "muted small", id: "settings-plane-note"}, isHub() ? "These are the " +
+        "control plane's settings: this hub stores and serves them to the laptops; syncd's " +
+        "recall does not use them." : "These are the control plane's settings: this daemon " +
+        "stores and serves them, but the laptop's recall does not use them."), ...fieldsets);
     details.open = state.planeOpen;
     details.addEventListener("toggle", () => { state.planeOpen = details.open; });
     return details;

@@ -66,6 +66,10 @@
     syncRunSeq: 0,  // the latest sync pass (or reopening of the view): it owns #sync-message
     syncing: false,  // a pass is running: "Sync now" stays disabled whatever renders
     view: null,
+    planeOpen: false,
+    list: {realm: "", memory_type: "", tags: "", offset: 0},  // the Memory view's list
+    listSeq: 0,
+    deleted: null,  // [id, hard] of the memory just deleted, said once by the list  // the control-plane settings' disclosure, as the person left it
   };
 
   // ------------------------------------------------------------------ DOM helpers
@@ -466,7 +470,7 @@
           // keep it as typed
         }
       }
-      openMemory(id || state.lastMemory);
+      openMemory(match && match[2] === "" ? null : id || state.lastMemory);  // "#/memory/": the list
     } else if (view === "sync") {
       if (!state.syncing) {  // opening the view again ends a finished pass's report
         state.syncRunSeq += 1;
@@ -760,18 +764,112 @@
     loadVersions(id, $("#versions-body", root), seq);
   }
 
+  const LIST_PAGE = 20;
+
+  /** The Memory view without an id: every memory, newest first (the ``list_memories`` tool,
+   * which validates the filters and names a bad one), a page at a time, and a box to open one
+   * by its id. The filters and page are kept while the page is open. */
   function memoryPicker() {
+    const q = state.list;
+    const realm = h("input", {type: "text", id: "list-realm", value: q.realm,
+      placeholder: "all", "data-field": "realm"});
+    const type = h("select", {id: "list-type", "data-field": "memory_type"},
+      h("option", {value: ""}, "any"), MEMORY_TYPES.map((t) => h("option", {value: t}, t)));
+    type.value = q.memory_type;
+    const tags = h("input", {type: "text", id: "list-tags", value: q.tags,
+      placeholder: "comma-separated", "data-field": "tags"});
+    const filters = h("form", {class: "card search-form", id: "memory-list-form"},
+      h("div", {class: "view-head"}, h("h1", {}, "Memories"),
+        h("button", {type: "submit", class: "primary", id: "list-submit"}, "List")),
+      h("div", {class: "filters"},
+        h("label", {}, "Realm", realm), h("label", {}, "Type", type),
+        h("label", {}, "Tags", tags)),
+      h("p", {id: "list-error", class: "error", role: "alert", hidden: true}));
+    const list = h("div", {id: "memory-list", "aria-live": "polite"});
+    filters.addEventListener("submit", (event) => {
+      event.preventDefault();
+      state.list = {realm: realm.value.trim(), memory_type: type.value, tags: tags.value,
+        offset: 0};
+      loadList(list, filters);
+    });
     const input = h("input", {type: "text", id: "memory-id", placeholder: "memory:…",
       "aria-label": "memory id"});
-    const form = h("form", {class: "card picker"},
-      h("p", {}, "Open a memory from a search result, or by its id:"),
+    const open = h("form", {class: "card picker"},
+      h("p", {}, "Or open a memory by its id:"),
       h("div", {class: "search-row"}, input, h("button", {type: "submit"}, "Open")));
-    form.addEventListener("submit", (event) => {
+    open.addEventListener("submit", (event) => {
       event.preventDefault();
       const id = input.value.trim();
       if (id) location.hash = memoryHref(id);
     });
-    return form;
+    loadList(list, filters);
+    const done = state.deleted;
+    state.deleted = null;
+    const note = done ? h("p", {class: "message message-ok", id: "memory-deleted",
+      role: "status"}, (done[1] ? "Purged " : "Deleted ") + done[0]) : null;
+    return h("div", {}, note, filters, list, open);
+  }
+
+  async function loadList(root, form) {
+    const q = state.list;
+    const seq = ++state.listSeq;
+    const body = {limit: LIST_PAGE + 1, offset: q.offset};  // one more: is there a next page
+    if (q.realm) body.realm = q.realm;
+    if (q.memory_type) body.memory_type = q.memory_type;
+    const tags = splitList(q.tags);
+    if (tags.length) body.tags = tags;
+    const errorEl = $("#list-error", form);
+    clearFieldErrors(form);
+    if (!root.firstChild) root.append(h("p", {class: "muted"}, "Loading…"));
+    let answer;
+    try {
+      answer = await api("POST", "/v1/agent/memory/tools/list_memories", body);
+    } catch (exc) {
+      if (seq !== state.listSeq) return;
+      errorEl.textContent = errorText(exc);
+      errorEl.hidden = false;
+      if (exc.field) fieldError(form, exc.field, exc.message);
+      clear(root);
+      return;
+    }
+    if (seq !== state.listSeq) return;
+    errorEl.hidden = true;
+    renderList(root, form, answer.rows || []);
+  }
+
+  function renderList(root, form, rows) {
+    const q = state.list;
+    const more = rows.length > LIST_PAGE;
+    const shown = rows.slice(0, LIST_PAGE);
+    clear(root);
+    if (!shown.length) {
+      root.append(h("p", {class: "empty", id: "memory-list-empty"},
+        q.offset ? "No more memories." : "No memories match."));
+    }
+    root.append(h("ul", {class: "hits", id: "memory-list-rows"}, shown.map((row) => {
+      const tags = Array.isArray(row.tags) ? row.tags : splitList(row.tags || "");
+      return h("li", {class: "card hit list-row", dataset: {id: row.id}},
+        h("div", {class: "hit-head"},
+          h("a", {class: "hit-title", href: memoryHref(row.id)},
+            row.title || firstLine(row.content_preview || "") || row.id),
+          h("span", {class: "muted small"}, when(row.created_at))),
+        h("div", {class: "hit-meta"}, badge(row.memory_type || "?", "type"),
+          row.realm ? badge(row.realm, "realm") : null,
+          row.status && row.status !== "active" ? badge(row.status, "warn") : null,
+          tags.map((t) => h("span", {class: "tag"}, t))));
+    })));
+    const prev = h("button", {type: "button", id: "list-prev", disabled: q.offset === 0},
+      "Newer");
+    const next = h("button", {type: "button", id: "list-next", disabled: !more}, "Older");
+    const page = (delta) => {
+      state.list = {...state.list, offset: Math.max(0, q.offset + delta)};
+      loadList(root, form);
+    };
+    prev.addEventListener("click", () => page(-LIST_PAGE));
+    next.addEventListener("click", () => page(LIST_PAGE));
+    root.append(h("div", {class: "pager"}, prev,
+      h("span", {class: "muted small", id: "list-range"}, shown.length ?
+        `${q.offset + 1}–${q.offset + shown.length}` : ""), next));
   }
 
   function memoryView(memory, message) {
@@ -780,6 +878,7 @@
     const archived = memory.status === "archived";
     const wrap = h("article", {class: "memory", dataset: {id}});
     wrap.append(h("div", {class: "memory-head"},
+      h("a", {href: "#/memory/", id: "memory-back", class: "small"}, "← All memories"),
       h("h1", {id: "memory-title"}, memory.title || firstLine(memory.content || "") ||
         `(${memory.memory_type || "memory"} with no text)`),
       h("div", {class: "hit-meta"},
@@ -832,6 +931,7 @@
         "Importance"), importance, save),
       msg));
     if (message) showMessage(msg, message[0], message[1]);
+    wrap.append(editForm(memory, msg), deleteBox(id));
 
     // history
     wrap.append(h("section", {class: "card", id: "memory-history"},
@@ -865,6 +965,106 @@
     wrap.append(h("section", {class: "card", id: "memory-details"}, h("h2", {}, "Details"),
       kv(details)));
     return wrap;
+  }
+
+  /** Title, content, tags and importance, saved as one edit (``PATCH …/items/{id}``, a new
+   * version that syncs): only the fields that differ from what was loaded are sent. */
+  function editForm(memory, msg) {
+    const id = memory.id;
+    const tagsText = (memory.tags || []).join(", ");
+    const title = h("input", {type: "text", id: "edit-title", value: memory.title || "",
+      "data-field": "title", placeholder: "(none: the first line heads it)"});
+    const content = h("textarea", {id: "edit-content", rows: 6, "data-field": "content"});
+    content.value = memory.content || "";
+    const tags = h("input", {type: "text", id: "edit-tags", value: tagsText,
+      "data-field": "tags", placeholder: "comma-separated"});
+    const importance = h("input", {type: "number", id: "edit-importance", min: "0", max: "1",
+      step: "0.05", value: String(memory.importance ?? ""), "data-field": "importance"});
+    const save = h("button", {type: "submit", class: "primary", id: "edit-save"}, "Save edit");
+    const form = h("form", {class: "card edit-form", id: "memory-edit", novalidate: true},
+      h("h2", {}, "Edit"),
+      h("label", {}, "Title", title), h("label", {}, "Content", content),
+      h("div", {class: "filters"}, h("label", {}, "Tags", tags),
+        h("label", {}, "Importance (0–1)", importance)), h("div", {}, save));
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      clearFieldErrors(form);
+      const body = {};
+      if (title.value.trim() !== (memory.title || "")) body.title = title.value.trim() || null;
+      if (content.value !== (memory.content || "")) body.content = content.value;
+      if (splitList(tags.value).join(",") !== (memory.tags || []).join(",")) {
+        body.tags = splitList(tags.value);
+      }
+      if (importance.value.trim() !== String(memory.importance ?? "")) {
+        const value = Number(importance.value);
+        if (importance.value.trim() === "" || !Number.isFinite(value) || value < 0 ||
+            value > 1) {
+          fieldError(form, "importance", "a number from 0 to 1");
+          showMessage(msg, "Not saved: importance must be a number from 0 to 1", "error");
+          return;
+        }
+        body.importance = value;
+      }
+      if (!Object.keys(body).length) {
+        showMessage(msg, "Nothing changed.", "info");
+        return;
+      }
+      save.disabled = true;
+      showMessage(msg, "Saving…", "info");
+      try {
+        await api("PATCH", "/v1/agent/memory/items/" + encodeURIComponent(id), body);
+      } catch (exc) {
+        save.disabled = false;
+        if (exc.field) fieldError(form, exc.field, exc.message);
+        showMessage(msg, "Not saved: " + errorText(exc), "error");
+        return;
+      }
+      if (state.view === "memory" && state.lastMemory === id) {
+        await openMemory(id, ["Saved: " + Object.keys(body).join(", "), "ok"]);
+      }
+    });
+    return form;
+  }
+
+  /** Delete, after a confirmation: soft (hidden, synced as deleted) or hard (its text purged
+   * from this store too). */
+  function deleteBox(id) {
+    const ask = h("button", {type: "button", id: "memory-delete"}, "Delete…");
+    const hard = h("input", {type: "checkbox", id: "delete-hard"});
+    const confirmButton = h("button", {type: "button", class: "danger", id: "delete-confirm"},
+      "Delete");
+    const cancel = h("button", {type: "button", id: "delete-cancel"}, "Cancel");
+    const msg = h("p", {class: "message", id: "delete-message", role: "status", hidden: true});
+    const confirmRow = h("div", {class: "confirm", id: "delete-confirmation", hidden: true},
+      h("p", {}, "Delete this memory? It is hidden here and the deletion syncs."),
+      h("label", {class: "check"}, hard,
+        "Also purge its text from this store (hard delete; cannot be undone)"),
+      h("div", {class: "actions-inline"}, confirmButton, cancel));
+    ask.addEventListener("click", () => { confirmRow.hidden = false; ask.hidden = true; });
+    cancel.addEventListener("click", () => {
+      confirmRow.hidden = true;
+      ask.hidden = false;
+      hard.checked = false;
+    });
+    confirmButton.addEventListener("click", async () => {
+      confirmButton.disabled = true;
+      const path = "/v1/agent/memory/items/" + encodeURIComponent(id) +
+        (hard.checked ? "?hard=true" : "");
+      try {
+        await api("DELETE", path);
+      } catch (exc) {
+        confirmButton.disabled = false;
+        showMessage(msg, "Not deleted: " + errorText(exc), "error");
+        return;
+      }
+      state.lastMemory = null;
+      state.deleted = [id, hard.checked];
+      $('#tabs a[data-tab="memory"]').setAttribute("href", "#/memory");
+      if (location.hash === "#/memory") route();
+      else location.hash = "#/memory";
+    });
+    return h("section", {class: "card", id: "memory-delete-box"},
+      h("h2", {}, "Delete"), ask, confirmRow, msg);
   }
 
   function detailValue(key, value) {
@@ -1152,8 +1352,7 @@
         h("h2", {}, "Health ", stateBadge),
         kv([
           ["Last success", when(status.last_success, "never"), "last_success"],
-          ["Last error", status.last_error ? h("span", {class: "error-text"}, status.last_error)
-            : null, "last_error"],
+          ["Last error", lastErrorView(status), "last_error"],
           ["Last error at", status.last_error ? when(status.last_error_at) : null,
             "last_error_at"],
           ["Outbox depth", String(status.outbox ?? "—"), "outbox"],
@@ -1201,6 +1400,21 @@
       ["anti-entropy", "anti_entropy"], ["reset", "reset"], ["clock rewound", "clock_rewound"]]],
     ["Wire", [["requests", "requests"], ["bytes in", "bytes_in"], ["bytes out", "bytes_out"]]],
   ];
+
+  /** The last error, in red while it stands; once a later pass succeeded it is shown as
+   * resolved, with that pass's time (the daemon keeps the error's text for the record). */
+  function lastErrorView(status) {
+    if (!status.last_error) return null;
+    const failed = parseTime(status.last_error_at);
+    const succeeded = parseTime(status.last_success);
+    if (failed && succeeded && succeeded > failed) {
+      return h("span", {class: "resolved", id: "sync-error-resolved"},
+        badge("resolved", "ok"), " ", h("span", {class: "muted"}, status.last_error),
+        h("span", {class: "resolved-at"}, " · resolved by the pass at ",
+          when(status.last_success)));
+    }
+    return h("span", {class: "error-text", id: "sync-error-open"}, status.last_error);
+  }
 
   function passView(pass) {
     const box = h("div", {class: "pass"});
@@ -1573,8 +1787,23 @@
     for (const [key] of GROUPS) {
       if ($(".fields", groups[key]).firstChild) form.append(groups[key]);
     }
-    for (const fieldset of nested) form.append(fieldset);
+    if (nested.length) form.append(planeSettings(nested));
     return form;
+  }
+
+  /** The sections only the control plane acts on (dreaming, HITL, reinforcement…), folded
+   * away: the daemon stores and serves them for the plane, its own recall never reads them.
+   * Kept open once opened, across the form's re-renders. */
+  function planeSettings(fieldsets) {
+    const details = h("details", {class: "plane-settings", id: "settings-plane"},
+      h("summary", {}, `Control-plane settings (${fieldsets.length} sections)`),
+      h("p", {class: "muted small", id: "settings-plane-note"}, isHub() ? "These are the " +
+        "control plane's settings: this hub stores and serves them to the laptops; syncd's " +
+        "recall does not use them." : "These are the control plane's settings: this daemon " +
+        "stores and serves them, but the laptop's recall does not use them."), ...fieldsets);
+    details.open = state.planeOpen;
+    details.addEventListener("toggle", () => { state.planeOpen = details.open; });
+    return details;
   }
 
   function groupFieldset(path, label, spec, value) {

@@ -12,14 +12,14 @@ Rules:
     other error prints nothing, exit 0.
   * It runs on every prompt, so it imports only cheap standard modules (``json``, ``socket``;
     ``tomllib`` when a config file is there to read) and syncd's stdlib-only ``places``,
-    ``state`` and ``token`` — never aiohttp, msgspec, numpy, the store, ``argparse`` or
+    ``hook_config``, ``state`` and ``token`` — never aiohttp, msgspec, numpy, the store, ``argparse`` or
     ``urllib.request`` (``syncd.entry`` dispatches here before any of them). ``syncd.cli``
     runs this same code for ``recall --hook``.
   * The daemon's data directory and URL are found exactly as every other command finds them
-    (``syncd.cli._settings``): the config file, ``SYNCD_*``, then ``--data-dir``. A config
-    with no settings at all (no file, or one holding only comments, and no ``SYNCD_*``
-    variable) means the defaults, computed here; anything else is decided by
-    ``syncd.config.load_config`` itself — slower (msgspec), never different.
+    (``syncd.cli._settings``): the config file, ``SYNCD_*``, then ``--data-dir``. A usual
+    config is read by ``syncd.hook_config`` (``tomllib``, the options it can vouch for); an
+    unusual one is decided by ``syncd.config.load_config`` itself — slower (msgspec), never
+    different.
   * One HTTP/1.1 request on a plain socket, as ``syncd.client`` sends it (the same headers
     that matter, the state file's URL, a 1 s timeout on connecting and on each read) and never
     through a proxy; a URL that is not plain ``http://host:port`` goes through
@@ -37,14 +37,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import SplitResult, urlsplit  # pathlib imports it already
 
-from syncd.places import (
-    ENV_PREFIX,
-    default_config_path,
-    default_data_dir,
-    default_hub_data_dir,
-    expand_path,
-    has_control_characters,
-)
+from syncd.hook_config import fast_address
 from syncd.state import read_state
 from syncd.token import read_token, token_path
 
@@ -53,8 +46,6 @@ if TYPE_CHECKING:
     from typing import Any
 
 HOOK_TIMEOUT_SECS = 1.0
-# local_url(*parse_listen(DEFAULT_LISTEN)) from syncd.config, spelled out (a test keeps them equal)
-DEFAULT_URL = "http://127.0.0.1:7777"
 QUERY_PATH = "/v1/agent/memory/query"
 
 
@@ -130,41 +121,13 @@ def daemon_address(config: Path | None, data_dir: Path | None,
                    env: Mapping[str, str]) -> tuple[Path, str]:
     """(data directory, configured URL), as ``syncd.cli._settings`` finds them for ``recall``;
     raises what it raises (``ConfigError``, ``OSError``) for a config it refuses."""
-    found = defaults_only(config, env)
-    if found is None:
+    found = fast_address(config, env)
+    if found is None:  # an unusual config: only load_config can say
         from syncd.config import load_config, local_url, parse_listen
         loaded = load_config(config, dict(env))
-        found, listen_url = loaded.daemon.data_dir, local_url(*parse_listen(loaded.daemon.listen))
-    else:
-        listen_url = DEFAULT_URL
-    return (data_dir.expanduser() if data_dir else Path(found)), listen_url
-
-
-def defaults_only(config: Path | None, env: Mapping[str, str]) -> Path | None:
-    """The default data directory when the config sets nothing (as ``load_config`` would
-    find it: no ``SYNCD_*`` variable, the file absent or empty TOML), else None: then only
-    ``load_config`` can say."""
-    if any(name.startswith(ENV_PREFIX) for name in env):
-        return None
-    path = default_config_path(env) if config is None else config
-    data = b""
-    if config is not None or path.exists():
-        try:
-            data = expand_path(str(path), env).read_bytes()
-        except OSError:
-            return None
-    if data:
-        import tomllib
-        try:
-            if tomllib.loads(data.decode("utf-8-sig")):
-                return None
-        except (UnicodeDecodeError, tomllib.TOMLDecodeError):
-            return None
-    found = default_data_dir(env)
-    for default in (found, default_hub_data_dir(env)):  # what DaemonConfig and HubConfig check
-        if not default.is_absolute() or has_control_characters(str(default)):
-            return None
-    return found
+        found = loaded.daemon.data_dir, local_url(*parse_listen(loaded.daemon.listen))
+    where, listen_url = found
+    return (data_dir.expanduser() if data_dir else Path(where)), listen_url
 
 
 def _query(data_dir: Path, listen_url: str, body: dict[str, Any]) -> Any:

@@ -17,7 +17,9 @@ import pytest
 from syncd.cli import _settings, build_parser
 from syncd.config import DEFAULT_LISTEN, local_url, parse_listen
 from syncd.entry import hook_flags
-from syncd.hook import DEFAULT_URL, _read_response, daemon_address, defaults_only
+from syncd.hook import _read_response, daemon_address
+from syncd.hook_config import DEFAULT_LISTEN as HOOK_DEFAULT_LISTEN
+from syncd.hook_config import fast_address
 from tests.syncd.processes import env_for
 from tests.syncd.test_daemon import cli
 from tests.syncd.test_proxies import running_daemon
@@ -60,8 +62,10 @@ def test_every_other_command_line_is_left_to_argparse(argv: list[str]) -> None:
 
 # --- where the daemon is ------------------------------------------------------------------------
 
-def test_the_default_url_is_the_default_listen_address() -> None:
-    assert local_url(*parse_listen(DEFAULT_LISTEN)) == DEFAULT_URL
+def test_the_default_listen_address_is_the_configs() -> None:
+    assert HOOK_DEFAULT_LISTEN == DEFAULT_LISTEN
+    assert fast_address(None, {"HOME": "/h"}) == (
+        Path("/h/.local/share/syncd"), local_url(*parse_listen(DEFAULT_LISTEN)))
 
 
 CONFIGS: dict[str, bytes | None] = {
@@ -116,9 +120,11 @@ def test_the_hook_finds_the_daemon_exactly_as_the_cli_does(
         finally:
             os.environ.clear()
             os.environ.update(saved)
-    plain = content is None or config_name in ("empty", "comments", "bom and comment")
-    assert (defaults_only(config, env) is not None) == (
-        plain and env_name in ("plain", "a relative XDG_DATA_HOME")
+    usual = content is None or config_name in (
+        "empty", "comments", "bom and comment", "a setting", "a listen address", "a data dir",
+        "an empty section")
+    assert (fast_address(config, env) is not None) == (
+        usual and env_name in ("plain", "a SYNCD_ variable", "a relative XDG_DATA_HOME")
         and not (flagged and content is None)), (config_name, env_name)
 
 
@@ -215,6 +221,9 @@ async def the_hook_answers_as_the_cli(tmp_path: Path, data: Path, project: Path)
         _, _, err = await run([sys.executable, "-X", "importtime", str(SCRIPT),
                                "--config", str(comments), *hook], env, stdin)
         assert "msgspec" not in imported(err)  # comments only: the defaults, no msgspec
+        _, _, err = await run([sys.executable, "-X", "importtime", str(SCRIPT),
+                               "--config", str(config), *hook], env, stdin)
+        assert imported(err) & set(HEAVY) == set(), sorted(imported(err))  # a usual config
         for argv in ([str(SCRIPT)], full):  # a config that every command refuses
             assert await run([*argv, "--config", str(broken), *hook], env, stdin) == (
                 0, "", "")

@@ -18,16 +18,19 @@ Rules:
     ``reinforce_memory``, ``list_memory_usage``; docs/kyma-current-surface.md), with the
     plane's arguments and answers. ``HUB_TOOLS`` (the hub's MCP) has them; ``TOOLS`` (the
     daemon's) does not yet.
-  * Usage counters (the plane's ``memory_usage_stats``) live beside the store, in
-    ``USAGE_FILE``, not on the memories: a count is telemetry, not an edit, and never syncs. A
-    ``Surfacer`` serving ``list_memory_usage`` counts a hit for every memory its search tools
-    return (the plane's passive signal); ``reinforce_memory`` records a verdict.
+  * Usage counters (the plane's ``memory_usage_stats``) live beside the store, not on the
+    memories: a count is telemetry, not an edit, and never syncs. They are a
+    ``UsageCounters``: by default ``Usage``, the file ``USAGE_FILE`` in the store's data
+    directory; a hub passes its own (``hub_tools``; on PostgreSQL a table every hub process
+    shares). A ``Surfacer`` serving ``list_memory_usage`` counts a hit for every memory its
+    search tools return (the plane's passive signal); ``reinforce_memory`` records a verdict.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import sqlite3
 import time
@@ -36,7 +39,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -417,6 +420,30 @@ USAGE_COLUMNS = ("hit_count, reinforced_count, miss_count, last_surfaced_ns, "
                  "last_reinforced_ns")
 
 
+class UsageCounters(Protocol):
+    """Where a tool table's usage counters live (``Usage``; the PostgreSQL hub's table)."""
+
+    async def surfaced(self, hits: list[tuple[str, str]]) -> None:
+        """One hit for each ``(memory_id, realm)``."""
+        ...
+
+    async def feedback(self, memory_id: str, realm: str, helpful: bool) -> dict[str, Any]:
+        """Record a verdict; the memory's counters after it (``_counts``' keys)."""
+        ...
+
+    async def unreinforced(self, realm: str | None, limit: int) -> list[dict[str, Any]]:
+        """Memories surfaced but never judged, most hits first (then last surfaced first)."""
+        ...
+
+
+UsageOf = Callable[[Store], UsageCounters]
+
+
+def file_usage(store: Store) -> UsageCounters:
+    """The default counters: ``USAGE_FILE`` in ``store``'s data directory."""
+    return Usage(store.data_dir)
+
+
 class Usage:
     """The usage counters of the store in ``data_dir`` (rules above), the plane's semantics:
     a hit bumps ``hit_count``, a verdict ``reinforced_count`` (helpful) or ``miss_count``; a
@@ -477,7 +504,12 @@ class Usage:
                 "AND reinforced_count = 0 AND miss_count = 0 AND (? IS NULL OR realm = ?) "
                 "ORDER BY hit_count DESC, last_surfaced_ns DESC, memory_id LIMIT ?",
                 (realm, realm, limit)).fetchall()
-        return [{"memory_id": row[0], **_counts(row[1:])} for row in rows]
+        return [usage_row(*row) for row in rows]
+
+
+def usage_row(memory_id: str, *row: Any) -> dict[str, Any]:
+    """One ``list_memory_usage`` entry from a stored row (``USAGE_COLUMNS``' order)."""
+    return {"memory_id": memory_id, **_counts(row)}
 
 
 def _counts(row: tuple[Any, ...]) -> dict[str, Any]:
@@ -493,7 +525,7 @@ async def _flush(store: Store, args: dict[str, Any]) -> Any:
     return {"flushed": True}
 
 
-async def _reinforce(store: Store, args: dict[str, Any]) -> Any:
+async def _reinforce(usage_of: UsageOf, store: Store, args: dict[str, Any]) -> Any:
     """The plane's verdict: a memory that cannot be read is counted under the default realm."""
     mid = normalise_memory_id(args.get("memory_id"))
     outcome = args.get("outcome")
@@ -506,19 +538,19 @@ async def _reinforce(store: Store, args: dict[str, Any]) -> Any:
         if getattr(exc, "code", "") != "not_found":
             raise
         realm = DEFAULT_REALM
-    counts = await Usage(store.data_dir).feedback(mid, realm, outcome == "helpful")
+    counts = await usage_of(store).feedback(mid, realm, outcome == "helpful")
     return {"ok": True, "memory_id": mid, "hit_count": counts["hit_count"],
             "reinforced_count": counts["reinforced_count"], "miss_count": counts["miss_count"]}
 
 
-async def _usage_list(store: Store, args: dict[str, Any]) -> Any:
+async def _usage_list(usage_of: UsageOf, store: Store, args: dict[str, Any]) -> Any:
     limit = args.get("limit", USAGE_LIMIT)
     if limit is None:
         limit = USAGE_LIMIT
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
         raise ValidationError("limit", "must be an integer, 0 or more")
     realm = optional_str(args, "realm")
-    found = await Usage(store.data_dir).unreinforced(realm, min(max(limit, 1), MAX_USAGE_LIMIT))
+    found = await usage_of(store).unreinforced(realm, min(max(limit, 1), MAX_USAGE_LIMIT))
     return {"memories": found}
 
 
@@ -589,23 +621,34 @@ TOOLS: dict[str, Tool] = {t.name: t for t in (
          _obj({"content": S, "realm": S, "tags": SL}, ("content",)), _learning),
 )}
 
-PLANE_TOOLS: dict[str, Tool] = {t.name: t for t in (
-    Tool("flush_memory", "Wait until saved memories are committed. syncd commits every write "
-         "before its tool answers, so this returns at once; kept for agents written for the "
-         "plane.", _obj({"realms": {**SL, "description": "Realms to flush; empty = all."}}),
-         _flush),
-    Tool("reinforce_memory", "After acting on a recalled memory, report whether it helped: "
-         "outcome 'helpful' or 'not_helpful'. Records usage counts, not an edit of the memory.",
-         _obj({"memory_id": S, "outcome": {**S, "enum": list(OUTCOMES)},
-               "reason": {**S, "description": "Why; not stored."}},
-              ("memory_id", "outcome")), _reinforce),
-    Tool("list_memory_usage", "Memories recalled at least once but never judged with "
-         "reinforce_memory, most recalled first: the worklist for inferring verdicts.",
-         _obj({"realm": {**S, "description": "One realm; omit for all."},
-               "limit": {**I, "minimum": 0, "description": "At most this many (default 50, "
-                         "1-500)."}}), _usage_list),
-)}
+def plane_tools(usage_of: UsageOf = file_usage) -> dict[str, Tool]:
+    """The plane's three tools, their counters ``usage_of(store)``."""
+    return {t.name: t for t in (
+        Tool("flush_memory", "Wait until saved memories are committed. syncd commits every "
+             "write before its tool answers, so this returns at once; kept for agents written "
+             "for the plane.", _obj({"realms": {**SL, "description": "Realms to flush; empty = all."}}),
+             _flush),
+        Tool("reinforce_memory", "After acting on a recalled memory, report whether it "
+             "helped: outcome 'helpful' or 'not_helpful'. Records usage counts, not an edit of "
+             "the memory.",
+             _obj({"memory_id": S, "outcome": {**S, "enum": list(OUTCOMES)},
+                   "reason": {**S, "description": "Why; not stored."}},
+                  ("memory_id", "outcome")), functools.partial(_reinforce, usage_of)),
+        Tool("list_memory_usage", "Memories recalled at least once but never judged with "
+             "reinforce_memory, most recalled first: the worklist for inferring verdicts.",
+             _obj({"realm": {**S, "description": "One realm; omit for all."},
+                   "limit": {**I, "minimum": 0, "description": "At most this many (default 50, "
+                             "1-500)."}}), functools.partial(_usage_list, usage_of)),
+    )}
+
+
+PLANE_TOOLS = plane_tools()
 HUB_TOOLS: dict[str, Tool] = {**TOOLS, **PLANE_TOOLS}
+
+
+def hub_tools(usage_of: UsageOf) -> dict[str, Tool]:
+    """``HUB_TOOLS`` with the hub's own counters (serve them with ``Surfacer(…, usage_of)``)."""
+    return {**TOOLS, **plane_tools(usage_of)}
 
 
 def _check_conversation(value: object) -> None:
@@ -621,10 +664,12 @@ def _check_conversation(value: object) -> None:
 
 class Surfacer:
     """Remembers, per conversation, what was surfaced, so it is repeated on later calls; calls
-    the tools of ``tools``, counting usage when they include ``list_memory_usage``."""
+    the tools of ``tools``, counting usage in ``usage_of(store)`` when they include
+    ``list_memory_usage``."""
 
-    def __init__(self, tools: Mapping[str, Tool] = TOOLS) -> None:
-        self.tools = tools
+    def __init__(self, tools: Mapping[str, Tool] = TOOLS,
+                 usage_of: UsageOf = file_usage) -> None:
+        self.tools, self.usage_of = tools, usage_of
         self.counts_usage = "list_memory_usage" in tools
         self._seen: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
 
@@ -648,7 +693,7 @@ class Surfacer:
         conversation = conversation or f"conv-{uuid.uuid4()}"
         result = await tool.handler(store, params)
         if self.counts_usage and name in SEARCH_TOOLS and isinstance(result, dict):
-            await Usage(store.data_dir).surfaced(
+            await self.usage_of(store).surfaced(
                 [(m["id"], m["realm"]) for m in result["memories"]])
         searched = None
         if context is None and name in SEARCH_TOOLS and isinstance(result, dict):

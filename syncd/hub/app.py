@@ -6,11 +6,12 @@ Rules:
     ``settings`` and MCP, with bearer tokens and roles ``read < write < admin``. ``import``
     and ``PUT settings`` need ``write``; MCP needs ``read``, as the plane's. (The plane lets
     ``read`` change settings; the hub keeps ``read`` read-only, as it does in MCP.)
-  * MCP (``/mcp/v1``) serves ``HUB_TOOLS`` on a SQLite hub. A ``read`` token sees and calls
-    only the read-only tools; the others answer a JSON-RPC error naming the tool and the
-    ``write`` role (``syncd/mcp.py``): the plane lets ``read`` write through MCP, the hub does
-    not. The search tools and ``query`` count usage (``syncd/tools.py``, ``Usage``). A
-    PostgreSQL hub answers MCP with 501: the tools run on the local store, which it has not.
+  * MCP (``/mcp/v1``) serves ``HUB_TOOLS`` on both stores: on SQLite over the hub's store
+    itself, on PostgreSQL over a working copy of it (``workcopy.py``: a local store that
+    replicates the hub through ``feed`` and ``apply``). A ``read`` token sees and calls only
+    the read-only tools; the others answer a JSON-RPC error naming the tool and the ``write``
+    role (``syncd/mcp.py``): the plane lets ``read`` write through MCP, the hub does not. The
+    search tools and ``query`` count usage in the store's counters (``HubStore.usage``).
   * ``PUT settings`` with a bearer token is the plane's: the body replaces the settings (its
     missing keys take the coded defaults, ``replace_settings``) and the answer is
     ``{"ok": true}``. The page's sessions keep the patch the page sends (only the changed
@@ -137,8 +138,9 @@ from syncd.hub.tokens import (
     role_allows,
     token_hash,
 )
+from syncd.hub.workcopy import CopyMcp, WorkingCopy
 from syncd.mcp import CALLER_CAN_WRITE, McpServer
-from syncd.tools import HUB_TOOLS, Surfacer, Usage
+from syncd.tools import Surfacer, UsageCounters, hub_tools
 
 log = logging.getLogger("syncd.hub")
 
@@ -180,11 +182,23 @@ def create_hub_app(backend: HubStore | Store, book: TokenBook | None = None, *,
     app[INVITE_ATTEMPTS] = Attempts()
     app[HELD_POLLS] = HeldPolls(max_held_polls)
     app.on_shutdown.append(_release_polls)
+    surfacer = _surfacer(backend.usage)
     if isinstance(backend, SqliteHubStore):
-        app[MCP] = McpServer(backend.store, Surfacer(HUB_TOOLS))
+        app[MCP] = McpServer(backend.store, surfacer)
+    else:
+        copy = WorkingCopy(backend)
+        app[MCP] = CopyMcp(copy, surfacer)
+        app.on_cleanup.append(lambda _app: copy.close())
     for method, path, handler, _role in ROUTES:
         app.router.add_route(method, path, handler)
     return app
+
+
+def _surfacer(usage: UsageCounters) -> Surfacer:
+    """``HUB_TOOLS`` counting into ``usage``, whatever store the tools run on."""
+    def usage_of(_store: Store) -> UsageCounters:
+        return usage
+    return Surfacer(hub_tools(usage_of), usage_of)
 
 
 def hub_of(request: web.Request) -> HubStore:
@@ -425,11 +439,8 @@ async def query(request: web.Request) -> web.Response:
 
 
 async def _count_hits(hub: HubStore, answer: QueryResponse) -> None:
-    """A hit for each memory a recall returned (the plane's passive signal), on a SQLite hub:
-    a PostgreSQL hub keeps no usage counters (it serves no MCP to read them with)."""
-    if isinstance(hub, SqliteHubStore):
-        await Usage(hub.store.data_dir).surfaced(
-            [(m.id, m.realm or "") for m in answer.memories])
+    """A hit for each memory a recall returned (the plane's passive signal)."""
+    await hub.usage.surfaced([(m.id, m.realm or "") for m in answer.memories])
 
 
 async def entitlement(request: web.Request) -> web.Response:
@@ -511,9 +522,6 @@ async def put_settings(request: web.Request) -> web.Response:
 
 
 async def hub_mcp(request: web.Request) -> web.Response:
-    if MCP not in request.app:
-        raise HttpError(501, "not_implemented", "MCP is served by single-process (SQLite) hubs "
-                        "only; agents reach a PostgreSQL hub through their laptop's daemon")
     allowed = CALLER_CAN_WRITE.set(role_allows(request[CALLER_ROLE], "write"))
     try:
         return await mcp(request)

@@ -1,6 +1,7 @@
 """The hub-store interface: everything the hub persists goes through a ``HubStore`` — rows and
 edges (``apply``), the change feed (``feed``, ``export_page``), recall, settings, counters,
-API tokens (``tokens``) and the invites that become tokens (``invites``, rules in
+the MCP tools' usage counters (``usage``: ``memory-usage.sqlite3`` beside a SQLite store, the
+``memory_usage_stats`` table on PostgreSQL), API tokens (``tokens``) and the invites that become tokens (``invites``, rules in
 ``invites.py``), the entitlement signing key and the web page's sign-ins (``add_page_session``).
 
 Two implementations run the same conformance suite (``tests/hub/test_conformance.py``):
@@ -51,6 +52,7 @@ from syncd.hub.tokens import (
     list_tokens,
     revoke_token,
 )
+from syncd.tools import Usage, UsageCounters
 
 Page = tuple[list[NodeRow], list[EdgeRow], str, bool]  # rows, until/next cursor, has_more
 
@@ -100,6 +102,9 @@ class HubStore(Protocol):
 
     @property
     def invites(self) -> InviteStore: ...
+
+    @property
+    def usage(self) -> UsageCounters: ...
 
     def now_ns(self) -> int:
         """The hub's clock (the origin-mode feed's ``until``)."""
@@ -219,6 +224,7 @@ class SqliteHubStore:
         self.store = store
         self.tokens: TokenStore = tokens if tokens is not None else FileTokens(store.data_dir)
         self.invites: InviteStore = FileInvites(store.data_dir)
+        self.usage: UsageCounters = Usage(store.data_dir)
         self.store_id = store.store_id
         self.embedder = store.embedder
         self._page_sessions: dict[str, PageSession] = {}  # in sign-in order, oldest first

@@ -2,8 +2,8 @@
 real ``syncd hub`` processes on SQLite and on PostgreSQL:
 
   * MCP needs only ``read``; a ``read`` token lists and calls only the read-only tools, and a
-    write tool answers a JSON-RPC error naming it and the ``write`` role, with nothing run. A
-    PostgreSQL hub still answers MCP with 501.
+    write tool answers a JSON-RPC error naming it and the ``write`` role, with nothing run. On
+    both stores (a PostgreSQL hub serves it from a working copy, ``syncd/hub/workcopy.py``).
   * ``flush_memory``, ``reinforce_memory`` and ``list_memory_usage`` with the plane's arguments
     and answers; searches (MCP and ``query``) count hits.
   * Settings carry the plane's newer blocks with its defaults, and ``dreaming``'s
@@ -102,13 +102,6 @@ async def hub(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[H
         yield running
 
 
-@pytest.fixture
-async def sqlite_hub(tmp_path: Path) -> AsyncIterator[Hub]:
-    """MCP is served by SQLite hubs only (a PostgreSQL hub answers 501, tested below)."""
-    async with running_hub(tmp_path, "sqlite", ("--data-dir", str(tmp_path / "hub"))) as hub:
-        yield hub
-
-
 async def save(hub: Hub, content: str, realm: str = "p") -> str:
     saved = await hub.tool(hub.write, "save_memory", content=content, realm=realm)
     assert saved["saved"] is True, saved
@@ -117,8 +110,7 @@ async def save(hub: Hub, content: str, realm: str = "p") -> str:
 
 # ---------------------------------------------------------------------- 1. MCP at read
 
-async def test_a_read_token_lists_and_calls_only_the_read_only_tools(sqlite_hub: Hub) -> None:
-    hub = sqlite_hub
+async def test_a_read_token_lists_and_calls_only_the_read_only_tools(hub: Hub) -> None:
     assert (await hub.rpc(hub.read, "initialize"))["result"]["serverInfo"]["name"] == "syncd"
     listed = (await hub.rpc(hub.read, "tools/list"))["result"]["tools"]
     assert {t["name"] for t in listed} == READ_ONLY_TOOLS
@@ -137,8 +129,7 @@ async def test_a_read_token_lists_and_calls_only_the_read_only_tools(sqlite_hub:
     assert found["memories"] == [] and found["precedent"] is None
 
 
-async def test_a_write_token_gets_every_tool(sqlite_hub: Hub) -> None:
-    hub = sqlite_hub
+async def test_a_write_token_gets_every_tool(hub: Hub) -> None:
     listed = (await hub.rpc(hub.write, "tools/list"))["result"]["tools"]
     assert [t["name"] for t in listed] == list(HUB_TOOLS)
     assert set(PLANE_TOOLS) <= {t["name"] for t in listed}
@@ -150,8 +141,7 @@ async def test_a_write_token_gets_every_tool(sqlite_hub: Hub) -> None:
     assert [m["id"] for m in found["memories"]] == [mid]
 
 
-async def test_a_batch_from_a_read_token_refuses_only_its_write_calls(sqlite_hub: Hub) -> None:
-    hub = sqlite_hub
+async def test_a_batch_from_a_read_token_refuses_only_its_write_calls(hub: Hub) -> None:
     status, answers = await hub.call("POST", "/mcp/v1", hub.read, [
         {"jsonrpc": "2.0", "id": "list", "method": "tools/list"},
         {"jsonrpc": "2.0", "id": "save", "method": "tools/call",
@@ -161,21 +151,17 @@ async def test_a_batch_from_a_read_token_refuses_only_its_write_calls(sqlite_hub
     assert "result" in by_id["list"] and by_id["save"]["error"]["code"] == INVALID_PARAMS
 
 
-async def test_mcp_needs_a_token_and_a_postgresql_hub_answers_501(hub: Hub) -> None:
+async def test_mcp_needs_a_token(hub: Hub) -> None:
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
     assert (await hub.call("POST", "/mcp/v1", None, body))[0] == 401
     status, answer = await hub.call("POST", "/mcp/v1", hub.read, body)
-    if hub.kind == "postgresql":
-        assert status == 501 and answer["error"]["code"] == "not_implemented"
-    else:
-        assert status == 200 and answer["result"]["tools"]
+    assert status == 200 and answer["result"]["tools"]
 
 
 # ---------------------------------------------------------------------- 2. the plane's tools
 
 async def test_searches_count_hits_and_reinforce_takes_a_memory_off_the_worklist(
-        sqlite_hub: Hub) -> None:
-    hub = sqlite_hub
+        hub: Hub) -> None:
     deploy = await save(hub, "deploys run from make release on the build host")
     backup = await save(hub, "backups of the build host run nightly at three")
     await save(hub, "a memory in another realm about the build host", realm="q")
@@ -206,8 +192,7 @@ async def test_searches_count_hits_and_reinforce_takes_a_memory_off_the_worklist
     assert (await hub.tool(hub.read, "list_memory_usage"))["memories"] == []
 
 
-async def test_the_plane_tools_refuse_bad_arguments_by_field(sqlite_hub: Hub) -> None:
-    hub = sqlite_hub
+async def test_the_plane_tools_refuse_bad_arguments_by_field(hub: Hub) -> None:
     mid = await save(hub, "the release train leaves on Tuesdays")
     for name, arguments, field in (
             ("reinforce_memory", {"memory_id": mid, "outcome": "maybe"}, "outcome"),
@@ -222,9 +207,8 @@ async def test_the_plane_tools_refuse_bad_arguments_by_field(sqlite_hub: Hub) ->
 
 
 async def test_reinforcing_a_memory_that_cannot_be_read_is_still_counted(
-        sqlite_hub: Hub) -> None:
+        hub: Hub) -> None:
     """As the plane: the verdict is recorded under the default realm."""
-    hub = sqlite_hub
     ghost = f"memory:{uuid.uuid4()}"
     verdict = await hub.tool(hub.write, "reinforce_memory", memory_id=ghost,
                              outcome="not_helpful")

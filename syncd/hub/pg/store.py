@@ -50,6 +50,7 @@ from syncd.hub.pg.marks import batch_end
 from syncd.hub.pg.migrate import Conn, migrate
 from syncd.hub.pg.recall import VectorTail, keyword_text, run_recall
 from syncd.hub.pg.tokens import PgTokens
+from syncd.hub.pg.usage import PgUsage
 from syncd.hub.store import Page, PageSession, StoreUnavailableError, parse_cursor
 
 log = logging.getLogger("syncd.hub.pg")
@@ -134,6 +135,7 @@ class PgHubStore:
         self._pool, self.embedder, self.store_id = pool, embedder, store_id
         self.tokens = PgTokens(self._connection)
         self.invites = PgInvites(self._connection)
+        self.usage = PgUsage(self._connection)
         self.vectors = VectorTail(embedder.model_id, embedder.dim)
         self._follower: asyncio.Task[None] | None = None
         self._listener: asyncio.Task[None] | None = None

@@ -696,6 +696,12 @@ class Store:
                                    kept=kept),
             foreign_keys=False)
 
+    def expect_vectors(self, count: int, model: str) -> None:
+        """A pull is about to apply up to ``count`` rows with ``model`` vectors: when those go to
+        the in-RAM index, it grows once, now, to hold them (``VectorIndex.reserve``)."""
+        if count > 0 and model == self.index.model:
+            self.index.reserve(count)
+
     async def correct_clock(self, offset_ns: int) -> bool:
         """Use ``offset_ns`` (to the plane's clock) from now on; when the HLC had run ahead of
         the corrected time by more than the drift bound, pull it back. True if it was. (Queued

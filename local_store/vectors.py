@@ -6,7 +6,8 @@ Rules:
     enters), so cosine similarity is a dot product.
   * The index mirrors the ``vectors`` table: rebuilt at start-up, then updated after each
     committed write (never from inside the transaction). Removal swaps in the last vector, so
-    the matrix stays dense; capacity grows by doubling.
+    the matrix stays dense; capacity grows by doubling, or once to the size ``reserve`` is
+    told of (a pulled body of known length: no half-full matrix copied beside a new one).
   * Vectors are stored as columns (``dim × capacity``): the query's product is then OpenBLAS's
     plain matrix-vector kernel, which reads the matrix faster than the transposed kernel a
     row per vector calls for (``bench/recall_speed.py``). Writing a block of
@@ -102,6 +103,11 @@ class VectorIndex:
 
     def __contains__(self, memory_id: object) -> bool:
         return memory_id in self._rows
+
+    @property
+    def capacity(self) -> int:
+        """How many vectors the matrix has room for before it must grow."""
+        return int(self._columns.shape[1])
 
     @property
     def ids(self) -> list[str]:
@@ -250,11 +256,20 @@ class VectorIndex:
             rows = unit_rows(floats(block).reshape(len(block), self.dim))
             self._columns[:, start + at:start + at + len(block)] = rows.T
 
-    def _reserve(self, rows: int) -> None:
-        """Room for ``rows`` vectors: the matrix at least doubles when it grows."""
+    def reserve(self, more: int) -> None:
+        """Room for ``more`` vectors beyond those held, made now in one growth: a pull that
+        knows its page's size calls this before applying it, so the matrix is not doubled (and
+        copied, both copies resident at once) page after page as it fills."""
+        with self._lock:
+            self._reserve(len(self._ids) + more, exact=True)
+
+    def _reserve(self, rows: int, *, exact: bool = False) -> None:
+        """Room for ``rows`` vectors: the matrix at least doubles when it grows (unless
+        ``exact``: then it grows to ``rows``)."""
         have = len(self._ids)
         if rows > self._columns.shape[1]:
-            grown = np.zeros((self.dim, max(rows, have * 2)), dtype=np.float32)
+            grown = np.zeros((self.dim, rows if exact else max(rows, have * 2)),
+                             dtype=np.float32)
             grown[:, :have] = self._columns[:, :have]
             self._columns = grown
             derived = np.full(grown.shape[1], np.nan, np.float32)

@@ -509,6 +509,8 @@ class SyncEngine:
             return True  # nothing new and nothing to record: no write transaction
         problems: list[Any] = []
         if spool is not None:
+            self.store.expect_vectors(spool.counts.get("memory_nodes", 0),
+                                      self._plane_model(state))
             async for nodes, edges in spooled_rows(spool, unreadable):
                 batch = await self.store.pull(nodes, edges, model=self._plane_model(state),
                                               state={}, until=page.until, kept=_kept(state))

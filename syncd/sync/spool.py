@@ -8,7 +8,8 @@ anonymous temporary file as it arrives (``PlaneClient``), and read from there:
   * ``envelope`` reads the file through once, off the event loop, and returns every top-level
     value but the two arrays (``until``, ``has_more``, ...), so the engine decides what to do
     with the page before applying any of it — and a body that is not JSON, or that ends part
-    way, fails here, before any of its rows is applied;
+    way, fails here, before any of its rows is applied; it counts the rows of each array on
+    the way (``counts``), so the store can make room for the page's vectors once;
   * ``batches`` then yields its rows, ``SPOOL_ROWS`` at a time, as typed rows plus the rows
     that do not fit the row schema (R5: each costs only itself), nodes before edges as the
     body holds them.
@@ -35,6 +36,7 @@ class Spool:
 
     def __init__(self, file: IO[bytes], size: int, rows: int = SPOOL_ROWS) -> None:
         self._file, self.size, self._rows = file, size, rows
+        self.counts: dict[str, int] = {}  # rows per array, known once ``envelope`` has read it
 
     def close(self) -> None:
         self._file.close()
@@ -45,9 +47,11 @@ class Spool:
 
     def _envelope(self) -> dict[str, Any]:
         others: dict[str, object] = {}
+        counts: dict[str, int] = {}
         with self._text() as text:
-            for _ in jsonrows.rows(text, others=others):
-                pass
+            for key, _, _ in jsonrows.rows(text, others=others):
+                counts[key] = counts.get(key, 0) + 1
+        self.counts = counts
         return others
 
     async def batches(self) -> AsyncIterator[tuple[str, list[tuple[int, object]]]]:

@@ -236,3 +236,23 @@ def test_fill_derived_computes_every_missing_value_a_block_at_a_time() -> None:
     assert got == {f"memory:{i}": pytest.approx(float(vectors[i][0])) for i in range(10)}
     assert blocks == [4, 4, 2]  # all read back, none computed
     assert index.fill_derived(first_element, stop=lambda: True) == 0
+
+
+def test_reserve_grows_once_and_pages_then_fill_the_same_matrix() -> None:
+    """A pull that announces its rows (``reserve``) is applied page after page into one
+    matrix: no page copies it into a doubled one (both copies resident at once)."""
+    rng = np.random.default_rng(11)
+    index = VectorIndex("m", 8, capacity=4)
+    index.upsert("first", unit(rng, 1)[0])
+    index.reserve(1000)
+    assert index.capacity == 1001
+    matrix = index._columns
+    vectors = unit(rng, 1000)
+    for page in range(0, 1000, 100):
+        index.apply([(f"id{i:04d}", vectors[i]) for i in range(page, page + 100)])
+        assert index._columns is matrix, f"the matrix was copied at page {page // 100}"
+    assert len(index) == 1001
+    query = vectors[123]
+    assert index.top_k(query, 1)[0][0] == "id0123"
+    index.upsert("one-more", unit(rng, 1)[0])  # beyond the reservation: doubling as before
+    assert index.capacity == 2002 and len(index) == 1002

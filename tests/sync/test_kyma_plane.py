@@ -404,6 +404,7 @@ async def test_a_whole_feed_in_one_body_is_applied_from_disk_a_batch_at_a_time(
         assert report.ok and report.pulled_nodes == 2501 and report.pulled_edges == 1, report
         assert engine.client.spooled >= 1
         assert (await store.stats())["memories"] == 2501
+        assert store.index.capacity == 2501  # grown once, to the rows the spool counted
         assert (await store.sync_state())["cursor"] is not None
         engine.options.anti_entropy_secs = 0  # the next pass walks the export, spooled too
         spooled = engine.client.spooled

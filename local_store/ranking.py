@@ -136,7 +136,10 @@ def specific_words(tokens: Sequence[str], common: frozenset[str]) -> list[str]:
 
 
 def fold(text: str) -> str:
-    """Text as the keyword index (FTS5 ``unicode61 remove_diacritics 2``) compares it:
+    """Text as the keyword index's ``unicode61 remove_diacritics 2`` folds it (the index also
+    stems with ``porter``, schema 0008; ``coverage`` compares unstemmed words, so "score" counts
+    in "scores" but not the other way round — stemming it too buried vector answers under
+    partial hits on the whole corpus):
     compatibility-decomposed (NFKD), combining marks dropped, case-folded — "Crème Brûlée" →
     "creme brulee". Marks outside the BMP are kept (FTS5 folds Latin diacritics only, so this
     already folds more than it does). ASCII text is only lower-cased."""

@@ -521,3 +521,13 @@ async def test_a_partial_keyword_hit_is_returned_when_it_passes_the_floor(
         assert answer.fallback and all(m.fallback for m in answer.memories)
     finally:
         await store.close()
+
+
+async def test_keyword_leg_matches_other_inflections_of_a_word(store: Store) -> None:
+    """The keyword index stems (schema 0008): the plural, -ing and -ed forms of a question's
+    words find the memory, and a deleted memory stays out of the rebuilt index."""
+    kept = (await store.save({"content": "The fraud score threshold for manual review is 0.87"}))
+    gone = (await store.save({"content": "The fraud score threshold was 0.80 before"}))
+    await store.delete(gone["node_id"])
+    for query in ("fraud scores thresholds", "reviewing scored frauds"):
+        assert await ids(store, query, mode="keyword") == [kept["node_id"]], query

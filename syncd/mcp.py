@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from typing import Any, Final
 
@@ -161,8 +161,12 @@ class McpServer:
     """Stateless JSON-RPC dispatcher over the tool table; the ``Surfacer`` holds conversations."""
 
     def __init__(self, store: Store | None, surfacer: Surfacer, *, server_name: str = "syncd",
-                 version: str = syncd.__version__) -> None:
+                 version: str = syncd.__version__,
+                 check: Callable[[Mapping[str, Any]], None] | None = None) -> None:
+        """``check``: called on a tool call's arguments before the tool runs; a
+        ``ValidationError`` it raises is the call's tool error (what a backend cannot store)."""
         self.store = store
+        self.check = check
         self.surfacer = surfacer
         self.server_name = server_name
         self.version = version
@@ -279,6 +283,8 @@ class McpServer:
         if not isinstance(arguments, dict):
             return _tool_error("invalid", "must be a JSON object", "arguments")
         try:
+            if self.check is not None:
+                self.check(arguments)
             result = await self.surfacer.call(self.store, name, arguments)
         except ValidationError as exc:
             return _tool_error(exc.code, exc.message, exc.field)

@@ -138,7 +138,7 @@ from syncd.hub.tokens import (
     role_allows,
     token_hash,
 )
-from syncd.hub.workcopy import CopyMcp, WorkingCopy
+from syncd.hub.workcopy import NUL_MESSAGE, CopyMcp, WorkingCopy
 from syncd.mcp import CALLER_CAN_WRITE, McpServer
 from syncd.tools import Surfacer, UsageCounters, hub_tools
 
@@ -256,9 +256,6 @@ def _view(stored: PageSession, now_ns: int, name: str, role: str) -> Session:
 
 
 PAGE_SESSIONS = web.AppKey("page_sessions", PageSessions)
-
-
-NUL_MESSAGE = "must not contain the NUL character (U+0000)"
 
 
 @web.middleware

@@ -31,9 +31,11 @@ import asyncio
 import logging
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from local_store import Store
+from local_store import Store, ValidationError
 from syncd.hub.store import HubStore
 from syncd.mcp import McpServer
 from syncd.tools import Surfacer
@@ -125,6 +127,35 @@ class WorkingCopy:
             self._dir = None
 
 
+NUL_MESSAGE = "must not contain the NUL character (U+0000)"
+
+
+def refuse_nul(arguments: Mapping[str, Any]) -> None:
+    """PostgreSQL text cannot hold U+0000: a tool call whose arguments hold it is refused,
+    naming the field (``content``, ``tags[1]``, ``edges[0].target``), before the working copy
+    stores what the database would then refuse on every push."""
+    field = _nul_path(arguments, "")
+    if field is not None:
+        raise ValidationError(field or "arguments", NUL_MESSAGE)
+
+
+def _nul_path(value: object, path: str) -> str | None:
+    if isinstance(value, str):
+        return path if "\x00" in value else None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            here = f"{path}.{key}" if path else str(key)
+            if "\x00" in str(key):
+                return here
+            if (found := _nul_path(item, here)) is not None:
+                return found
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            if (found := _nul_path(item, f"{path}[{i}]")) is not None:
+                return found
+    return None
+
+
 class CopyMcp:
     """The hub's MCP server on a ``WorkingCopy``: what ``syncd/http/app.py``'s ``mcp`` route
     calls (``handle_bytes``), each body between a sync and a push (rules above)."""
@@ -136,7 +167,7 @@ class CopyMcp:
     async def handle_bytes(self, body: bytes) -> bytes | None:
         await self.copy.sync()
         if self._server is None:
-            self._server = McpServer(await self.copy.store(), self.surfacer)
+            self._server = McpServer(await self.copy.store(), self.surfacer, check=refuse_nul)
         answer = await self._server.handle_bytes(body)
         await self.copy.push()
         return answer

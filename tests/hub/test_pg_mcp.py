@@ -56,3 +56,24 @@ async def test_two_processes_serve_one_memory_and_share_its_counters(
     finally:
         for process in processes:
             await process.stop()
+
+
+async def test_a_tool_argument_holding_nul_is_refused_by_field_and_nothing_is_stored(
+        tmp_path: Path, pg_dsn: str) -> None:
+    """PostgreSQL text cannot hold U+0000: the call is refused naming the field, instead of a
+    "saved" answer for a memory the database then refuses on every push."""
+    where = ("--store-file", str(await store_file(tmp_path, pg_dsn)))
+    read, write = await new_token(tmp_path, where, "read"), await new_token(tmp_path, where,
+                                                                            "write")
+    processes = await start_hubs(tmp_path, 1, *where)
+    try:
+        async with aiohttp.ClientSession() as http:
+            hub = Hub(processes[0].url, "postgresql", read, write, http)
+            refused = await hub.tool(write, "save_memory", realm="p", content="a\x00b")
+            assert refused["error"]["field"] == "content", refused
+            tagged = await hub.tool(write, "save_memory", realm="p", content="fine",
+                                    tags=["ok", "bad\x00"])
+            assert tagged["error"]["field"] == "tags[1]", tagged
+            assert (await hub.tool(read, "list_memories", realm="p"))["rows"] == []
+    finally:
+        await processes[0].stop()

@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 CONSTRAINTS := constraints.txt
 PINNED := -c $(CONSTRAINTS) --build-constraint $(CONSTRAINTS)
 
-.PHONY: test lint pytest demo soak bench screenshots clean upgrade-deps reference wheel-check
+.PHONY: test lint pytest demo soak bench bench-peer screenshots clean upgrade-deps reference wheel-check
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -66,6 +66,11 @@ bench: $(STAMP)
 	$(PY) bench/hook.py
 	$(PY) bench/sync.py
 	$(PY) bench/hub.py
+
+# syncd against mcp-memory-service 12.4.0 on one workload (bench/peer.py); its first run makes a
+# bench-only venv, .bench-venv/peer, from /usr/bin/python3 and PyPI. Not part of `bench` or `test`.
+bench-peer: $(STAMP)
+	$(PY) bench/peer.py
 
 # The web page's four views in a real headless Chromium (the browser tests), saved for the README.
 screenshots: $(STAMP)

@@ -207,6 +207,13 @@ DENSE_MEMORIES = 2_000
 DENSE_QUERIES = 200
 
 
+def dense_workload(rng: random.Random, memories: int, queries: int) -> tuple[list[str], list[str]]:
+    """Memory texts of 12–30 words drawn from the 60 domain words only, and queries of 3 of
+    them: every memory holds most of every query's words (also bench/peer.py's workload)."""
+    texts = [" ".join(rng.choices(DOMAIN, k=rng.randint(12, 30))) for _ in range(memories)]
+    return texts, [" ".join(rng.sample(DOMAIN, 3)) for _ in range(queries)]
+
+
 async def dense_rows() -> list[tuple[str, ...]]:
     """Dense keyword overlap (issue 36): memories of 12–30 words drawn from the 60 domain words
     only and queries of 3 of them, so every memory holds most of every query's words. Each leg
@@ -214,8 +221,7 @@ async def dense_rows() -> list[tuple[str, ...]]:
     the ratio is full recall's p50 over the sum of the legs' p50s, in the same run."""
     rng = random.Random(11)
     embedder = TableEmbedder()
-    texts = [" ".join(rng.choices(DOMAIN, k=rng.randint(12, 30))) for _ in range(DENSE_MEMORIES)]
-    queries = [" ".join(rng.sample(DOMAIN, 3)) for _ in range(DENSE_QUERIES)]
+    texts, queries = dense_workload(rng, DENSE_MEMORIES, DENSE_QUERIES)
     embedder.prepare(texts + queries)
     now = time.time_ns()
     rows = [NodeRow(id=f"memory:{uuid.UUID(int=rng.getrandbits(128), version=4)}", realm="r",

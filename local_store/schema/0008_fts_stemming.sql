@@ -1,6 +1,6 @@
 -- 0008: the keyword index stems English words (FTS5's `porter` tokenizer over the same
--- `unicode61 remove_diacritics 2`), so a question matches the memory whatever the word's
--- inflection: "scores" finds "score", "deploying" finds "deployed", "failures" finds "failed".
+-- `unicode61 remove_diacritics 2`), so a question matches a memory across the regular
+-- inflections of a word: "scores" finds "score", "deploying" finds "deployed", "builds" finds "building".
 -- Queries are stemmed by the same tokenizer, so the MATCH expressions are unchanged. Rebuilt
 -- from the live (non-tombstone) rows, as the write path keeps it (writes.Writer.fts_add).
 DROP TABLE memories_fts;

@@ -233,7 +233,7 @@ async def walk_through(stack: contextlib.AsyncExitStack, root: Path) -> None:
               f"B did not recall A's new memory within {SCHEDULE_WAIT_SECS:.0f} s")
         await asyncio.sleep(0.05)
     say(f"   B recalled it {time.perf_counter() - began:.1f} s after A saved it "
-        "(A pushes on its next tick, B pulls on its next)")
+        "(A pushes a save at once; B's long-poll on the hub answers when it commits)")
     say("   B recalled the scheduled memory: yes")
 
 

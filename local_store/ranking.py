@@ -13,6 +13,9 @@ Two scorers share the candidate pipeline (contract §6):
     lifted weak matches over the nearest memory of paraphrased questions, whose cosines differ
     by a few hundredths, while scaled they reorder close matches and never outrank relevance
     (PRIOR-ART "Recall").
+    An entity (``memory_type`` "entity") is a name, not a statement: it takes no graph term,
+    since every memory that names it links to it, and no recency, since its node is made when
+    the name is first met and stays while the facts about it change.
 """
 
 from __future__ import annotations
@@ -250,11 +253,14 @@ def score_syncd(c: Candidate, w: Weights, recency_value: float, importance: floa
     relevance = max(semantic, keyword) + 0.3 * min(semantic, keyword)
     fused = rrf(c.vec_rank, None, w.rrf_k) + c.kw_vote * rrf(None, c.kw_rank, w.rrf_k)
     penalty = SUPERSEDED_PENALTY if superseded else 0.0
+    name = (c.row or {}).get("memory_type") == "entity"  # no graph term, no recency (above)
+    graph = 0.0 if name else c.graph_proximity
+    recency_value = 0.0 if name else recency_value
     c.parts = {"rrf": fused, "semantic": semantic, "keyword": keyword,
-               "graph": c.graph_proximity, "importance": importance, "recency": recency_value,
+               "graph": graph, "importance": importance, "recency": recency_value,
                "penalty": penalty}
-    graph = c.graph_proximity * c.seed_relevance
-    evidence = (relevance + w.w_rrf * fused + SYNCD_GRAPH_SCALE * w.w_graph * graph - penalty)
+    evidence = (relevance + w.w_rrf * fused
+                + SYNCD_GRAPH_SCALE * w.w_graph * graph * c.seed_relevance - penalty)
     prior = (1.0 + SYNCD_IMPORTANCE_SCALE * w.w_importance * importance
              + SYNCD_RECENCY_SCALE * w.w_recency * recency_value)
     return evidence * prior if evidence > 0 else evidence

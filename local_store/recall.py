@@ -584,8 +584,8 @@ class Recall:
                       limit: int, mode: Mode) -> list[Linked]:
         seeds = sorted(cands.values(), key=lambda c: (c.best_rank, c.id))[:SEED_N]
         frontier = {c.id: c.id for c in seeds}  # node → the seed it came from
-        # syncd: memories count as linked to the best match only (``_best_match``).
-        best = _best_match(seeds) if mode == "syncd" else None
+        # syncd: memories count as linked to the best matches only (``_best_matches``).
+        best = _best_matches(seeds) if mode == "syncd" else None
         seen_edges: set[str] = set()
         linked: list[Linked] = []
         added: dict[str, Candidate] = {}
@@ -613,7 +613,7 @@ class Recall:
                     if near not in frontier:
                         continue
                     if far.startswith("memory:"):
-                        if best is not None and frontier[near] != best:
+                        if best is not None and frontier[near] not in best:
                             continue
                         seed_rel = _relevance(cands[frontier[near]])
                         proximity = 1.0 / (1 + depth)
@@ -713,16 +713,32 @@ def _one_per_key(ranked: list[Candidate]) -> list[Candidate]:
     return kept
 
 
-def _best_match(seeds: Sequence[Candidate]) -> str:
-    """syncd: the seed with the highest relevance (ties by best rank, then id), the only one
-    whose links count. A memory linked to the memory that best answers the query is likely
-    about the same thing (its pitfall, its follow-up decision); one linked to the fifth-best
-    match is a guess about a guess, and as a graph term of its own it lifted the neighbours of
-    weak matches over the nearest memory of paraphrased questions. A placeholder (a name an
-    edge mentioned before it was noted) answers nothing itself, so it is the best match only
-    when every seed is one."""
-    real = [c for c in seeds if not is_placeholder((c.row or {}).get("tags"))]
-    return min(real or seeds, key=lambda c: (-_relevance(c), c.best_rank, c.id)).id
+def _best_matches(seeds: Sequence[Candidate]) -> frozenset[str]:
+    """syncd: the seeds whose links count — the one with the highest relevance (ties by best
+    rank, then id) and, when that one is an entity, the best statement too. A memory linked to
+    the memory that best answers the query is likely about the same thing (its pitfall, its
+    follow-up decision); one linked to the fifth-best match is a guess about a guess, and as a
+    graph term of its own it lifted the neighbours of weak matches over the nearest memory of
+    paraphrased questions. An entity is a name: what hangs off it is about the thing named, and
+    what hangs off the best statement about it is too (a question naming a repository wants the
+    pitfalls linked to what the store says of it). A placeholder (a name an edge mentioned
+    before it was noted) answers nothing itself, so it is a best match only when every seed is
+    one."""
+    real = [c for c in seeds if not is_placeholder((c.row or {}).get("tags"))] or list(seeds)
+    best = min(real, key=_by_relevance)
+    if not _is_entity(best):
+        return frozenset((best.id,))
+    statements = [c for c in real if not _is_entity(c)]
+    return frozenset((best.id, min(statements, key=_by_relevance).id) if statements
+                     else (best.id,))
+
+
+def _by_relevance(c: Candidate) -> tuple[float, int, str]:
+    return (-_relevance(c), c.best_rank, c.id)
+
+
+def _is_entity(c: Candidate) -> bool:
+    return (c.row or {}).get("memory_type") == "entity"
 
 
 def _successors_first(ranked: list[Candidate], as_of: str | None) -> list[Candidate]:

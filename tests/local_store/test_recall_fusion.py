@@ -1,6 +1,7 @@
 """syncd's fusion on stores whose cosines are planted: importance and recency scale the evidence
 instead of adding to it, a superseded memory never ranks above its successor, and only the
-best match's links count as graph evidence (``ranking.score_syncd``, ``recall._expand``)."""
+best match's links count as graph evidence, and an entity is a name — no graph term, no recency
+(``ranking.score_syncd``, ``recall._expand``)."""
 
 from __future__ import annotations
 
@@ -113,3 +114,47 @@ async def test_only_the_best_matchs_links_count_as_graph_evidence(
     assert linked_to_weaker is not None and linked_to_weaker.graph == 0
     order = [m.id for m in res.memories]
     assert order.index(of_best) < order.index(of_weaker)
+
+
+async def entity_at(store: Store, embedder: PlantedEmbedder, name: str, cosine: float,
+                    axis: int) -> str:
+    embedder.vectors[name] = planted(cosine, axis)  # an entity with no kind: its name is its text
+    return str((await store.ingest_entity({"name": name}))["node_id"])
+
+
+async def test_when_an_entity_is_the_best_match_the_best_statements_links_count_too(
+        planted_store: tuple[Store, PlantedEmbedder]) -> None:
+    store, embedder = planted_store
+    repo = await entity_at(store, embedder, "india-repo", 0.90, 2)
+    about = await save_at(store, embedder, "juliet what the store says of the repo", 0.60, 3)
+    pitfall = await save_at(store, embedder, "kilo pitfall of the statement", 0.30, 4)
+    weaker = await save_at(store, embedder, "lima weaker match", 0.50, 5)
+    of_weaker = await save_at(store, embedder, "mike linked to the weaker", 0.30, 6)
+    for src, dst, kind in ((about, repo, "REFERENCES"), (about, pitfall, "RELATES_TO"),
+                           (weaker, of_weaker, "RELATES_TO")):
+        await store.link({"memory_id": src, "target_node_id": dst, "relationship_type": kind})
+    res = await store.recall({"query": QUERY, "expand_hops": 1})
+    parts = {m.id: m.components for m in res.memories}
+    of_statement, of_weak = parts[pitfall], parts[of_weaker]
+    assert of_statement is not None and of_statement.graph > 0
+    assert of_weak is not None and of_weak.graph == 0
+    order = [m.id for m in res.memories]
+    assert order.index(pitfall) < order.index(of_weaker)
+
+
+async def test_an_entity_takes_neither_a_graph_term_nor_recency(
+        planted_store: tuple[Store, PlantedEmbedder]) -> None:
+    store, embedder = planted_store
+    best = await save_at(store, embedder, "november best statement", 0.80, 2)
+    named = await entity_at(store, embedder, "oscar-service", 0.50, 3)
+    equal = await save_at(store, embedder, "papa as near as the name", 0.50, 4)
+    await store.link({"memory_id": best, "target_node_id": named,
+                      "relationship_type": "REFERENCES"})
+    res = await store.recall({"query": QUERY, "expand_hops": 1})
+    parts = {m.id: m.components for m in res.memories}
+    of_name, of_statement = parts[named], parts[equal]
+    assert of_name is not None and of_name.graph == 0 and of_name.recency == 0
+    assert of_statement is not None and of_statement.recency > 0
+    order = [m.id for m in res.memories]
+    # as near as the statement and linked to the best match, the name still ranks below it
+    assert order[:3] == [best, equal, named]

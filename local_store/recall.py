@@ -127,7 +127,10 @@ IMPORTANCE_WEIGHT = 0.3
 #   * semantic: the query is nearer the memory than the memory is to any generic text, and
 #     nearer than the query is to any small talk, everyday text, joke or nonsense;
 #   * keyword: the memory holds every word of the query (a strict hit), one of them a word too
-#     rare to be common English (an identifier, a product's name: ``generic_words``).
+#     rare to be common English (an identifier, a product's name: ``generic_words``);
+#   * both: a strict hit the query is nearer than it is to any small talk, everyday text, joke
+#     or nonsense — its words name the topic, and its meaning says it is no chat that happens
+#     to use them ("how do we deploy this project?" of "the project deploys with make ship").
 # A placeholder (an entity named by an edge before it was noted) and a memory only the graph
 # reached are never confident. What is injected unasked — the prompt hook, ``memoryContext``,
 # ``verify_memory`` — takes confident memories only (``QueryRequest.confident_only``).
@@ -307,6 +310,8 @@ class Recall:
         # The prompt's side first (one product): only memories nearer than it go on to the
         # memory's side, a product each.
         near = {c.id: c.cosine for c in direct if c.cosine is not None and c.cosine > prompt_side}
+        if strict_hit:  # by words and meaning: it holds every word, and it is no small talk
+            confident.update(c.id for c in direct if c.id in near and c.kw_rank is not None)
         generic = semantic.generic(list(near))
         confident.update(mid for mid, cosine in near.items()
                          if mid in generic and cosine > generic[mid])

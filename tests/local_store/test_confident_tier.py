@@ -246,6 +246,34 @@ async def test_single_topic_and_tiny_stores_answer_with_confidence(
         await store.close()
 
 
+# A small project's memories, and questions in common words that each memory holds whole
+# (no identifier, nothing MiniLM would not know): written for this test, not from the eval.
+PROJECT = {
+    "deploy": "The uw project deploys with 'make ship' from the release branch",
+    "tests": "Run the tests with make test before pushing",
+    "db": "The staging database is reset every night at two in the morning",
+}
+COMMON_WORDS = {"how do we deploy this project?": "deploy",
+                "when is the staging database reset?": "db"}
+
+
+async def test_a_question_in_common_words_a_memory_holds_whole_is_answered_with_confidence(
+        tmp_path: Path, embedder: MiniLMEmbedder) -> None:
+    """Neither test alone: the words are common English, and the query's cosine with the
+    memory is below that memory's nearest generic text; every word held and a meaning that is
+    no small talk are evidence together."""
+    store = await Store.open(tmp_path / "store", embedder=embedder)
+    try:
+        ids = {key: (await store.save({"content": text}))["node_id"]
+               for key, text in PROJECT.items()}
+        for query, key in COMMON_WORDS.items():
+            found = await store.recall({"query": query, "confident_only": True})
+            assert [m.id for m in found.memories][:1] == [ids[key]], query
+        await assert_off_topic_is_never_confident(store)
+    finally:
+        await store.close()
+
+
 async def test_a_placeholder_and_a_memory_only_the_graph_reached_are_never_confident(
         tmp_path: Path) -> None:
     async with await Store.open(tmp_path / "data", embedder=HashingEmbedder()) as store:

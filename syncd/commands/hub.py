@@ -67,8 +67,7 @@ def hub_command(args: argparse.Namespace, settings: dict[str, Any]) -> int:
         return EXIT_CONFIG
     try:
         hub = Hub(data_dir=data_dir, dsn=dsn, host=settings["host"], port=settings["port"],
-                  embedder=make_embedder(config.embedding.model, config.embedding.cache_dir,
-                                         config.embedding.threads),
+                  embedder=make_embedder(config.embedding, idle_unload=False),
                   cursor=args.cursor or config.hub.cursor,
                   shutdown_timeout=config.daemon.shutdown_timeout_secs,
                   token_lifetime_days=config.hub.token_lifetime_days,

@@ -1,5 +1,5 @@
 """What the daemon hands the sync engine to embed memories with the plane's model
-(``syncd.commands.daemon.plane_embedder``): bge-small-en-v1.5 from files already under
+(``syncd.daemon.plane_embedder``): bge-small-en-v1.5 from files already under
 ``embedding.cache_dir``, an error naming what is missing otherwise, nothing for another model."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from local_store.embed_minilm import EmbedderUnavailable
-from syncd.commands.daemon import plane_embedder
 from syncd.config import parse_config
+from syncd.daemon import plane_embedder
 
 ENV = {"HOME": "/home/ada"}
 

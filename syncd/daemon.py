@@ -48,14 +48,13 @@ from local_store import (
 )
 from local_store.embed import Embedder
 from local_store.versions import VersionPolicy
+from syncd.addresses import is_loopback_host, local_url
 from syncd.config import (
     Config,
     ControlPlaneConfig,
     EmbeddingConfig,
     EntitlementConfig,
     SyncConfig,
-    is_loopback_host,
-    local_url,
 )
 from syncd.entitlement.gate import Decision
 from syncd.entitlement.keeper import Keeper, attach_gate

@@ -124,7 +124,8 @@ def daemon_address(config: Path | None, data_dir: Path | None,
     config it refuses."""
     found = fast_address(config, env)
     if found is None:  # an unusual config: only load_config can say
-        from syncd.config import load_config, local_url, parse_listen
+        from syncd.addresses import local_url, parse_listen
+        from syncd.config import load_config
         loaded = load_config(config, dict(env))
         found = loaded.daemon.data_dir, local_url(*parse_listen(loaded.daemon.listen))
     where, listen_url = found

@@ -13,7 +13,8 @@ from typing import Any
 
 def command_settings(args: argparse.Namespace) -> dict[str, Any]:
     """Config file + SYNCD_* env + flags → what the commands need."""
-    from syncd.config import ConfigError, load_config, local_url, parse_config, parse_listen
+    from syncd.addresses import local_url, parse_listen
+    from syncd.config import ConfigError, load_config, parse_config
     env = dict(os.environ)
     if getattr(args, "allow_non_loopback", False):  # the flag is the setting, for the file too
         env["SYNCD_DAEMON_ALLOW_NON_LOOPBACK"] = "true"

@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from local_store.embed_minilm import BGE_MODEL_ID, MINILM_MODEL_ID
+from syncd.addresses import is_loopback_host, parse_listen
 from syncd.config import (
     DEFAULT_ALLOW_NON_LOOPBACK,
     DEFAULT_ALLOWED_HOSTS,
@@ -41,10 +42,8 @@ from syncd.config import (
     HubConfig,
     default_config_path,
     default_data_dir,
-    is_loopback_host,
     load_config,
     parse_config,
-    parse_listen,
 )
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "syncd.example.toml"

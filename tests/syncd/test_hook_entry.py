@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from syncd.addresses import local_url, parse_listen
 from syncd.commands.parser import build_parser
 from syncd.commands.settings import command_settings
-from syncd.config import DEFAULT_LISTEN, local_url, parse_listen
+from syncd.config import DEFAULT_LISTEN
 from syncd.entry import hook_flags
 from syncd.hook import _read_response, daemon_address
 from syncd.hook_config import DEFAULT_LISTEN as HOOK_DEFAULT_LISTEN

@@ -13,19 +13,20 @@ Rules:
   * Paths are resolved here and nowhere else: ``~`` is expanded, and the result must be absolute.
   * An error never shows a password: a value written ``scheme://user:password@host`` (a proxy
     URL, a DSN) is shown with ``***`` for the password.
+  * The section structs' defaults (the ``DEFAULT_…`` constants) are the only ones: an object
+    that is configured takes its section, or the values it needs from it, and repeats no
+    default. Addresses and URLs are parsed and checked in ``syncd/addresses.py``.
 """
 
 from __future__ import annotations
 
 import difflib
-import ipaddress
 import json
 import math
 import os
 import re
 import sys
 import tomllib
-import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -33,6 +34,12 @@ from typing import Any, ClassVar, Literal
 import msgspec
 import msgspec.inspect as mi
 
+from syncd.addresses import LOOPBACK_HOST_NAMES as LOOPBACK_HOST_NAMES
+from syncd.addresses import check_host, check_plane_url, mask_password
+from syncd.addresses import check_proxy_url as check_proxy_url
+from syncd.addresses import is_loopback_host as is_loopback_host
+from syncd.addresses import local_url as local_url
+from syncd.addresses import parse_listen as parse_listen
 from syncd.hub.dsn import check_store
 from syncd.places import APP_NAME as APP_NAME
 from syncd.places import CONFIG_FILE_NAME as CONFIG_FILE_NAME
@@ -49,8 +56,6 @@ HubCursor = Literal["ingest", "origin"]
 PrivateMemories = Literal["auto", "push", "local"]
 
 MiB = 1024 * 1024
-# Host header values always accepted by the local API (RELIABILITY L2), before daemon.allowed_hosts.
-LOOPBACK_HOST_NAMES: tuple[str, ...] = ("localhost", "127.0.0.1", "[::1]")
 
 # Optional options (unix_socket, cache_dir, threads, url, token_file, realm, license_file) default
 # to None, meaning "unset"; daemon.data_dir's default depends on the platform: default_data_dir().
@@ -128,127 +133,6 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-_USERINFO_PASSWORD = re.compile(r"(//[^/?#@\s:]*):[^/?#\s]*@")
-
-
-def mask_password(text: str) -> str:
-    """``text`` with the password of each ``scheme://user:password@`` in it shown as ``***``."""
-    return _USERINFO_PASSWORD.sub(r"\1:***@", text)
-
-
-# --- addresses ----------------------------------------------------------------------------------
-
-_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-_HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*\.?")
-
-
-def _check_host(host: str) -> None:
-    """Raise ValueError unless ``host`` is an IP address or a DNS host name (no brackets)."""
-    try:
-        ipaddress.ip_address(host)
-        return
-    except ValueError:
-        pass
-    if re.fullmatch(r"[0-9.]+", host) or not _HOSTNAME.fullmatch(host):
-        raise ValueError(f"{host!r} is not a valid host name or IP address")
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    """``host:port`` or ``[ipv6]:port`` → ``(host, port)``, the host without brackets.
-    Port 0 asks the OS for a free port. Raises ValueError naming what is wrong."""
-    if "://" in text:
-        raise ValueError("expected host:port, not a URL")
-    if text.startswith("["):
-        host, sep, port = text[1:].partition("]:")
-        if not sep:
-            raise ValueError("expected [ipv6-address]:port")
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise ValueError(f"{host!r} is not an IPv6 address") from None
-    else:
-        host, sep, port = text.rpartition(":")
-        if not sep:
-            if re.fullmatch(r"[0-9]{1,5}", text):  # a bare port: the loopback address is meant
-                raise ValueError(f"expected host:port; for this machine only, 127.0.0.1:{text}")
-            raise ValueError("expected host:port, e.g. 127.0.0.1:7777")
-        if ":" in host:
-            raise ValueError("an IPv6 address needs brackets, e.g. [::1]:7777")
-        if not host:
-            raise ValueError("the host is empty")
-        _check_host(host)
-    if not re.fullmatch(r"[0-9]{1,5}", port) or int(port) > 65535:
-        raise ValueError(f"port {port!r} is not a number from 0 to 65535")
-    return host, int(port)
-
-
-def is_loopback_host(host: str) -> bool:
-    """True for ``localhost`` and loopback IPs (``host`` without brackets or port); names are
-    never resolved, so any other name counts as non-loopback."""
-    if host.lower().rstrip(".") == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def local_url(host: str, port: int) -> str:
-    """The base URL a client on this machine reaches a listener on ``host:port`` at (``host``
-    without brackets). A wildcard address (``0.0.0.0``, ``::``) is reached over loopback: it is
-    no address to connect to, and the daemon's Host guard (RELIABILITY L2) refuses it."""
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        address = None
-    if address is not None and address.is_unspecified:
-        host = "127.0.0.1" if address.version == 4 else "::1"
-    shown = f"[{host}]" if ":" in host else host
-    return f"http://{shown}:{port}"
-
-
-def _check_url(text: str) -> str:
-    """Validate an ``http(s)://host[:port][/path]`` base URL; returns it without trailing ``/``."""
-    if any(c.isspace() for c in text):
-        raise ValueError("must not contain whitespace")
-    parts = urllib.parse.urlsplit(text)
-    if parts.scheme not in ("http", "https"):
-        raise ValueError("must be an http:// or https:// URL")
-    if parts.username is not None or parts.password is not None:
-        raise ValueError("must not contain credentials; use control_plane.token_file")
-    if parts.query or parts.fragment or text.endswith(("?", "#")):
-        raise ValueError("must not have a query or fragment")
-    _check_authority(parts)
-    return text.rstrip("/")
-
-
-def _check_authority(parts: urllib.parse.SplitResult) -> None:
-    """A URL's host is there and usable, and its port (if any) parses."""
-    if not parts.hostname:
-        raise ValueError("has no host")
-    try:
-        parts.port  # noqa: B018 - parsing the port is the check
-    except ValueError:
-        raise ValueError("has an invalid port") from None
-    _check_host(parts.hostname)
-
-
-def check_proxy_url(text: str) -> str:
-    """Validate an HTTP proxy URL, ``http(s)://[user:password@]host[:port][/]``, the form
-    curl and pip take; returns it without a trailing ``/``. Raises ValueError saying what is
-    wrong, never repeating the password."""
-    if any(c.isspace() for c in text):
-        raise ValueError("must not contain whitespace")
-    parts = urllib.parse.urlsplit(text)
-    if parts.scheme not in ("http", "https"):
-        raise ValueError("must be an http:// or https:// URL, e.g. http://proxy.example.com:3128 "
-                         "(SOCKS proxies are not supported)")
-    if parts.path not in ("", "/") or parts.query or parts.fragment or text.endswith(("?", "#")):
-        raise ValueError("must be scheme://host[:port], with no path, query or fragment")
-    _check_authority(parts)
-    return text.rstrip("/")
-
-
 # --- sections -----------------------------------------------------------------------------------
 
 class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
@@ -322,7 +206,7 @@ class DaemonConfig(_Section, kw_only=True, forbid_unknown_fields=True, frozen=Tr
         for i, name in enumerate(hosts):
             bare = name[1:-1] if name.startswith("[") and name.endswith("]") else name
             try:
-                _check_host(bare)
+                check_host(bare)
             except ValueError as exc:
                 raise self._error(f"allowed_hosts[{i}]", self.allowed_hosts[i],
                                   f"{exc} (give host names without a port)") from None
@@ -374,7 +258,7 @@ class ControlPlaneConfig(_Section, kw_only=True, forbid_unknown_fields=True, fro
     def __post_init__(self) -> None:
         if self.url is not None:
             try:
-                msgspec.structs.force_setattr(self, "url", _check_url(self.url))
+                msgspec.structs.force_setattr(self, "url", check_plane_url(self.url))
             except ValueError as exc:
                 raise self._error("url", self.url, str(exc)) from None
         if self.proxy is not None:

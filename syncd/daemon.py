@@ -13,6 +13,10 @@ Rules:
     reference and cancelled on stop.
   * An embedder with ``unload_if_idle`` (MiniLM) is asked by a timer on the loop, at the time it
     names, whether to unload; the call runs on a thread (it may free ~100 MB).
+  * The daemon is configured by the ``Config`` it is given (its sections' defaults are the only
+    ones); what ``syncd run`` resolves from the flags — the data directory and the address — is
+    passed beside it. A configuration that cannot work (a token file missing, a bad pinned key)
+    is refused when the daemon is built, before anything is opened.
 """
 
 from __future__ import annotations
@@ -29,7 +33,6 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -45,14 +48,23 @@ from local_store import (
 )
 from local_store.embed import Embedder
 from local_store.versions import VersionPolicy
-from syncd.config import is_loopback_host, local_url
+from syncd.addresses import is_loopback_host, local_url
+from syncd.config import (
+    Config,
+    ControlPlaneConfig,
+    EmbeddingConfig,
+    EntitlementConfig,
+    SyncConfig,
+)
 from syncd.entitlement.gate import Decision
 from syncd.entitlement.keeper import Keeper, attach_gate
+from syncd.entitlement.token import pin
 from syncd.exits import EXIT_CONFIG, EXIT_OK, EXIT_TEMPFAIL
 from syncd.http import create_app
 from syncd.notify import notify, watchdog_interval
 from syncd.state import state_path
-from syncd.sync.runner import SyncRunner
+from syncd.sync.engine import SyncOptions
+from syncd.sync.runner import SyncRunner, SyncSetupError, read_plane_token
 from syncd.token import ensure_token, token_path
 
 CHECKPOINT_SECS = 300  # truncate the WAL every 5 minutes (a long reader may have grown it)
@@ -63,27 +75,22 @@ REEMBED_BACKOFF_CAP_SECS = 1800.0  # while the embedder fails, retries slow down
 log = logging.getLogger("syncd.daemon")
 
 
-@dataclass(frozen=True)
-class EntitlementSetup:
-    pinned: dict[str, Ed25519PublicKey] = field(default_factory=dict)
-    license_file: Path | None = None
-    refresh_secs: float = 3600.0
-
-
 class StartupError(Exception):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code
 
 
-def make_embedder(model: str, cache_dir: Path | None = None,
-                  threads: int | None = None, idle_unload_secs: float = 0.0) -> Embedder:
-    """``idle_unload_secs``: MiniLM's (``embedding.idle_unload_secs``; 0 never unloads)."""
+def make_embedder(embedding: EmbeddingConfig, *, idle_unload: bool) -> Embedder:
+    """The ``[embedding]`` section's embedder. ``idle_unload``: MiniLM gives its memory back
+    after ``embedding.idle_unload_secs`` unused (the daemon; the hub keeps it loaded)."""
+    model, cache_dir, threads = embedding.model, embedding.cache_dir, embedding.threads
     if model == "hashing":
         return HashingEmbedder()
     if model == "all-MiniLM-L6-v2":
         from local_store.embed_minilm import MiniLMEmbedder
-        return MiniLMEmbedder(intra_op_threads=threads, idle_unload_secs=idle_unload_secs)
+        return MiniLMEmbedder(intra_op_threads=threads, idle_unload_secs=(
+            embedding.idle_unload_secs if idle_unload else 0.0))
     if model == "bge-small-en-v1.5":
         from local_store.embed_minilm import EmbedderUnavailable, FastEmbedBGE
         if cache_dir is None:
@@ -105,24 +112,69 @@ def check_bind(host: str, allow_non_loopback: bool) -> None:
             "--allow-non-loopback) only behind your own authentication.", EXIT_CONFIG)
 
 
+def sync_options(plane: ControlPlaneConfig, sync: SyncConfig) -> SyncOptions:
+    """What one sync pass follows, from the ``[control_plane]`` and ``[sync]`` sections."""
+    return SyncOptions(realm=plane.realm, plane_model=plane.embedding_model,
+                       private_memories=plane.private_memories,
+                       overlap_secs=sync.overlap_secs, push_batch_bytes=sync.push_batch_bytes,
+                       anti_entropy_secs=sync.anti_entropy_secs, long_poll=sync.long_poll)
+
+
+def sync_factory(config: Config) -> Callable[[Store], SyncRunner] | None:
+    """The daemon's sync runner, when ``control_plane.url`` is set (its token is read now, so
+    a missing token file is a start-up error, not a failing loop)."""
+    plane, sync = config.control_plane, config.sync
+    url = plane.url
+    if not url:
+        return None
+    try:
+        token = read_plane_token(plane.token_file)
+    except SyncSetupError as exc:
+        raise StartupError(str(exc), EXIT_CONFIG) from None
+    options = sync_options(plane, sync)
+    return lambda store: SyncRunner.create(store, url=url, token=token, options=options,
+                                           interval=sync.interval_secs, jitter=sync.jitter,
+                                           token_file=plane.token_file, proxy=plane.proxy,
+                                           plane_embedder=plane_embedder(config))
+
+
+def plane_embedder(config: Config) -> Callable[[], Embedder] | None:
+    """What builds an embedder of the plane's model, for memories a Kyma plane would otherwise
+    get without a vector it can rank (``SyncEngine._plane_vectors``): bge-small-en-v1.5 from
+    the files already under ``embedding.cache_dir`` (never downloaded). None for another model."""
+    from local_store.embed_minilm import BGE_MODEL_ID, EmbedderUnavailable, FastEmbedBGE
+    if config.control_plane.embedding_model != BGE_MODEL_ID:
+        return None
+    cache_dir = config.embedding.cache_dir
+
+    def build() -> Embedder:
+        if cache_dir is None:
+            raise EmbedderUnavailable(f"{BGE_MODEL_ID} is unavailable: embedding.cache_dir is "
+                                      "not set (the directory that holds its files)")
+        return FastEmbedBGE(cache_dir, threads=config.embedding.threads)
+    return build
+
+
+def pinned_keys(entitlement: EntitlementConfig) -> dict[str, Ed25519PublicKey]:
+    """``entitlement.public_keys``, parsed; a bad one is a configuration error."""
+    try:
+        return pin(entitlement.public_keys)
+    except ValueError as exc:
+        raise StartupError(str(exc), EXIT_CONFIG) from None
+
+
 class Daemon:
-    def __init__(self, *, data_dir: Path, host: str, port: int, embedder: Embedder,
-                 unix_socket: Path | None = None, extra_hosts: tuple[str, ...] = (),
-                 max_body: int = 4 * 1024 * 1024, plane_model: str = "bge-small-en-v1.5",
-                 shutdown_timeout: float = 10.0, allow_non_loopback: bool = False,
-                 sync: Callable[[Store], SyncRunner] | None = None,
-                 entitlement: EntitlementSetup | None = None,
-                 reembed_tick: float = REEMBED_TICK_SECS,
-                 versions: VersionPolicy | None = None) -> None:
+    def __init__(self, config: Config, *, data_dir: Path, host: str, port: int,
+                 embedder: Embedder, reembed_tick: float = REEMBED_TICK_SECS) -> None:
+        """``data_dir``, ``host`` and ``port``: where ``syncd run`` resolved them (its flags
+        over ``daemon.data_dir`` and ``daemon.listen``); everything else is ``config``'s."""
         # absolute: status and the logs show where the store is, whatever the cwd was
         self.data_dir, self.host, self.port = data_dir.absolute(), host, port
-        self.reembed_tick = reembed_tick
-        self.versions = versions
-        self.embedder, self.unix_socket = embedder, unix_socket
-        self.extra_hosts, self.max_body, self.plane_model = extra_hosts, max_body, plane_model
-        self.shutdown_timeout, self.allow_non_loopback = shutdown_timeout, allow_non_loopback
-        self.sync_factory = sync
-        self.entitlement = entitlement or EntitlementSetup()
+        self.config, self.embedder, self.reembed_tick = config, embedder, reembed_tick
+        self.shutdown_timeout = config.daemon.shutdown_timeout_secs
+        self.sync_factory = sync_factory(config)
+        self.pinned = pinned_keys(config.entitlement)
+        self.versions = VersionPolicy(config.versions.keep, config.versions.max_age_days)
         self.url = ""
         self._stop = asyncio.Event()
         self._background: set[asyncio.Task[Any]] = set()
@@ -135,7 +187,7 @@ class Daemon:
             return await self._run(ready)
 
     async def _run(self, ready: Callable[[str], None] | None) -> int:
-        check_bind(self.host, self.allow_non_loopback)
+        check_bind(self.host, self.config.daemon.allow_non_loopback)
         loop = asyncio.get_running_loop()
         found = await loop.run_in_executor(None, listing, self.data_dir)
         served = False
@@ -158,8 +210,10 @@ class Daemon:
                                    f"{exc.strerror or exc}", EXIT_CONFIG) from None
             sync = self.sync_factory(store) if self.sync_factory is not None else None
             keeper = self._gate(store, sync)
-            app = create_app(store, token=token, extra_hosts=self.extra_hosts,
-                             max_body=self.max_body, plane_model=self.plane_model, sync=sync,
+            daemon = self.config.daemon
+            app = create_app(store, token=token, extra_hosts=tuple(daemon.allowed_hosts),
+                             max_body=daemon.max_body_bytes,
+                             plane_model=self.config.control_plane.embedding_model, sync=sync,
                              keeper=keeper, stop=self.stop)
             runner = web.AppRunner(app, shutdown_timeout=self.shutdown_timeout,
                                    access_log=None, handle_signals=False)
@@ -213,17 +267,16 @@ class Daemon:
                 log.error("stopping: %s", failure, exc_info=failure)
 
     def _gate(self, store: Store, sync: SyncRunner | None) -> Keeper:
-        setup = self.entitlement
-        return attach_gate(store, sync, self.data_dir, setup.pinned,
-                           license_file=setup.license_file, refresh_secs=setup.refresh_secs)
+        return attach_gate(store, sync, self.data_dir, self.pinned, self.config.entitlement)
 
     async def _bind(self, runner: web.AppRunner) -> None:
         self.url = await listen(runner, self.host, self.port, self.shutdown_timeout)
-        if self.unix_socket is not None:
+        unix_socket = self.config.daemon.unix_socket
+        if unix_socket is not None:
             try:
-                await web.UnixSite(runner, str(self.unix_socket)).start()
+                await web.UnixSite(runner, str(unix_socket)).start()
             except OSError as exc:
-                raise StartupError(f"cannot listen on {self.unix_socket}: {exc.strerror or exc}",
+                raise StartupError(f"cannot listen on {unix_socket}: {exc.strerror or exc}",
                                    EXIT_TEMPFAIL) from None
 
     async def _write_state(self, port: int) -> None:

@@ -34,14 +34,20 @@ from aiohttp import web
 
 from local_store import Store
 from local_store.embed_minilm import EmbedderUnavailable, MiniLMEmbedder
-from syncd.config import DEFAULT_SYNC_JITTER
+from syncd.config import (
+    ControlPlaneConfig,
+    DaemonConfig,
+    EntitlementConfig,
+    HubConfig,
+    SyncConfig,
+)
+from syncd.daemon import sync_options
 from syncd.entitlement.keeper import attach_gate
 from syncd.entitlement.token import key_id, pin, public_key_text
 from syncd.http import create_app
 from syncd.hub.app import create_hub_app
 from syncd.hub.keys import load_or_create_key
 from syncd.hub.tokens import TokenBook, create_token
-from syncd.sync.engine import SyncOptions
 from syncd.sync.runner import SyncRunner
 
 SECRET = "sk-demo-123"
@@ -147,21 +153,27 @@ async def start(stack: contextlib.AsyncExitStack, root: Path) -> tuple[Node, Nod
     read = await asyncio.to_thread(create_token, root / "hub", role="read", name="auditor")
     book = await asyncio.to_thread(TokenBook, root / "hub")
     key = await asyncio.to_thread(load_or_create_key, root / "hub")
-    hub = await serve(stack, "hub", hub_store,
-                      create_hub_app(hub_store, book, signing_key=key), read)
+    section = HubConfig()  # the hub's defaults, as `syncd hub` with no [hub] section
+    hub = await serve(stack, "hub", hub_store, create_hub_app(
+        hub_store, book, cursor=section.cursor, signing_key=key,
+        token_lifetime_days=section.token_lifetime_days,
+        max_held_polls=section.max_held_polls), read)
     say(f"   hub       {hub.url}  reference control plane, model {model}")
     pinned = pin([public_key_text(key.public_key())])
     say(f"   pinned    the hub's entitlement key {key_id(key.public_key())} "
         "([entitlement] public_keys): sync and graph recall are paid features")
+    # each laptop: the defaults of `syncd run`, but a plane of the embedder's model, every 1 s
+    daemon, plane = DaemonConfig(), ControlPlaneConfig(embedding_model=model)
+    schedule = SyncConfig(interval_secs=INTERVAL_SECS)
     laptops = []
     for name in ("A", "B"):
         store = await Store.open(root / name, embedder=embedder)
         stack.push_async_callback(store.close)
         sync = SyncRunner.create(store, url=hub.url, token=write,
-                                 options=SyncOptions(plane_model=model),
-                                 interval=INTERVAL_SECS, jitter=DEFAULT_SYNC_JITTER)
+                                 options=sync_options(plane, schedule),
+                                 interval=schedule.interval_secs, jitter=schedule.jitter)
         token = secrets.token_urlsafe(24)
-        keeper = attach_gate(store, sync, root / name, pinned)
+        keeper = attach_gate(store, sync, root / name, pinned, EntitlementConfig())
         await keeper.start()
         stack.push_async_callback(keeper.stop)
         await keeper.check()  # fetch a signed entitlement for this device from the hub now
@@ -169,7 +181,8 @@ async def start(stack: contextlib.AsyncExitStack, root: Path) -> tuple[Node, Nod
         check(gate["entitled"] and gate["sync"] == "on" and gate["graph"] == "on",
               f"laptop {name} is not entitled: {gate['reason']}")
         laptop = await serve(stack, f"laptop {name}", store, create_app(
-            store, token=token, plane_model=model, sync=sync, keeper=keeper), token, sync)
+            store, token=token, extra_hosts=daemon.allowed_hosts, max_body=daemon.max_body_bytes,
+            plane_model=plane.embedding_model, sync=sync, keeper=keeper), token, sync)
         say(f"   laptop {name}  {laptop.url}  daemon API; syncs with the hub every "
             f"{INTERVAL_SECS:.0f} s")
         say(f"             gate on: plan {gate['plan']}, sync {gate['sync']}, graph "

@@ -16,9 +16,9 @@ Rules:
     ``urllib.request`` (``syncd.entry`` dispatches here before any of them). ``syncd.cli``
     runs this same code for ``recall --hook``.
   * The daemon's data directory and URL are found exactly as every other command finds them
-    (``syncd.cli._settings``): the config file, ``SYNCD_*``, then ``--data-dir``. A usual
-    config is read by ``syncd.hook_config`` (``tomllib``, the options it can vouch for); an
-    unusual one is decided by ``syncd.config.load_config`` itself — slower (msgspec), never
+    (``syncd.commands.settings.command_settings``): the config file, ``SYNCD_*``, then
+    ``--data-dir``. A usual config is read by ``syncd.hook_config`` (``tomllib``, the options
+    it can vouch for); an unusual one is decided by ``syncd.config.load_config`` itself — slower (msgspec), never
     different.
   * One HTTP/1.1 request on a plain socket, as ``syncd.client`` sends it (the same headers
     that matter, the state file's URL, a 1 s timeout on connecting and on each read) and never
@@ -119,11 +119,13 @@ def within_budget(context: str, budget: int) -> str:
 
 def daemon_address(config: Path | None, data_dir: Path | None,
                    env: Mapping[str, str]) -> tuple[Path, str]:
-    """(data directory, configured URL), as ``syncd.cli._settings`` finds them for ``recall``;
-    raises what it raises (``ConfigError``, ``OSError``) for a config it refuses."""
+    """(data directory, configured URL), as ``syncd.commands.settings.command_settings``
+    finds them for ``recall``; raises what it raises (``ConfigError``, ``OSError``) for a
+    config it refuses."""
     found = fast_address(config, env)
     if found is None:  # an unusual config: only load_config can say
-        from syncd.config import load_config, local_url, parse_listen
+        from syncd.addresses import local_url, parse_listen
+        from syncd.config import load_config
         loaded = load_config(config, dict(env))
         found = loaded.daemon.data_dir, local_url(*parse_listen(loaded.daemon.listen))
     where, listen_url = found

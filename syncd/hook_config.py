@@ -3,8 +3,8 @@ file and ``SYNCD_*`` with ``tomllib`` alone, for the configs it can vouch for.
 
 Rules:
   * Same answer or none: ``fast_address`` returns what ``syncd.config.load_config`` (read as
-    ``syncd.cli._settings`` reads it) resolves, or None — and then only ``load_config`` may
-    say (``syncd.hook`` falls back to it). It never accepts a config ``load_config`` refuses:
+    ``syncd.commands.settings.command_settings`` reads it) resolves, or None — and then only
+    ``load_config`` may say (``syncd.hook`` falls back to it). It never accepts a config ``load_config`` refuses:
     the hook is silent on a broken config, whichever option is broken.
   * So every option in the file and every ``SYNCD_*`` variable must be one of ``OPTIONS``, each
     with a check accepting a subset of what ``syncd.config`` accepts for it (a choice, a bounded

@@ -2,10 +2,11 @@
 
   * Every ``LOCAL_CHECK_SECS`` the gate re-reads its files and the clock (a licence installed,
     ``exp`` passed, the clock stepped back) — off the event loop.
-  * Every ``refresh_secs`` (every ``LOCAL_CHECK_SECS`` while not entitled), and after each
-    successful sync pass, a fresh token is fetched from the control plane, if one is set. The
-    fetch is not sync, so it runs while sync is gated; failures are logged (rate-limited) and
-    leave the current token in place: the offline grace runs until its ``exp``.
+  * Every ``entitlement.refresh_secs`` (every ``LOCAL_CHECK_SECS`` while not entitled), and
+    after each successful sync pass, a fresh token is fetched from the control plane, if one is
+    set. The fetch is not sync, so it runs while sync is gated; failures are logged
+    (rate-limited) and leave the current token in place: the offline grace runs until its
+    ``exp``.
   * ``last_online_error`` says why the last fetch failed, or why the gate refused the token it
     brought; None after a fetch whose token was stored.
   * After ``stop`` nothing is fetched: the plane client is closing with the daemon, and a
@@ -23,6 +24,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from local_store import Store
+from syncd.config import EntitlementConfig
 from syncd.entitlement.gate import Decision, Gate
 from syncd.sync.plane import PlaneClient, PlaneError
 from syncd.sync.runner import SyncRunner
@@ -41,8 +43,9 @@ class KeeperStopped(Exception):
 
 
 class Keeper:
-    def __init__(self, gate: Gate, client: PlaneClient | None, *, refresh_secs: float) -> None:
-        self.gate, self.client, self.refresh_secs = gate, client, refresh_secs
+    def __init__(self, gate: Gate, client: PlaneClient | None,
+                 config: EntitlementConfig) -> None:
+        self.gate, self.client, self.refresh_secs = gate, client, config.refresh_secs
         self.last_online_error: str | None = None
         self._last_fetch = 0.0
         self._last_log = 0.0
@@ -108,14 +111,13 @@ class Keeper:
 
 
 def attach_gate(store: Store, sync: SyncRunner | None, data_dir: Path,
-                pinned: dict[str, Ed25519PublicKey], *, license_file: Path | None = None,
-                refresh_secs: float = 3600.0) -> Keeper:
+                pinned: dict[str, Ed25519PublicKey], config: EntitlementConfig) -> Keeper:
     """The daemon's gate, wired in: graph expansion in every recall and every sync pass ask
     it first; a successful pass refreshes the token. It always exists (fail closed): no pinned
-    key or no token means the paid features are paused, with the reason in status."""
-    gate = Gate(data_dir, pinned, store.replica_id, license_file=license_file)
-    keeper = Keeper(gate, sync.engine.client if sync is not None else None,
-                    refresh_secs=refresh_secs)
+    key or no token means the paid features are paused, with the reason in status.
+    ``pinned``: ``config.public_keys``, parsed (``syncd.entitlement.token.pin``)."""
+    gate = Gate(data_dir, pinned, store.replica_id, license_file=config.license_file)
+    keeper = Keeper(gate, sync.engine.client if sync is not None else None, config)
     store.graph_gate = lambda: gate.allows("graph")
     if sync is not None:
         sync.engine.gate = lambda: gate.allows("sync")

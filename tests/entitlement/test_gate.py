@@ -15,6 +15,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from local_store import HashingEmbedder, Store
+from syncd.config import EntitlementConfig
 from syncd.entitlement.gate import STATE_FILENAME, Gate
 from syncd.entitlement.keeper import Keeper, attach_gate
 from syncd.entitlement.token import key_id, public_key_text, sign
@@ -161,9 +162,10 @@ async def test_keys_are_never_fetched(tmp_path: Path, hub: SigningHub,
     await other_proxy.start()
     clock = Clock(time.time())
     gate = make_gate(data, pinned(hub.key), clock)
-    keeper = Keeper(gate, PlaneClient(proxied.url, hub.token, timeout=5), refresh_secs=3600)
+    keeper = Keeper(gate, PlaneClient(proxied.url, hub.token, timeout=5),
+                    EntitlementConfig(refresh_secs=3600))
     stranger = Keeper(gate, PlaneClient(other_proxy.url, other.token, timeout=5),
-                      refresh_secs=3600)
+                      EntitlementConfig(refresh_secs=3600))
     try:
         foreign, _ = await other.issue(DEVICE)
         await asyncio.to_thread(write, token_path(data), foreign)
@@ -200,7 +202,8 @@ async def test_offline_grace_ends_exactly_at_exp(tmp_path: Path, hub: SigningHub
     to exp - 1; at exp, allows() says expired at once and evaluate agrees."""
     clock = Clock(time.time())
     gate = make_gate(tmp_path / "laptop", pinned(hub.key), clock)
-    keeper = Keeper(gate, PlaneClient(proxied.url, hub.token, timeout=5), refresh_secs=3600)
+    keeper = Keeper(gate, PlaneClient(proxied.url, hub.token, timeout=5),
+                    EntitlementConfig(refresh_secs=3600))
     try:
         decision = await keeper.check(online=True)
         assert decision.entitled and decision.exp is not None
@@ -521,7 +524,7 @@ async def test_gated_writes_queue_locally_then_drain_exactly_once(
                             SyncOptions(plane_model=MODEL))
         await engine.start()
         runner = SyncRunner(engine, interval=3600, jitter=0)
-        keeper = attach_gate(store, runner, data, keys)
+        keeper = attach_gate(store, runner, data, keys, EntitlementConfig())
         await keeper.check(online=False)
         return store, runner, keeper
 

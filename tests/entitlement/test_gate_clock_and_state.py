@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from syncd.config import EntitlementConfig
 from syncd.entitlement.gate import STATE_FILENAME, STATE_UNREADABLE
 from syncd.entitlement.keeper import Keeper
 from syncd.entitlement.token import key_id, public_key_text, sign
@@ -70,7 +71,7 @@ async def test_a_laptop_an_hour_slow_is_entitled_online_and_stays_so(tmp_path: P
     clock = Clock(real - 3600)
     data = tmp_path / "data"
     gate = make_gate(data, pinned(hub.key), clock)
-    keeper = Keeper(gate, PlaneClient(hub.url, hub.token), refresh_secs=3600)
+    keeper = Keeper(gate, PlaneClient(hub.url, hub.token), EntitlementConfig(refresh_secs=3600))
     try:
         decision = await keeper.check()
         assert keeper.last_online_error is None
@@ -174,8 +175,8 @@ async def test_a_refused_fetch_is_shown_over_a_stale_files_reason(
     clock = Clock(now())
     data = tmp_path / "data"
     gate = make_gate(data, pinned(hub.key), clock)
-    keeper = Keeper(gate, PlaneClient(hub.url, hub.token), refresh_secs=3600)
-    rotated = Keeper(gate, PlaneClient(hub2.url, hub2.token), refresh_secs=3600)
+    keeper = Keeper(gate, PlaneClient(hub.url, hub.token), EntitlementConfig(refresh_secs=3600))
+    rotated = Keeper(gate, PlaneClient(hub2.url, hub2.token), EntitlementConfig(refresh_secs=3600))
     try:
         decision = await keeper.check()
         assert decision.entitled and decision.exp is not None

@@ -400,11 +400,11 @@ def test_the_configured_url_of_a_wildcard_listen_is_loopback(tmp_path: Path, lis
                                                               url: str) -> None:
     """Before the daemon's state file exists (``syncd mcp`` started first waits for it), clients
     use the configured address: a wildcard one is reached over loopback too."""
-    from syncd.cli import _settings
+    from syncd.commands.settings import command_settings
     config = tmp_path / "syncd.toml"
     config.write_text(f'[daemon]\nlisten = "{listen}"\nallow_non_loopback = true\n')
     args = argparse.Namespace(config=config, command="mcp", data_dir=tmp_path)
-    assert _settings(args)["url"] == url
+    assert command_settings(args)["url"] == url
 
 
 # --- a control character in a configured path ---------------------------------------------------

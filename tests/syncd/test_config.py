@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from local_store.embed_minilm import BGE_MODEL_ID, MINILM_MODEL_ID
+from syncd.addresses import is_loopback_host, parse_listen
 from syncd.config import (
     DEFAULT_ALLOW_NON_LOOPBACK,
     DEFAULT_ALLOWED_HOSTS,
@@ -41,10 +42,8 @@ from syncd.config import (
     HubConfig,
     default_config_path,
     default_data_dir,
-    is_loopback_host,
     load_config,
     parse_config,
-    parse_listen,
 )
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "syncd.example.toml"
@@ -492,17 +491,17 @@ def test_the_allow_non_loopback_flag_covers_a_listen_from_the_file(tmp_path: Pat
     """``syncd run --allow-non-loopback`` is the setting: a config file's non-loopback
     ``daemon.listen`` is accepted with it (it was refused before the flag was looked at),
     and still refused without it. (No socket is bound here.)"""
-    from syncd.cli import _settings
+    from syncd.commands.settings import command_settings
     path = tmp_path / "syncd.toml"
     path.write_text('[daemon]\nlisten = "0.0.0.0:7777"\n')
     args = argparse.Namespace(config=path, command="run", listen=None, data_dir=tmp_path,
                               allow_non_loopback=True)
-    settings = _settings(args)
+    settings = command_settings(args)
     assert (settings["host"], settings["port"]) == ("0.0.0.0", 7777)
     assert settings["config"].daemon.allow_non_loopback is True
     args.allow_non_loopback = False
     with pytest.raises(ValueError, match=r"daemon\.listen .*allow_non_loopback = true"):
-        _settings(args)
+        command_settings(args)
 
 
 def test_the_versions_section_sets_the_history_kept() -> None:

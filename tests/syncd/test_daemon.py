@@ -450,7 +450,7 @@ def test_background_progress_is_one_line_every_ten_seconds(
 def test_the_save_help_lists_the_stores_memory_types() -> None:
     """The CLI spells the types out (importing local_store would slow every hook call)."""
     from local_store.records import MEMORY_TYPES
-    from syncd.cli import SAVE_TYPES
+    from syncd.commands.parser import SAVE_TYPES
     assert SAVE_TYPES == MEMORY_TYPES
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from local_store import HashingEmbedder, Store
 from protocol.rows import NodeRow
+from syncd.config import EmbeddingConfig
 from syncd.daemon import StartupError, make_embedder, reembed_while_owed
 from syncd.exits import EXIT_CONFIG
 from syncd.hub.server import Hub
@@ -29,7 +30,8 @@ def test_bge_without_its_files_is_a_configuration_error(tmp_path: Path) -> None:
     fastembed): the loader's error escaped, so `syncd run` exited 75 ("try again") with a
     traceback, and `syncd hub` died with an uncaught one. Retrying never helps."""
     with pytest.raises(StartupError) as caught:
-        make_embedder("bge-small-en-v1.5", tmp_path / "empty-cache")
+        make_embedder(EmbeddingConfig(model="bge-small-en-v1.5",
+                                      cache_dir=tmp_path / "empty-cache"), idle_unload=True)
     assert caught.value.exit_code == EXIT_CONFIG
     assert "embedding.model" in str(caught.value)
 

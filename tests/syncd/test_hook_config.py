@@ -1,6 +1,6 @@
 """``syncd.hook_config`` (the prompt hook's tomllib reading of the config) against
-``syncd.config.load_config`` read as ``syncd.cli._settings`` reads it: on a matrix of configs and
-on edge values of every option it vouches for, it resolves the same data directory and URL or
+``syncd.config.load_config`` read as ``syncd.commands.settings.command_settings`` reads it: on
+a matrix of configs and on edge values of every option it vouches for, it resolves the same data directory and URL or
 gives way (None), and it never accepts a config that ``load_config`` refuses."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from syncd import config as full
-from syncd.cli import _settings
+from syncd.commands.settings import command_settings
 from syncd.hook import daemon_address
 from syncd.hook_config import MAX_PERIOD_SECS, OPTIONS, fast_address
 
@@ -27,7 +27,8 @@ def settings(config: Path | None, data_dir: Path | None,
     os.environ.clear()
     os.environ.update(env)
     try:
-        found = _settings(argparse.Namespace(command="recall", config=config, data_dir=data_dir))
+        found = command_settings(argparse.Namespace(command="recall", config=config,
+                                                    data_dir=data_dir))
     except ValueError:
         return None
     finally:

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from syncd.cli import _settings, build_parser
-from syncd.config import DEFAULT_LISTEN, local_url, parse_listen
+from syncd.addresses import local_url, parse_listen
+from syncd.commands.parser import build_parser
+from syncd.commands.settings import command_settings
+from syncd.config import DEFAULT_LISTEN
 from syncd.entry import hook_flags
 from syncd.hook import _read_response, daemon_address
 from syncd.hook_config import DEFAULT_LISTEN as HOOK_DEFAULT_LISTEN
@@ -91,8 +93,8 @@ ENVS: dict[str, dict[str, str]] = {
 @pytest.mark.parametrize("flagged", [False, True])
 def test_the_hook_finds_the_daemon_exactly_as_the_cli_does(
         tmp_path: Path, config_name: str, env_name: str, flagged: bool) -> None:
-    """``daemon_address`` against ``syncd.cli._settings`` (what every command uses): the same
-    data directory and URL, or both refuse the config; the defaults are only taken for a
+    """``daemon_address`` against ``syncd.commands.settings.command_settings`` (what every
+    command uses): the same data directory and URL, or both refuse the config; the defaults are only taken for a
     config that sets nothing."""
     env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "cfg"),
            "XDG_DATA_HOME": str(tmp_path / "share"), **ENVS[env_name]}
@@ -109,7 +111,7 @@ def test_the_hook_finds_the_daemon_exactly_as_the_cli_does(
         os.environ.update(env)
         try:
             try:
-                settings = _settings(args)
+                settings = command_settings(args)
                 expected = (settings["data_dir"], settings["url"])
             except ValueError as exc:
                 with pytest.raises(Exception) as raised:

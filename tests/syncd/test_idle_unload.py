@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 
+from syncd.config import EmbeddingConfig
 from syncd.daemon import IdleUnloading, make_embedder, unload_when_idle
 
 
@@ -28,8 +29,10 @@ async def test_the_timer_asks_again_when_told_and_stops_on_never() -> None:
 
 
 def test_the_configured_idle_time_reaches_minilm_and_hashing_has_no_timer() -> None:
-    minilm = make_embedder("all-MiniLM-L6-v2", idle_unload_secs=7.5)
+    minilm = make_embedder(EmbeddingConfig(model="all-MiniLM-L6-v2", idle_unload_secs=7.5),
+                           idle_unload=True)
     assert isinstance(minilm, IdleUnloading)
     assert minilm.idle_unload_secs == 7.5  # type: ignore[attr-defined]
     assert not minilm.loaded  # type: ignore[attr-defined]  # construction loads nothing
-    assert not isinstance(make_embedder("hashing"), IdleUnloading)
+    assert not isinstance(make_embedder(EmbeddingConfig(model="hashing"), idle_unload=True),
+                          IdleUnloading)

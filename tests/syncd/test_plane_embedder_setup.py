@@ -1,5 +1,5 @@
 """What the daemon hands the sync engine to embed memories with the plane's model
-(``syncd.cli._plane_embedder``): bge-small-en-v1.5 from files already under
+(``syncd.daemon.plane_embedder``): bge-small-en-v1.5 from files already under
 ``embedding.cache_dir``, an error naming what is missing otherwise, nothing for another model."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from local_store.embed_minilm import EmbedderUnavailable
-from syncd.cli import _plane_embedder
 from syncd.config import parse_config
+from syncd.daemon import plane_embedder
 
 ENV = {"HOME": "/home/ada"}
 
@@ -20,14 +20,14 @@ def config(text: str) -> object:
 
 
 def test_a_bge_plane_without_a_cache_dir_names_the_option() -> None:
-    build = _plane_embedder(config('[control_plane]\nurl = "https://plane.example.com"\n'))
+    build = plane_embedder(config('[control_plane]\nurl = "https://plane.example.com"\n'))
     assert build is not None
     with pytest.raises(EmbedderUnavailable, match=r"embedding\.cache_dir is not set"):
         build()
 
 
 def test_a_bge_plane_with_an_empty_cache_dir_names_the_missing_files(tmp_path: Path) -> None:
-    build = _plane_embedder(config(
+    build = plane_embedder(config(
         f'[control_plane]\nurl = "https://plane.example.com"\n'
         f'[embedding]\ncache_dir = "{tmp_path}"\n'))
     assert build is not None
@@ -37,6 +37,6 @@ def test_a_bge_plane_with_an_empty_cache_dir_names_the_missing_files(tmp_path: P
 
 
 def test_a_plane_on_another_model_gets_no_plane_embedder() -> None:
-    assert _plane_embedder(config(
+    assert plane_embedder(config(
         '[control_plane]\nurl = "https://plane.example.com"\n'
         'embedding_model = "all-MiniLM-L6-v2"\n')) is None

@@ -16,6 +16,7 @@ from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from local_store import HashingEmbedder, Store
+from syncd.config import EntitlementConfig
 from syncd.entitlement.gate import LICENSE_FILENAME, Gate
 from syncd.entitlement.keeper import Keeper
 from syncd.entitlement.token import Claims, key_id, sign
@@ -47,7 +48,7 @@ async def test_the_sync_page_shows_a_licence_ending_past_the_last_date(
         await asyncio.to_thread(write_licence, store.data_dir / LICENSE_FILENAME, licence)
         gate = Gate(store.data_dir, {key_id(key.public_key()): key.public_key()},
                     store.replica_id)
-        keeper = Keeper(gate, None, refresh_secs=3600)
+        keeper = Keeper(gate, None, EntitlementConfig(refresh_secs=3600))
         assert (await keeper.check(online=False)).entitled and gate.allows("sync") is None
 
         runner = web.AppRunner(create_app(store, token=TOKEN, mcp=False, keeper=keeper))

@@ -500,10 +500,7 @@ def _sync_factory(config: Any) -> Any:
         token = read_plane_token(plane.token_file)
     except SyncSetupError as exc:
         raise StartupError(str(exc), EXIT_CONFIG) from None
-    options = SyncOptions(realm=plane.realm, plane_model=plane.embedding_model,
-                          private_memories=plane.private_memories,
-                          overlap_secs=sync.overlap_secs, push_batch_bytes=sync.push_batch_bytes,
-                          anti_entropy_secs=sync.anti_entropy_secs, long_poll=sync.long_poll)
+    options = SyncOptions.from_config(plane, sync)
     return lambda store: SyncRunner.create(store, url=plane.url, token=token, options=options,
                                            interval=sync.interval_secs, jitter=sync.jitter,
                                            token_file=plane.token_file, proxy=plane.proxy,

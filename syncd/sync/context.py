@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from local_store import Store
 from protocol.rows import NODE_LATE_COLUMNS
+from syncd.config import ControlPlaneConfig, SyncConfig
 from syncd.sync.plane import PlaneClient
 from syncd.sync.status import Health
 
@@ -25,15 +26,29 @@ NAMES_MODEL = "plane_names_model"  # sync state: "1" when the plane's settings n
 RESYNC = "resync_pending"  # sync state: a reset was detected, anti-entropy has not finished
 
 
+_PLANE, _SYNC = ControlPlaneConfig(), SyncConfig()  # the defaults: syncd/config.py's sections
+
+
 @dataclass(slots=True)
 class SyncOptions:
-    realm: str | None = None
-    plane_model: str = "bge-small-en-v1.5"
-    private_memories: str = "auto"  # "auto", "push" or "local" (``push.keeps_private``)
-    overlap_secs: float = 120.0
-    push_batch_bytes: int = 3 * 1024 * 1024 // 2
-    anti_entropy_secs: float = 3600.0
-    long_poll: bool = True  # use a plane's long-poll when it offers one
+    """The ``[control_plane]`` and ``[sync]`` values the engine uses (``from_config``). Each
+    default is its config section's, never written again here; a test may set one outside
+    what a config file accepts (``anti_entropy_secs = 0``: a diff every pass)."""
+
+    realm: str | None = _PLANE.realm
+    plane_model: str = _PLANE.embedding_model  # until the plane's settings name its model
+    private_memories: str = _PLANE.private_memories  # "auto", "push" or "local"
+    overlap_secs: float = _SYNC.overlap_secs
+    push_batch_bytes: int = _SYNC.push_batch_bytes
+    anti_entropy_secs: float = _SYNC.anti_entropy_secs
+    long_poll: bool = _SYNC.long_poll  # use a plane's long-poll when it offers one
+
+    @classmethod
+    def from_config(cls, plane: ControlPlaneConfig, sync: SyncConfig) -> SyncOptions:
+        return cls(realm=plane.realm, plane_model=plane.embedding_model,
+                   private_memories=plane.private_memories, overlap_secs=sync.overlap_secs,
+                   push_batch_bytes=sync.push_batch_bytes,
+                   anti_entropy_secs=sync.anti_entropy_secs, long_poll=sync.long_poll)
 
 
 class GateClosed(Exception):

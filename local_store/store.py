@@ -723,7 +723,7 @@ class Store:
         and return them as wire rows. Each node carries
         its ``model`` vector, or zeros when there is none or it is not ``dim`` wide (the plane
         requires a vector of its width; a syncd hub reads zeros as none, and the sync engine
-        sends a Kyma plane no zeros it could rank: ``SyncEngine._plane_vectors``)."""
+        sends a Kyma plane no zeros it could rank: ``syncd.sync.staged.Prepare.plane_vectors``)."""
         def run(w: Writer) -> tuple[replica.Staged, list[tuple[str, bytes]]]:
             # The vectors are read in the staging transaction: read after it, a save landing
             # in between could pair a staged row with its next version's vector.

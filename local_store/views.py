@@ -46,7 +46,7 @@ def wire_nodes(rows: Iterable[Row], vectors: Mapping[str, list[float]],
     vectors' model, a row with no vector or one of another width carries ``dim`` zeros instead
     — a syncd hub's "no vector" (``apply.vector_from_wire`` reads zeros as none), never a
     vector the plane would refuse. A Kyma plane ranks zeros first, so the sync engine sends
-    such a row there only with a vector of its model (``SyncEngine._plane_vectors``).
+    such a row there only with a vector of its model (``syncd.sync.staged.Prepare.plane_vectors``).
     ``dim`` None (a model whose width is not known here): rows without a vector carry none."""
     if dim is None:
         return [wire_node(row, vectors.get(row["id"])) for row in rows]

@@ -51,10 +51,8 @@ from local_store.versions import VersionPolicy
 from syncd.addresses import is_loopback_host, local_url
 from syncd.config import (
     Config,
-    ControlPlaneConfig,
     EmbeddingConfig,
     EntitlementConfig,
-    SyncConfig,
 )
 from syncd.entitlement.gate import Decision
 from syncd.entitlement.keeper import Keeper, attach_gate
@@ -112,14 +110,6 @@ def check_bind(host: str, allow_non_loopback: bool) -> None:
             "--allow-non-loopback) only behind your own authentication.", EXIT_CONFIG)
 
 
-def sync_options(plane: ControlPlaneConfig, sync: SyncConfig) -> SyncOptions:
-    """What one sync pass follows, from the ``[control_plane]`` and ``[sync]`` sections."""
-    return SyncOptions(realm=plane.realm, plane_model=plane.embedding_model,
-                       private_memories=plane.private_memories,
-                       overlap_secs=sync.overlap_secs, push_batch_bytes=sync.push_batch_bytes,
-                       anti_entropy_secs=sync.anti_entropy_secs, long_poll=sync.long_poll)
-
-
 def sync_factory(config: Config) -> Callable[[Store], SyncRunner] | None:
     """The daemon's sync runner, when ``control_plane.url`` is set (its token is read now, so
     a missing token file is a start-up error, not a failing loop)."""
@@ -131,7 +121,7 @@ def sync_factory(config: Config) -> Callable[[Store], SyncRunner] | None:
         token = read_plane_token(plane.token_file)
     except SyncSetupError as exc:
         raise StartupError(str(exc), EXIT_CONFIG) from None
-    options = sync_options(plane, sync)
+    options = SyncOptions.from_config(plane, sync)
     return lambda store: SyncRunner.create(store, url=url, token=token, options=options,
                                            interval=sync.interval_secs, jitter=sync.jitter,
                                            token_file=plane.token_file, proxy=plane.proxy,
@@ -140,7 +130,7 @@ def sync_factory(config: Config) -> Callable[[Store], SyncRunner] | None:
 
 def plane_embedder(config: Config) -> Callable[[], Embedder] | None:
     """What builds an embedder of the plane's model, for memories a Kyma plane would otherwise
-    get without a vector it can rank (``SyncEngine._plane_vectors``): bge-small-en-v1.5 from
+    get without a vector it can rank (``syncd.sync.staged.Prepare.plane_vectors``): bge-small-en-v1.5 from
     the files already under ``embedding.cache_dir`` (never downloaded). None for another model."""
     from local_store.embed_minilm import BGE_MODEL_ID, EmbedderUnavailable, FastEmbedBGE
     if config.control_plane.embedding_model != BGE_MODEL_ID:

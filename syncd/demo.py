@@ -41,13 +41,13 @@ from syncd.config import (
     HubConfig,
     SyncConfig,
 )
-from syncd.daemon import sync_options
 from syncd.entitlement.keeper import attach_gate
 from syncd.entitlement.token import key_id, pin, public_key_text
 from syncd.http import create_app
 from syncd.hub.app import create_hub_app
 from syncd.hub.keys import load_or_create_key
 from syncd.hub.tokens import TokenBook, create_token
+from syncd.sync.engine import SyncOptions
 from syncd.sync.runner import SyncRunner
 
 SECRET = "sk-demo-123"
@@ -170,7 +170,7 @@ async def start(stack: contextlib.AsyncExitStack, root: Path) -> tuple[Node, Nod
         store = await Store.open(root / name, embedder=embedder)
         stack.push_async_callback(store.close)
         sync = SyncRunner.create(store, url=hub.url, token=write,
-                                 options=sync_options(plane, schedule),
+                                 options=SyncOptions.from_config(plane, schedule),
                                  interval=schedule.interval_secs, jitter=schedule.jitter)
         token = secrets.token_urlsafe(24)
         keeper = attach_gate(store, sync, root / name, pinned, EntitlementConfig())

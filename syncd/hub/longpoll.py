@@ -5,7 +5,7 @@ Rules:
   * ``Commits`` is the commit path's signal: a generation counter bumped, on the event loop, by
     every committed write of this process's store (SQLite: ``Store.commit_listeners``) and, on
     PostgreSQL, by every other process's commit too (``LISTEN``/``NOTIFY``,
-    ``syncd/hub/pg/store.py``). A held poll notes the generation *before* it reads the feed,
+    ``syncd/hub/pg/follow.py``). A held poll notes the generation *before* it reads the feed,
     so a commit between its read and its wait wakes it at once: no commit is slept through.
   * A wake is a hint, never a row: the poll reads the feed again and goes back to waiting
     when the commit brought it nothing (another realm, the caller's own push). No timer runs

@@ -16,7 +16,7 @@ from local_store import HashingEmbedder, ValidationError
 from protocol.rows import EdgeRow, NodeRow, edge_id
 from protocol.timestamp import format_ns, parse_ns
 from syncd.hub.pg import PgHubStore
-from syncd.hub.pg import store as pg_store
+from syncd.hub.pg import imports as pg_store
 from syncd.hub.store import HubStore, StoreUnavailableError
 
 EMB = HashingEmbedder()
@@ -78,7 +78,7 @@ async def test_a_deadlocked_import_runs_again_and_then_is_an_outage(
     and the upsert): it runs again whole; one that keeps failing is a 503, never a 500."""
     store = await open_store(pg_dsn)
     monkeypatch.setattr(pg_store, "RETRY_PAUSE_SECS", 0.0)
-    real, calls = store._apply_in, []
+    real, calls = store.imports._apply_in, []
 
     async def aborted(conn: Any, *args: Any) -> Any:
         calls.append(len(calls))
@@ -87,7 +87,7 @@ async def test_a_deadlocked_import_runs_again_and_then_is_an_outage(
         return await real(conn, *args)
 
     try:
-        monkeypatch.setattr(store, "_apply_in", aborted)
+        monkeypatch.setattr(store.imports, "_apply_in", aborted)
         failures = pg_store.TX_ATTEMPTS  # the last attempt succeeds
         result = await store.apply([node("memory:a", "kept", 1)], [], model=MODEL)
         assert (result.applied_nodes, len(calls)) == (1, pg_store.TX_ATTEMPTS)
@@ -148,7 +148,7 @@ async def test_a_concurrent_content_change_never_leaves_the_other_texts_vector(
     try:
         await a.apply([node("memory:x", C0, 1, origin="laptop-a")], [], model=MODEL)
         b_read, a_done = asyncio.Event(), asyncio.Event()
-        real = b._write_nodes
+        real = b.imports._write_nodes
 
         async def after_a(*args: Any, **kw: Any) -> set[str]:
             b_read.set()
@@ -161,7 +161,7 @@ async def test_a_concurrent_content_change_never_leaves_the_other_texts_vector(
             a_done.set()
 
         if interleave:
-            b._write_nodes = after_a  # type: ignore[method-assign]
+            b.imports._write_nodes = after_a  # type: ignore[method-assign]
             result_b, _ = await asyncio.gather(
                 b.apply([node("memory:x", C0, 3, origin="laptop-b", vector=False)], [],
                         model=MODEL), run_a())

@@ -23,7 +23,7 @@ from protocol.timestamp import format_ns, parse_ns
 from syncd.hub.app import create_hub_app
 from syncd.hub.dsn import read_store_file, resolve_dsn
 from syncd.hub.pg import PgHubStore
-from syncd.hub.pg import store as pg_store_module
+from syncd.hub.pg import follow as pg_follow_module
 from syncd.hub.pg.migrate import SchemaError, migrations
 from syncd.hub.store import PageSession, StoreUnavailableError
 from syncd.hub.tokens import token_hash
@@ -370,8 +370,8 @@ async def test_a_database_gone_away_is_logged_once_not_every_follow_period(
     traceback: thousands of lines a minute while the database was down. Then it warned once
     per distinct error, and a stopping server fails several ways in turn (shutting down,
     reset, refused): one outage gave one to four warnings, depending on timing."""
-    monkeypatch.setattr(pg_store_module, "FOLLOW_SECS", 0.01)
-    monkeypatch.setattr(pg_store_module, "FOLLOW_BACKOFF_CAP_SECS", 0.05)
+    monkeypatch.setattr(pg_follow_module, "FOLLOW_SECS", 0.01)
+    monkeypatch.setattr(pg_follow_module, "FOLLOW_BACKOFF_CAP_SECS", 0.05)
     attempts, logger = _FollowAttempts(FOLLOW_PERIODS), logging.getLogger("syncd.hub.pg")
     logger.addHandler(attempts)
     own = await asyncio.to_thread(PgServer.start)

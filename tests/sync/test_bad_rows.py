@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from syncd.sync.engine import BAD_ROW_PASSES
+from syncd.sync.pull import BAD_ROW_PASSES
 from tests.sync.harness import start_hub, start_laptop
 
 

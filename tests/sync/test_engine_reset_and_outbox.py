@@ -23,8 +23,10 @@ from syncd.entitlement.gate import TOKEN_FILENAME, Gate
 from syncd.entitlement.token import sign
 from syncd.hub.app import create_hub_app
 from syncd.hub.tokens import TokenBook, create_token
-from syncd.sync.engine import BACKOFF_CAP_SECS, BAD_ROW_PASSES, SyncEngine, SyncOptions
+from syncd.sync.engine import SyncEngine, SyncOptions
 from syncd.sync.plane import PlaneClient
+from syncd.sync.pull import BAD_ROW_PASSES
+from syncd.sync.status import BACKOFF_CAP_SECS
 from tests.entitlement.support import claims, pinned
 from tests.sync.harness import (
     MODEL,

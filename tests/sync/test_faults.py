@@ -18,8 +18,9 @@ from aiohttp import web
 
 from local_store import Store, StoreLockedError
 from protocol.timestamp import parse_ns
-from syncd.sync.engine import BACKOFF_BASE_SECS, BACKOFF_CAP_SECS, PassReport
+from syncd.sync.engine import PassReport
 from syncd.sync.runner import SyncRunner
+from syncd.sync.status import BACKOFF_BASE_SECS, BACKOFF_CAP_SECS
 from tests.sync.harness import (
     Hub,
     Laptop,

@@ -38,7 +38,8 @@ import pytest
 from aiohttp import web
 
 from protocol.rows import NodeRow
-from syncd.sync.engine import BACKOFF_CAP_SECS, BAD_ROW_PASSES
+from syncd.sync.pull import BAD_ROW_PASSES
+from syncd.sync.status import BACKOFF_CAP_SECS
 from tests.conftest import serving_app
 from tests.sync.harness import start_laptop
 

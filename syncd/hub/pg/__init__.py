@@ -39,6 +39,11 @@ Rules:
     meanwhile held polls answer at their timeout, never later.
   * Nothing lives in a hub process between requests: tokens, the signing key, settings,
     counters and the web page's sessions are rows, read when needed.
+
+Where: the marks, the upsert and the lock order in ``imports.py``; ``since``/``until`` and the
+export pages in ``feed.py``; the vector index and ``LISTEN`` in ``follow.py``; settings,
+counters, the key and sessions in ``settings.py``; ``store.py`` wires them into the hub-store
+interface (``syncd/hub/store.py``).
 """
 
 from syncd.hub.pg.store import PgHubStore

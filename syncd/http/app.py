@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from local_store import Store, StoreError, ValidationError
+from local_store import Store, ValidationError
 from local_store.apply import ApplyResult
 from local_store.arguments import msgspec_field
 from local_store.exporting import ExportPages
@@ -28,9 +28,15 @@ from protocol.rows import (
 )
 from protocol.timestamp import format_ns
 from syncd import __version__
-from syncd.entitlement.keeper import KeeperStopped
 from syncd.export_markdown import markdown_pages
-from syncd.http.errors import STORE_STATUS, HttpError, error_response
+from syncd.http.errors import (
+    BadJson,
+    NoDaemon,
+    NoGate,
+    RouteNotFound,
+    SyncNotConfigured,
+    errors_middleware,
+)
 from syncd.http.metrics import Metrics, store_gauges
 from syncd.http.security import guards
 from syncd.http.web import ROUTES as WEB_ROUTES
@@ -88,64 +94,19 @@ def create_app(store: Store, *, token: str, extra_hosts: tuple[str, ...] = (),
 
 # ---------------------------------------------------------------------- plumbing
 
-@web.middleware
-async def errors_middleware(request: web.Request,
-                  handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
-                  ) -> web.StreamResponse:
-    """Render every failure in the one error shape."""
-    try:
-        return await handler(request)
-    except HttpError as exc:
-        return error_response(exc.status, exc.code, exc.message, exc.field)
-    except ValidationError as exc:
-        return error_response(422, exc.code, exc.message, exc.field)
-    except StoreError as exc:
-        return error_response(STORE_STATUS.get(exc.code, 500), exc.code, exc.message,
-                              getattr(exc, "field", None))  # not found: the id's argument
-    except KeeperStopped as exc:
-        return error_response(503, "stopping", str(exc))
-    except web.HTTPRequestEntityTooLarge:
-        return error_response(413, "too_large", f"request body over {request.app._client_max_size}"
-                              " bytes")
-    except web.HTTPException as exc:
-        if exc.status == 405:
-            return error_response(405, "method_not_allowed", f"{request.method} not allowed here")
-        if exc.status == 404:
-            return error_response(404, "not_found", f"no route {shown_path(request)}")
-        return error_response(exc.status, "http_error", exc.reason)
-    except Exception:
-        log.exception("%s %s failed", request.method, shown_path(request))
-        return error_response(500, "internal", "internal error; the daemon's log has the details")
-
-
-def shown_path(request: web.Request, limit: int = 200) -> str:
-    """The request's path fit for a message or a log line: redacted (a path can hold an id or a
-    name the client chose, so a ``<private>`` span), control characters escaped (a decoded
-    ``%0a`` would otherwise start a forged log line: a newline is shown as ``\\n``), then
-    shortened."""
-    return _CONTROL.sub(_escaped, strip_private(request.path))[:limit]
-
-
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # C0, DEL, C1, line separators
-
-
-def _escaped(found: re.Match[str]) -> str:
-    return found.group().encode("unicode_escape").decode("ascii")  # "\n" → "\\n"
-
-
 async def read_json(request: web.Request) -> Any:
     raw = await request.read()
     if not raw:
-        raise HttpError(400, "bad_json", "request body is empty; send a JSON object")
+        raise BadJson("request body is empty; send a JSON object")
     try:  # UTF-8 only (RFC 8259), strictly: no surrogate can arrive as raw bytes
         value = json.loads(raw.decode("utf-8"), parse_constant=_not_json)
     except RecursionError:
-        raise HttpError(400, "bad_json", "malformed JSON: nested too deeply") from None
+        raise BadJson("malformed JSON: nested too deeply") from None
     except ValueError as exc:
-        raise HttpError(400, "bad_json", f"malformed JSON: {exc}") from None
+        raise BadJson(f"malformed JSON: {exc}") from None
     if _SURROGATE_ESCAPE.search(raw) and holds_lone_surrogate(value):
-        raise HttpError(400, "bad_json", "malformed JSON: a lone surrogate escape "
-                        "(\\ud800-\\udfff without its pair) is not text")
+        raise BadJson("malformed JSON: a lone surrogate escape "
+                      "(\\ud800-\\udfff without its pair) is not text")
     return value
 
 
@@ -335,7 +296,7 @@ async def put_settings(request: web.Request) -> web.Response:
 async def tool(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     if name not in TOOLS:  # a route that does not exist, not a bad argument
-        raise HttpError(404, "not_found", f"no tool {strip_private(name)[:80]!r}")
+        raise RouteNotFound(f"no tool {strip_private(name)[:80]!r}")
     args = _object(await read_json(request))
     return reply(await request.app[SURFACER].call(request.app[STORE], name, args))
 
@@ -416,7 +377,7 @@ async def entitlement_check(request: web.Request) -> web.Response:
     """Re-read the licence and token files now (and fetch a token if a plane is set)."""
     keeper = request.app[KEEPER]
     if keeper is None:
-        raise HttpError(409, "no_gate", "this server has no entitlement gate")
+        raise NoGate("this server has no entitlement gate")
     await keeper.check()  # type: ignore[attr-defined]
     return reply(_entitlement(request))
 
@@ -424,8 +385,7 @@ async def entitlement_check(request: web.Request) -> web.Response:
 async def sync_run(request: web.Request) -> web.Response:
     runner = request.app[SYNC]
     if runner is None:
-        raise HttpError(409, "sync_not_configured",
-                        "no control plane: set control_plane.url to sync")
+        raise SyncNotConfigured("no control plane: set control_plane.url to sync")
     keeper = request.app[KEEPER]
     gate = runner.engine.gate  # type: ignore[attr-defined]
     if keeper is not None and gate is not None and gate() is not None:
@@ -443,7 +403,7 @@ async def shutdown(request: web.Request) -> web.Response:
     answered before it starts. syncd's own route, behind the token like every other."""
     stop = request.app[STOP]
     if stop is None:
-        raise HttpError(501, "not_implemented", "this server has no daemon to stop")
+        raise NoDaemon("this server has no daemon to stop")
     stop()  # type: ignore[operator]
     return reply({"stopping": True}, status=202)
 

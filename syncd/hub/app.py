@@ -77,26 +77,30 @@ from protocol.rows import ChangesResponse, ExportBody
 from protocol.settings import replace_settings
 from protocol.timestamp import format_ns
 from syncd import __version__
-from syncd.entitlement.token import Claims, public_key_text, sign
 from syncd.http import web as web_pages
 from syncd.http.app import (
     DEFAULT_MAX_BODY,
     EXPORT_HINT,
     MCP,
     METRICS,
-    errors_middleware,
     import_result,
     mcp,
     read_import,
     read_json,
     read_typed,
     reply,
-    shown_path,
     stream_rows,
 )
-from syncd.http.errors import HttpError, error_response
+from syncd.http.errors import (
+    ForbiddenOrigin,
+    RouteNotFound,
+    TooManyAttempts,
+    Unauthorized,
+    errors_middleware,
+    shown_path,
+)
 from syncd.http.metrics import Metrics, admit, store_gauges
-from syncd.http.security import not_json
+from syncd.http.security import check_json
 from syncd.http.web import (
     MAX_SESSIONS_PER_TOKEN,
     PAGE_KIND,
@@ -109,6 +113,7 @@ from syncd.http.web import (
     session_cookie,
     set_session_cookie,
 )
+from syncd.hub.entitlements import Issuer
 from syncd.hub.invites import ID_PATTERN, Attempts, InviteError
 from syncd.hub.longpoll import (
     DEFAULT_MAX_HELD,
@@ -116,23 +121,18 @@ from syncd.hub.longpoll import (
     HEADER,
     MAX_WAIT_SECS,
     HeldPolls,
-    PollsFull,
     parse_wait,
 )
-from syncd.hub.longpoll import RETRY_AFTER_SECS as POLL_RETRY_AFTER_SECS
 from syncd.hub.store import (
     FileTokens,
     HubStore,
     Page,
     PageSession,
     SqliteHubStore,
-    StoreUnavailableError,
 )
 from syncd.hub.tokens import (
-    PLANS,
     AuthError,
     TokenBook,
-    TokenFileError,
     check_role,
     now_text,
     role_allows,
@@ -147,16 +147,14 @@ log = logging.getLogger("syncd.hub")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 HUB = web.AppKey("hub_store", object)
 CURSOR_MODE = web.AppKey("cursor_mode", str)
-ISSUER = web.AppKey("issuer", tuple)
+ISSUER = web.AppKey("issuer", Issuer)  # absent: the hub signs no entitlements
 INVITE_ATTEMPTS = web.AppKey("invite_attempts", Attempts)
 HELD_POLLS = web.AppKey("held_polls", HeldPolls)
 CALLER_ROLE = web.RequestKey("caller_role", str)  # the role the request was authenticated with
 # Paths browsers request from any site on their own: refused (no route has them), not logged.
 BROWSER_NOISE = frozenset({"/favicon.ico", "/robots.txt", "/apple-touch-icon.png",
                            "/apple-touch-icon-precomposed.png"})
-NBF_SLACK_SECS = 300  # a token is valid from a little before issue, for clocks slightly behind
 MAX_PAGE = 10_000
-RETRY_AFTER_SECS = 5
 
 
 def create_hub_app(backend: HubStore | Store, book: TokenBook | None = None, *,
@@ -174,11 +172,12 @@ def create_hub_app(backend: HubStore | Store, book: TokenBook | None = None, *,
         backend = SqliteHubStore(backend, tokens)
     sessions, metrics = PageSessions(backend), Metrics()
     app = web.Application(client_max_size=max_body,
-                          middlewares=[metrics.middleware(), errors_middleware, _unavailable,
+                          middlewares=[metrics.middleware(), errors_middleware,
                                        _auth(backend, sessions), _no_nul_params])
     app[HUB], app[CURSOR_MODE], app[METRICS] = backend, cursor, metrics
     app[PAGE_SESSIONS], app[PAGE_KIND] = sessions, "hub"
-    app[ISSUER] = (signing_key, token_lifetime_days)
+    if signing_key is not None:
+        app[ISSUER] = Issuer(backend, signing_key, token_lifetime_days)
     app[INVITE_ATTEMPTS] = Attempts()
     app[HELD_POLLS] = HeldPolls(max_held_polls)
     app.on_shutdown.append(_release_polls)
@@ -268,15 +267,6 @@ async def _no_nul_params(request: web.Request, handler: Handler) -> web.StreamRe
     return await handler(request)
 
 
-@web.middleware
-async def _unavailable(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except StoreUnavailableError as exc:
-        return error_response(503, "store_unavailable", str(exc),
-                              headers={"Retry-After": str(RETRY_AFTER_SECS)})
-
-
 class RefusalLog:
     """A warning for each refused request (what a browser asks every site for unprompted,
     ``BROWSER_NOISE``, is refused unlogged) — at most one per client address and reason per
@@ -309,12 +299,13 @@ def _auth(backend: HubStore,
         route = request.match_info.route.resource
         need = needs.get((request.method, route.canonical if route else ""), "read")
         if need != "none":
+            session = None
+            if request.headers.get("Authorization") is None:
+                session = (await sessions.find(request))[1]
+                if session is not None:  # the page (web.py): its refusals are not logged
+                    check_session_request(request, session)
             try:
-                if request.headers.get("Authorization") is None and (
-                        session := (await sessions.find(request))[1]) is not None:
-                    refused = check_session_request(request, session)  # the page (web.py)
-                    if refused is not None:
-                        return refused
+                if session is not None:
                     # found with its token's role now: a revoked token's session was not found
                     check_role((session.name or "", session.role), need)
                     request[SESSION_KEY] = session
@@ -325,13 +316,12 @@ def _auth(backend: HubStore,
             except AuthError as exc:
                 if route is not None or request.path not in BROWSER_NOISE:
                     refusals.note(request.method, shown_path(request), request.remote, exc)
-                headers = {"WWW-Authenticate": 'Bearer realm="syncd-hub"'} \
-                    if exc.status == 401 else None
-                return error_response(exc.status, exc.code, exc.message, headers=headers)
-            except TokenFileError as exc:
-                return error_response(500, "token_file", str(exc))
+                if isinstance(exc, Unauthorized):
+                    exc.headers["WWW-Authenticate"] = 'Bearer realm="syncd-hub"'
+                raise
         admit(request)
-        return not_json(request) or await handler(request)
+        check_json(request)
+        return await handler(request)
 
     return middleware
 
@@ -365,12 +355,8 @@ async def changes(request: web.Request) -> web.StreamResponse:
     page = await read()
     offered = {HEADER: f"{MAX_WAIT_SECS:g}"} if polls.cap else {}  # cap 0: long-poll off
     if wait and offered and not _has_rows(page):
-        try:
-            with polls.hold():
-                page = await _held(request, page, seen, wait, read)
-        except PollsFull as exc:
-            return error_response(503, "too_many_polls", str(exc), headers={
-                "Retry-After": str(POLL_RETRY_AFTER_SECS), **offered})
+        with polls.hold():  # PollsFull: a 503 that still advertises the long-poll
+            page = await _held(request, page, seen, wait, read)
     nodes, edges, until, more = page
     response = reply(ChangesResponse(since=echo, until=until, memory_nodes=nodes,
                                      memory_edges=edges, store_id=hub.store_id,
@@ -442,41 +428,27 @@ async def _count_hits(hub: HubStore, answer: QueryResponse) -> None:
 
 async def entitlement(request: web.Request) -> web.Response:
     """An entitlement for the requesting device: ``features`` from the bearer token's plan."""
-    key, lifetime_days = request.app[ISSUER]
-    if key is None:
-        raise HttpError(404, "not_found", "this hub does not issue entitlements")
+    issuer = request.app.get(ISSUER)
+    if issuer is None:
+        raise RouteNotFound("this hub does not issue entitlements")
     device = request.query.get("device_id", "")
     if not 1 <= len(device) <= 128 or not device.isprintable() or device.strip() != device:
         raise ValidationError("device_id", "must be 1-128 printable characters")
     session = request.get(SESSION_KEY)  # the web page signs in with a token too
     sha256 = session.owner if session is not None else token_hash(
         request.headers.get("Authorization", "")[len("Bearer "):].strip())
-    hub = hub_of(request)
-    found = await hub.tokens.lookup_hash(sha256)
-    if found is None:
-        raise HttpError(401, "unauthorized", "unknown token")
-    name, _, plan = found
-    features = PLANS.get(plan)
-    if features is None:  # the tokens file or table was edited by hand: grant nothing
-        raise HttpError(500, "bad_plan", f"token {name!r} has plan {plan!r}, which is not one "
-                                         f"of {', '.join(PLANS)}")
-    now = int(time.time())
-    claims = Claims(sub=name, device_id=device, plan=plan, features=list(features),
-                    iat=now, nbf=now - NBF_SLACK_SECS, exp=now + int(lifetime_days * 86400),
-                    seq=await hub.next_counter("entitlement_seq"))
-    return reply({"token": sign(key, claims), "claims": claims})
+    return reply(await issuer.issue(sha256, device))
 
 
 async def redeem_invite(request: web.Request) -> web.Response:
     """An invite's token, once (rules above; ``invites.py``)."""
     wait = request.app[INVITE_ATTEMPTS].check(request.remote)
     if wait is not None:
-        return error_response(429, "too_many_attempts", f"too many invite attempts from this "
-                              f"address; try again in {wait} s", headers={"Retry-After": str(wait)})
-    key = request.app[ISSUER][0]
-    if key is None:
-        raise HttpError(404, "not_found", "this hub does not issue entitlements, so it takes "
-                        "no invites")
+        raise TooManyAttempts(f"too many invite attempts from this address; try again in "
+                              f"{wait} s", headers={"Retry-After": str(wait)})
+    issuer = request.app.get(ISSUER)
+    if issuer is None:
+        raise RouteNotFound("this hub does not issue entitlements, so it takes no invites")
     body = await read_json(request)
     fields = body if isinstance(body, dict) else {}
     invite_id, secret = fields.get("id"), fields.get("secret")
@@ -488,11 +460,11 @@ async def redeem_invite(request: web.Request) -> web.Response:
         got = await hub_of(request).invites.redeem(invite_id, secret, now=now_text())
     except InviteError as exc:
         log.warning("refused invite %s from %s: %s", invite_id, request.remote, exc.code)
-        raise HttpError(exc.status, exc.code, exc.message) from None
+        raise
     log.info("invite %s redeemed from %s: token %r (%s)", invite_id, request.remote, got.name,
              got.role)
     return reply({"token": got.token, "name": got.name, "role": got.role, "plan": got.plan,
-                  "public_key": public_key_text(key.public_key())})
+                  "public_key": issuer.public_key()})
 
 
 async def get_settings(request: web.Request) -> web.Response:
@@ -545,15 +517,12 @@ async def page_login(request: web.Request) -> web.Response:
     never keeps the token."""
     origin = request.headers.get("Origin")
     if origin is not None and origin != own_origin(request):
-        raise HttpError(403, "forbidden_origin", "a login from another origin")
+        raise ForbiddenOrigin("a login from another origin")
     body = await read_json(request)
     raw = body.get("token") if isinstance(body, dict) else None
     if not isinstance(raw, str) or not raw.strip():
         raise ValidationError("token", "is required: a hub token (`syncd hub token create`)")
-    try:
-        name, role = await hub_of(request).tokens.authenticate(f"Bearer {raw.strip()}", "read")
-    except AuthError as exc:
-        return error_response(exc.status, exc.code, exc.message)
+    name, role = await hub_of(request).tokens.authenticate(f"Bearer {raw.strip()}", "read")
     sid, session = await request.app[PAGE_SESSIONS].start(raw.strip(), name, role)
     response = reply({"name": name, "role": role, "csrf": session.csrf})
     set_session_cookie(request, response, sid)

@@ -35,6 +35,7 @@ from collections.abc import Iterator
 
 from local_store import ValidationError
 from local_store.redact import quoted
+from protocol.errors import SyncdError
 
 MAX_WAIT_SECS = 30.0
 DEFAULT_MAX_HELD = 500
@@ -76,8 +77,15 @@ class Commits:
         return self.generation != seen and not self.closed
 
 
-class PollsFull(Exception):
-    """This process holds ``cap`` polls already."""
+class PollsFull(SyncdError):
+    """This process holds ``cap`` polls already: 503, poll again after ``RETRY_AFTER_SECS``
+    (the answer still advertises the long-poll)."""
+
+    status, code = 503, "too_many_polls"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"Retry-After": str(RETRY_AFTER_SECS),
+                                           HEADER: f"{MAX_WAIT_SECS:g}"})
 
 
 class HeldPolls:

@@ -9,7 +9,7 @@ import json
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 from aiohttp import web
@@ -28,6 +28,7 @@ from protocol.rows import (
 )
 from protocol.timestamp import format_ns
 from syncd import __version__
+from syncd.entitlement.keeper import Keeper
 from syncd.export_markdown import markdown_pages
 from syncd.http.errors import (
     BadJson,
@@ -43,6 +44,7 @@ from syncd.http.web import ROUTES as WEB_ROUTES
 from syncd.http.web import SESSIONS, Sessions
 from syncd.mcp import INVALID_REQUEST, SUPPORTED_PROTOCOL_VERSIONS, McpServer
 from syncd.mcp import error_response as rpc_error
+from syncd.sync.runner import SyncRunner
 from syncd.tools import TOOLS, Surfacer
 
 log = logging.getLogger("syncd.http")
@@ -50,10 +52,18 @@ STORE = web.AppKey("store", Store)
 SURFACER = web.AppKey("surfacer", Surfacer)
 METRICS = web.AppKey("metrics", Metrics)
 PLANE_MODEL = web.AppKey("plane_model", str)
-MCP = web.AppKey("mcp", object)
-STOP = web.AppKey("stop", object)  # the daemon's stop, or None (``shutdown``)
-SYNC = web.AppKey("sync", object)  # a syncd.sync.runner.SyncRunner, or None
-KEEPER = web.AppKey("keeper", object)  # a syncd.entitlement.keeper.Keeper, or None
+
+
+class McpHandler(Protocol):
+    """What serves ``/mcp/v1``: an ``McpServer``, or the PostgreSQL hub's ``CopyMcp``."""
+
+    async def handle_bytes(self, body: bytes) -> bytes | None: ...
+
+
+MCP: web.AppKey[McpHandler] = web.AppKey("mcp")
+STOP: web.AppKey[Callable[[], None] | None] = web.AppKey("stop")  # ``shutdown``'s
+SYNC: web.AppKey[SyncRunner | None] = web.AppKey("sync")
+KEEPER: web.AppKey[Keeper | None] = web.AppKey("keeper")
 
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
 EXPORT_HINT = ("Re-import on another instance via POST /v1/agent/memory/import with this same "
@@ -64,7 +74,8 @@ _encoder = msgspec.json.Encoder()
 
 def create_app(store: Store, *, token: str, extra_hosts: tuple[str, ...] = (),
                max_body: int = DEFAULT_MAX_BODY, plane_model: str = "bge-small-en-v1.5",
-               mcp: Any = True, sync: Any = None, keeper: Any = None,
+               mcp: McpHandler | bool = True, sync: SyncRunner | None = None,
+               keeper: Keeper | None = None,
                stop: Callable[[], None] | None = None) -> web.Application:
     """``mcp=True`` serves ``/mcp/v1`` with the same tool surfacer as the tool routes (so a
     conversation's surfaced memories are shared); pass a server to use it, False for none.
@@ -80,10 +91,10 @@ def create_app(store: Store, *, token: str, extra_hosts: tuple[str, ...] = (),
     app[STOP] = stop
     if mcp is True:
         mcp = McpServer(store, app[SURFACER])
-    if mcp:
+    if mcp is not False:
         app[MCP] = mcp
     for method, path, handler in ROUTES:
-        if path == "/mcp/v1" and not mcp:
+        if path == "/mcp/v1" and mcp is False:
             continue
         app.router.add_route(method, path, handler)
     app[SESSIONS] = Sessions()
@@ -339,8 +350,7 @@ async def status(request: web.Request) -> web.Response:
     store = request.app[STORE]
     stats = await store.stats()
     runner = request.app[SYNC]
-    sync = await runner.status() if runner is not None else {  # type: ignore[attr-defined]
-        "configured": False}
+    sync = await runner.status() if runner is not None else {"configured": False}
     return reply({"version": __version__, "data_dir": str(store.data_dir),
                    "store_id": store.store_id, "replica_id": store.replica_id,
                    "embedder": store.embedder.model_id, "embedder_error": store.embedder_error,
@@ -357,7 +367,7 @@ def _conflict_summary(conflicts: dict[str, Any]) -> dict[str, Any]:
 
 def _entitlement(request: web.Request) -> dict[str, Any] | None:
     keeper = request.app[KEEPER]
-    return None if keeper is None else keeper.status()  # type: ignore[attr-defined]
+    return None if keeper is None else keeper.status()
 
 
 async def sync_status(request: web.Request) -> web.Response:
@@ -369,8 +379,7 @@ async def sync_status(request: web.Request) -> web.Response:
     if runner is None:
         return reply({"configured": False, "entitlement": _entitlement(request),
                       "reason": "no control plane: set control_plane.url to sync", **review})
-    return reply({**await runner.status(),  # type: ignore[attr-defined]
-                  "entitlement": _entitlement(request), **review})
+    return reply({**await runner.status(), "entitlement": _entitlement(request), **review})
 
 
 async def entitlement_check(request: web.Request) -> web.Response:
@@ -378,7 +387,7 @@ async def entitlement_check(request: web.Request) -> web.Response:
     keeper = request.app[KEEPER]
     if keeper is None:
         raise NoGate("this server has no entitlement gate")
-    await keeper.check()  # type: ignore[attr-defined]
+    await keeper.check()
     return reply(_entitlement(request))
 
 
@@ -387,10 +396,10 @@ async def sync_run(request: web.Request) -> web.Response:
     if runner is None:
         raise SyncNotConfigured("no control plane: set control_plane.url to sync")
     keeper = request.app[KEEPER]
-    gate = runner.engine.gate  # type: ignore[attr-defined]
+    gate = runner.engine.gate
     if keeper is not None and gate is not None and gate() is not None:
-        await keeper.check()  # type: ignore[attr-defined]  # paused: try to get entitled first
-    report = await runner.run_now()  # type: ignore[attr-defined]
+        await keeper.check()  # paused: try to get entitled first
+    report = await runner.run_now()
     return reply(report.as_dict())
 
 
@@ -404,7 +413,7 @@ async def shutdown(request: web.Request) -> web.Response:
     stop = request.app[STOP]
     if stop is None:
         raise NoDaemon("this server has no daemon to stop")
-    stop()  # type: ignore[operator]
+    stop()
     return reply({"stopping": True}, status=202)
 
 
@@ -437,7 +446,7 @@ async def mcp(request: web.Request) -> web.Response:
                                f"{MCP_VERSION_HEADER}; this server speaks "
                                f"{', '.join(SUPPORTED_PROTOCOL_VERSIONS)}"), status=400)
     server = request.app[MCP]
-    answer = await server.handle_bytes(body)  # type: ignore[attr-defined]
+    answer = await server.handle_bytes(body)
     if answer is None:
         return web.Response(status=202)
     return web.Response(body=answer, content_type="application/json")

@@ -25,6 +25,7 @@ import hmac
 from collections.abc import Awaitable, Callable, Iterable
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from syncd.config import LOOPBACK_HOST_NAMES
 from syncd.http import web as web_pages
@@ -54,7 +55,7 @@ def host_name(header: str) -> str:
     return found[0] if found else header
 
 
-def guards(token: str, extra_hosts: Iterable[str] = ()) -> web.middleware:  # type: ignore[valid-type]
+def guards(token: str, extra_hosts: Iterable[str] = ()) -> Middleware:
     allowed = LOOPBACK_HOSTS | {h.lower() for h in extra_hosts}
     expected = token.encode()
 

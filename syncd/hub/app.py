@@ -67,6 +67,7 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from local_store import Store, ValidationError
@@ -145,7 +146,7 @@ from syncd.tools import Surfacer, UsageCounters, hub_tools
 log = logging.getLogger("syncd.hub")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-HUB = web.AppKey("hub_store", object)
+HUB: web.AppKey[HubStore] = web.AppKey("hub_store")
 CURSOR_MODE = web.AppKey("cursor_mode", str)
 ISSUER = web.AppKey("issuer", Issuer)  # absent: the hub signs no entitlements
 INVITE_ATTEMPTS = web.AppKey("invite_attempts", Attempts)
@@ -201,12 +202,12 @@ def _surfacer(usage: UsageCounters) -> Surfacer:
 
 
 def hub_of(request: web.Request) -> HubStore:
-    return request.app[HUB]  # type: ignore[return-value]
+    return request.app[HUB]
 
 
 async def _release_polls(app: web.Application) -> None:
     """A stopping hub answers its held polls now instead of waiting them out."""
-    app[HELD_POLLS].release(app[HUB].commits)  # type: ignore[attr-defined]
+    app[HELD_POLLS].release(app[HUB].commits)
 
 
 class PageSessions:
@@ -290,7 +291,7 @@ class RefusalLog:
 
 
 def _auth(backend: HubStore,
-          sessions: PageSessions) -> web.middleware:  # type: ignore[valid-type]
+          sessions: PageSessions) -> Middleware:
     needs = {(method, path): role for method, path, _, role in ROUTES}
     refusals = RefusalLog()
 

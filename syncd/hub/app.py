@@ -59,39 +59,19 @@ Rules:
 
 from __future__ import annotations
 
-import functools
 import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
 
-import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from local_store import Store, ValidationError
-from local_store.arguments import msgspec_field
-from local_store.redact import quoted, strip_json_object
-from protocol.query import QueryRequest, QueryResponse
-from protocol.rows import ChangesResponse, ExportBody
-from protocol.settings import replace_settings
-from protocol.timestamp import format_ns
-from syncd import __version__
+from syncd.http import routes
 from syncd.http import web as web_pages
-from syncd.http.app import (
-    DEFAULT_MAX_BODY,
-    EXPORT_HINT,
-    MCP,
-    METRICS,
-    import_result,
-    mcp,
-    read_import,
-    read_json,
-    read_typed,
-    reply,
-    stream_rows,
-)
+from syncd.http.app import DEFAULT_MAX_BODY, MCP, METRICS, mcp
 from syncd.http.errors import (
     ForbiddenOrigin,
     RouteNotFound,
@@ -101,6 +81,7 @@ from syncd.http.errors import (
     shown_path,
 )
 from syncd.http.metrics import Metrics, admit, store_gauges
+from syncd.http.routes import MEMORY
 from syncd.http.security import check_json
 from syncd.http.web import (
     MAX_SESSIONS_PER_TOKEN,
@@ -114,20 +95,14 @@ from syncd.http.web import (
     session_cookie,
     set_session_cookie,
 )
+from syncd.http.wire import read_json, reply
 from syncd.hub.entitlements import Issuer
 from syncd.hub.invites import ID_PATTERN, Attempts, InviteError
-from syncd.hub.longpoll import (
-    DEFAULT_MAX_HELD,
-    GONE_CHECK_SECS,
-    HEADER,
-    MAX_WAIT_SECS,
-    HeldPolls,
-    parse_wait,
-)
+from syncd.hub.longpoll import DEFAULT_MAX_HELD, HeldPolls
+from syncd.hub.memory import HubMemory
 from syncd.hub.store import (
     FileTokens,
     HubStore,
-    Page,
     PageSession,
     SqliteHubStore,
 )
@@ -155,7 +130,6 @@ CALLER_ROLE = web.RequestKey("caller_role", str)  # the role the request was aut
 # Paths browsers request from any site on their own: refused (no route has them), not logged.
 BROWSER_NOISE = frozenset({"/favicon.ico", "/robots.txt", "/apple-touch-icon.png",
                            "/apple-touch-icon-precomposed.png"})
-MAX_PAGE = 10_000
 
 
 def create_hub_app(backend: HubStore | Store, book: TokenBook | None = None, *,
@@ -181,6 +155,7 @@ def create_hub_app(backend: HubStore | Store, book: TokenBook | None = None, *,
         app[ISSUER] = Issuer(backend, signing_key, token_lifetime_days)
     app[INVITE_ATTEMPTS] = Attempts()
     app[HELD_POLLS] = HeldPolls(max_held_polls)
+    app[MEMORY] = HubMemory(backend, cursor=cursor, polls=app[HELD_POLLS])
     app.on_shutdown.append(_release_polls)
     surfacer = _surfacer(backend.usage)
     if isinstance(backend, SqliteHubStore):
@@ -327,106 +302,6 @@ def _auth(backend: HubStore,
     return middleware
 
 
-def _limit(request: web.Request) -> int | None:
-    raw = request.query.get("limit")
-    if raw is None:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValidationError("limit", f"must be an integer, got {quoted(raw)}") from None
-    if not 1 <= value <= MAX_PAGE:
-        raise ValidationError("limit", f"must be 1..{MAX_PAGE}, got {value}")
-    return value
-
-
-async def changes(request: web.Request) -> web.StreamResponse:
-    hub, realm = hub_of(request), request.query.get("realm")
-    since = request.query.get("since", "")
-    echo = since.strip() or "1970-01-01T00:00:00Z"
-    if request.app[CURSOR_MODE] == "origin":  # streamed; `until` after the rows, as the plane
-        async with hub.changes_snapshot(since, realm, edge_version="created_at") as snapshot:
-            return await stream_rows(request, snapshot, head={"since": echo}, tail=lambda: {
-                "until": format_ns(hub.now_ns()), "store_id": hub.store_id})
-    polls = request.app[HELD_POLLS]
-    wait = parse_wait(request.query.get("wait"))
-    read = functools.partial(hub.feed, since, limit=_limit(request), realm=realm,
-                             exclude_origin=request.query.get("exclude_origin") or None)
-    seen = hub.commits.generation  # before the read: a commit after it wakes the wait
-    page = await read()
-    offered = {HEADER: f"{MAX_WAIT_SECS:g}"} if polls.cap else {}  # cap 0: long-poll off
-    if wait and offered and not _has_rows(page):
-        with polls.hold():  # PollsFull: a 503 that still advertises the long-poll
-            page = await _held(request, page, seen, wait, read)
-    nodes, edges, until, more = page
-    response = reply(ChangesResponse(since=echo, until=until, memory_nodes=nodes,
-                                     memory_edges=edges, store_id=hub.store_id,
-                                     has_more=more, feed="ingest"))
-    response.headers.update(offered)
-    return response
-
-
-def _has_rows(page: Page) -> bool:
-    nodes, edges, _, more = page
-    return bool(nodes or edges or more)
-
-
-async def _held(request: web.Request, page: Page, seen: int, wait: float,
-                read: Callable[[], Awaitable[Page]]) -> Page:
-    """``read`` (the feed) again after each commit past generation ``seen``, until it has
-    rows, ``wait`` seconds pass, the app stops or the client is gone; the last page read."""
-    hub, polls = hub_of(request), request.app[HELD_POLLS]
-    deadline = time.monotonic() + wait
-    while not (polls.released or hub.commits.closed) and request.transport is not None:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        if not await hub.commits.wait(seen, min(left, GONE_CHECK_SECS)) or polls.released:
-            continue  # a slice with no commit: is the client still there?
-        seen = hub.commits.generation
-        page = await read()
-        if _has_rows(page):
-            break
-    return page
-
-
-async def export(request: web.Request) -> web.StreamResponse:
-    hub, realm, limit = hub_of(request), request.query.get("realm"), _limit(request)
-    if limit is None:  # everything: streamed a page at a time
-        async with hub.export_snapshot(realm) as snapshot:
-            return await stream_rows(request, snapshot, tail=lambda: {
-                "hint": EXPORT_HINT, "store_id": hub.store_id})
-    nodes, edges, last, more = await hub.export_page(request.query.get("cursor", "0"),
-                                                     limit=limit, realm=realm)
-    return reply(ExportBody(memory_nodes=nodes, memory_edges=edges, hint=EXPORT_HINT,
-                            store_id=hub.store_id, has_more=more, next_cursor=last))
-
-
-async def import_rows(request: web.Request) -> web.Response:
-    hub = hub_of(request)
-    body = await read_import(request)
-    result = await hub.apply(body.memory_nodes, body.memory_edges, model=hub.embedder.model_id)
-    return reply(import_result(result))
-
-
-async def query(request: web.Request) -> web.Response:
-    body: QueryRequest = await read_typed(request, QueryRequest)
-    for name in ("realms", "tags"):
-        if any("\x00" in value for value in getattr(body, name)):
-            raise ValidationError(name, NUL_MESSAGE)
-    for name in ("memory_type", "space_agent", "as_of"):
-        if "\x00" in (getattr(body, name) or ""):
-            raise ValidationError(name, NUL_MESSAGE)
-    answer = await hub_of(request).recall(body)
-    await _count_hits(hub_of(request), answer)
-    return reply(msgspec.structs.replace(answer, precedent=None))  # the plane's key, none found
-
-
-async def _count_hits(hub: HubStore, answer: QueryResponse) -> None:
-    """A hit for each memory a recall returned (the plane's passive signal)."""
-    await hub.usage.surfaced([(m.id, m.realm or "") for m in answer.memories])
-
-
 async def entitlement(request: web.Request) -> web.Response:
     """An entitlement for the requesting device: ``features`` from the bearer token's plan."""
     issuer = request.app.get(ISSUER)
@@ -468,47 +343,12 @@ async def redeem_invite(request: web.Request) -> web.Response:
                   "public_key": issuer.public_key()})
 
 
-async def get_settings(request: web.Request) -> web.Response:
-    hub = hub_of(request)
-    return reply(msgspec.structs.replace(await hub.settings(),
-                                         embedding_model=hub.embedder.model_id))
-
-
-async def put_settings(request: web.Request) -> web.Response:
-    """The plane's replace for a bearer token, the page's patch for a page session (rules)."""
-    body = await read_json(request)
-    if not isinstance(body, dict):
-        raise ValidationError("body", "must be a JSON object")
-    hub = hub_of(request)
-    if request.get(SESSION_KEY) is not None:
-        return reply(msgspec.structs.replace(await hub.put_settings(body),
-                                             embedding_model=hub.embedder.model_id))  # as GET
-    try:
-        replaced = replace_settings(strip_json_object(body))  # redacted before any echo
-    except msgspec.ValidationError as exc:
-        raise ValidationError(msgspec_field(str(exc)), str(exc)) from None
-    await hub.put_settings(msgspec.to_builtins(replaced))  # every key: nothing merges
-    return reply({"ok": True})
-
-
 async def hub_mcp(request: web.Request) -> web.Response:
     allowed = CALLER_CAN_WRITE.set(role_allows(request[CALLER_ROLE], "write"))
     try:
         return await mcp(request)
     finally:
         CALLER_CAN_WRITE.reset(allowed)
-
-
-async def status(request: web.Request) -> web.Response:
-    hub = hub_of(request)
-    polls = request.app[HELD_POLLS]
-    long_poll = {"max_wait_secs": MAX_WAIT_SECS, "held": polls.held, "max_held": polls.cap,
-                 "refused": polls.refused} \
-        if request.app[CURSOR_MODE] == "ingest" and polls.cap else None
-    return reply({"version": __version__, "role": "hub", "store": hub.kind,
-                  "store_id": hub.store_id, "cursor": request.app[CURSOR_MODE],
-                  "embedding_model": hub.embedder.model_id, "long_poll": long_poll,
-                  **await hub.stats()})
 
 
 async def page_login(request: web.Request) -> web.Response:
@@ -541,10 +381,6 @@ async def page_logout(request: web.Request) -> web.Response:
     return web_pages.logged_out(request)
 
 
-async def healthz(request: web.Request) -> web.Response:
-    return reply({"ok": True})
-
-
 async def hub_metrics(request: web.Request) -> web.Response:
     """Prometheus text: the daemon's page (``metrics.py``) for this process and its store."""
     hub = hub_of(request)
@@ -552,18 +388,18 @@ async def hub_metrics(request: web.Request) -> web.Response:
     return request.app[METRICS].page(store_gauges(await hub.stats(), size, outbox=False))
 
 
-ROUTES: list[tuple[str, str, Handler, str]] = [
-    ("POST", "/v1/agent/memory/query", query, "read"),
-    ("GET", "/v1/agent/memory/export", export, "read"),
-    ("GET", "/v1/agent/memory/changes", changes, "read"),
-    ("POST", "/v1/agent/memory/import", import_rows, "write"),
-    ("GET", "/v1/agent/memory/settings", get_settings, "read"),
-    ("PUT", "/v1/agent/memory/settings", put_settings, "write"),
-    ("GET", "/v1/agent/status", status, "read"),
+ROUTES: list[tuple[str, str, Handler, str]] = [  # the shared routes (routes.py) first
+    ("POST", "/v1/agent/memory/query", routes.query, "read"),
+    ("GET", "/v1/agent/memory/export", routes.export, "read"),
+    ("GET", "/v1/agent/memory/changes", routes.changes, "read"),
+    ("POST", "/v1/agent/memory/import", routes.import_rows, "write"),
+    ("GET", "/v1/agent/memory/settings", routes.get_settings, "read"),
+    ("PUT", "/v1/agent/memory/settings", routes.put_settings, "write"),
+    ("GET", "/v1/agent/status", routes.status, "read"),
+    ("GET", "/healthz", routes.healthz, "none"),
     ("GET", "/v1/agent/entitlement", entitlement, "read"),
     ("POST", "/v1/invites/redeem", redeem_invite, "none"),
     ("POST", "/mcp/v1", hub_mcp, "read"),
-    ("GET", "/healthz", healthz, "none"),
     ("GET", "/metrics", hub_metrics, "read"),
     ("GET", "/", web_pages.index, "none"),
     ("GET", "/static/{name}", web_pages.static_file, "none"),

@@ -585,6 +585,8 @@ def _device_id(data_dir: Path) -> str:
 def _hub(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     import asyncio
 
+    import msgspec
+
     from syncd.daemon import StartupError, make_embedder
     from syncd.hub.dsn import resolve_dsn
     from syncd.hub.server import Hub
@@ -602,11 +604,9 @@ def _hub(args: argparse.Namespace, settings: dict[str, Any]) -> int:
         hub = Hub(data_dir=data_dir, dsn=dsn, host=settings["host"], port=settings["port"],
                   embedder=make_embedder(config.embedding.model, config.embedding.cache_dir,
                                          config.embedding.threads),
-                  cursor=args.cursor or config.hub.cursor,
-                  shutdown_timeout=config.daemon.shutdown_timeout_secs,
-                  token_lifetime_days=config.hub.token_lifetime_days,
-                  reembed_secs=config.hub.reembed_secs,
-                  max_held_polls=config.hub.max_held_polls)
+                  config=msgspec.structs.replace(config.hub,
+                                                 cursor=args.cursor or config.hub.cursor),
+                  shutdown_timeout=config.daemon.shutdown_timeout_secs)
         return asyncio.run(hub.run(ready=lambda url: print(f"syncd hub: ready on {url}",
                                                            file=sys.stderr, flush=True)))
     except StartupError as exc:

@@ -21,6 +21,7 @@ from protocol.query import QueryRequest
 from protocol.rows import EdgeRow, NodeRow
 from protocol.timestamp import format_ns
 from syncd import __version__
+from syncd.config import DEFAULT_CONTROL_PLANE_EMBEDDING_MODEL, DEFAULT_MAX_BODY_BYTES
 from syncd.entitlement.keeper import Keeper
 from syncd.http.errors import (
     NoDaemon,
@@ -58,12 +59,12 @@ STOP: web.AppKey[Callable[[], None] | None] = web.AppKey("stop")  # ``shutdown``
 SYNC: web.AppKey[SyncRunner | None] = web.AppKey("sync")
 KEEPER: web.AppKey[Keeper | None] = web.AppKey("keeper")
 
-DEFAULT_MAX_BODY = 4 * 1024 * 1024
 MCP_VERSION_HEADER = "MCP-Protocol-Version"
 
 
 def create_app(store: Store, *, token: str, extra_hosts: tuple[str, ...] = (),
-               max_body: int = DEFAULT_MAX_BODY, plane_model: str = "bge-small-en-v1.5",
+               max_body: int = DEFAULT_MAX_BODY_BYTES,
+               plane_model: str = DEFAULT_CONTROL_PLANE_EMBEDDING_MODEL,
                mcp: McpHandler | bool = True, sync: SyncRunner | None = None,
                keeper: Keeper | None = None,
                stop: Callable[[], None] | None = None) -> web.Application:

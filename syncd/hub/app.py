@@ -69,9 +69,10 @@ from aiohttp.typedefs import Middleware
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from local_store import Store, ValidationError
+from syncd.config import DEFAULT_MAX_BODY_BYTES, HubConfig
 from syncd.http import routes
 from syncd.http import web as web_pages
-from syncd.http.app import DEFAULT_MAX_BODY, MCP, METRICS, mcp
+from syncd.http.app import MCP, METRICS, mcp
 from syncd.http.errors import (
     ForbiddenOrigin,
     RouteNotFound,
@@ -98,7 +99,7 @@ from syncd.http.web import (
 from syncd.http.wire import read_json, reply
 from syncd.hub.entitlements import Issuer
 from syncd.hub.invites import ID_PATTERN, Attempts, InviteError
-from syncd.hub.longpoll import DEFAULT_MAX_HELD, HeldPolls
+from syncd.hub.longpoll import HeldPolls
 from syncd.hub.memory import HubMemory
 from syncd.hub.store import (
     FileTokens,
@@ -122,7 +123,6 @@ log = logging.getLogger("syncd.hub")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 HUB: web.AppKey[HubStore] = web.AppKey("hub_store")
-CURSOR_MODE = web.AppKey("cursor_mode", str)
 ISSUER = web.AppKey("issuer", Issuer)  # absent: the hub signs no entitlements
 INVITE_ATTEMPTS = web.AppKey("invite_attempts", Attempts)
 HELD_POLLS = web.AppKey("held_polls", HeldPolls)
@@ -133,13 +133,14 @@ BROWSER_NOISE = frozenset({"/favicon.ico", "/robots.txt", "/apple-touch-icon.png
 
 
 def create_hub_app(backend: HubStore | Store, book: TokenBook | None = None, *,
-                   cursor: str = "ingest", max_body: int = DEFAULT_MAX_BODY,
-                   signing_key: Ed25519PrivateKey | None = None,
-                   token_lifetime_days: float = 7.0,
-                   max_held_polls: int = DEFAULT_MAX_HELD) -> web.Application:
+                   config: HubConfig | None = None, max_body: int = DEFAULT_MAX_BODY_BYTES,
+                   signing_key: Ed25519PrivateKey | None = None) -> web.Application:
     """``backend`` is a ``HubStore`` (a bare feed ``Store`` is wrapped in ``SqliteHubStore``
-    with the tokens of ``book``). ``signing_key`` enables ``GET /v1/agent/entitlement``.
-    ``max_held_polls``: the long-polls held at once (``longpoll.py``)."""
+    with the tokens of ``book``). ``config``: the ``[hub]`` section (its ``cursor``,
+    ``token_lifetime_days`` and ``max_held_polls``; its defaults when None). ``signing_key``
+    enables ``GET /v1/agent/entitlement``."""
+    config = config or HubConfig()
+    cursor = config.cursor
     if cursor not in ("ingest", "origin"):
         raise ValueError(f"hub.cursor must be ingest or origin, got {cursor!r}")
     if isinstance(backend, Store):
@@ -149,12 +150,12 @@ def create_hub_app(backend: HubStore | Store, book: TokenBook | None = None, *,
     app = web.Application(client_max_size=max_body,
                           middlewares=[metrics.middleware(), errors_middleware,
                                        _auth(backend, sessions), _no_nul_params])
-    app[HUB], app[CURSOR_MODE], app[METRICS] = backend, cursor, metrics
+    app[HUB], app[METRICS] = backend, metrics
     app[PAGE_SESSIONS], app[PAGE_KIND] = sessions, "hub"
     if signing_key is not None:
-        app[ISSUER] = Issuer(backend, signing_key, token_lifetime_days)
+        app[ISSUER] = Issuer(backend, signing_key, config.token_lifetime_days)
     app[INVITE_ATTEMPTS] = Attempts()
-    app[HELD_POLLS] = HeldPolls(max_held_polls)
+    app[HELD_POLLS] = HeldPolls(config.max_held_polls)
     app[MEMORY] = HubMemory(backend, cursor=cursor, polls=app[HELD_POLLS])
     app.on_shutdown.append(_release_polls)
     surfacer = _surfacer(backend.usage)

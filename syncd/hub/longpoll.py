@@ -38,7 +38,6 @@ from local_store.redact import quoted
 from protocol.errors import SyncdError
 
 MAX_WAIT_SECS = 30.0
-DEFAULT_MAX_HELD = 500
 RETRY_AFTER_SECS = 5
 GONE_CHECK_SECS = 1.0
 HEADER = "Syncd-Long-Poll"  # the advertisement: the longest wait this hub holds, in seconds
@@ -91,7 +90,8 @@ class PollsFull(SyncdError):
 class HeldPolls:
     """A count of the polls held now, bounded by ``cap``."""
 
-    def __init__(self, cap: int = DEFAULT_MAX_HELD) -> None:
+    def __init__(self, cap: int) -> None:
+        """``cap``: ``[hub] max_held_polls`` (``syncd/config.py`` has its default)."""
         if cap < 0:
             raise ValueError(f"hub.max_held_polls must be >= 0, got {cap}")
         self.cap, self.held, self.refused = cap, 0, 0

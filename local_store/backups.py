@@ -36,7 +36,7 @@ SIDE_FILES = ("-wal", "-shm")
 
 
 class BackupError(StoreError):
-    code = "backup_failed"
+    status, code = 500, "backup_failed"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,29 +1,34 @@
-"""The store's error tree. Each class has a stable ``code``; the daemon maps codes to HTTP.
+"""The store's branch of syncd's error tree (``protocol/errors.py`` draws the whole tree). Each
+class carries its stable ``code`` and the HTTP ``status`` the daemon answers it with.
 
-    StoreError
-    ├── ValidationError     bad input; names the field; nothing was written
-    ├── NotFoundError       the id does not exist (or is a tombstone)
-    ├── StoreLockedError    another process holds the data directory
-    ├── StoreUnusableError  the data directory cannot be one, or its database file is not a
-    │                       usable syncd store (not SQLite, corrupt, or migrated by a newer
-    │                       syncd); either is left as it was
-    ├── StoreFullError      the disk (or the database's page limit) is full; nothing was written
-    └── StoreClosedError    the store was used after close()
+    StoreError              500 store_error
+    ├── ValidationError     422 invalid: bad input; names the field; nothing was written
+    ├── NotFoundError       404 not_found: the id does not exist (or is a tombstone)
+    ├── StoreLockedError    503 store_locked: another process holds the data directory
+    ├── StoreUnusableError  500 store_unusable: the data directory cannot be one, or its
+    │                       database file is not a usable syncd store (not SQLite, corrupt, or
+    │                       migrated by a newer syncd); either is left as it was
+    ├── StoreFullError      507 disk_full: the disk (or the database's page limit) is full;
+    │                       nothing was written
+    ├── StoreClosedError    503 store_closed: the store was used after close()
+    └── BackupError         500 backup_failed (``backups.py``)
 """
 
 from __future__ import annotations
 
+from protocol.errors import SyncdError
 
-class StoreError(Exception):
-    code = "store_error"
+
+class StoreError(SyncdError):
+    status, code = 500, "store_error"
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
-        self.message = message
 
 
 class ValidationError(StoreError):
-    code = "invalid"
+    status, code = 422, "invalid"
+    field: str  # always named
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
@@ -35,7 +40,7 @@ class NotFoundError(StoreError):
     """``field``: the argument that named the missing id, read from the ``"field: "`` every
     raise starts its message with (``None`` without one), so the error shape can name it."""
 
-    code = "not_found"
+    status, code = 404, "not_found"
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -44,16 +49,16 @@ class NotFoundError(StoreError):
 
 
 class StoreLockedError(StoreError):
-    code = "store_locked"
+    status, code = 503, "store_locked"
 
 
 class StoreUnusableError(StoreError):
-    code = "store_unusable"
+    status, code = 500, "store_unusable"
 
 
 class StoreFullError(StoreError):
-    code = "disk_full"
+    status, code = 507, "disk_full"
 
 
 class StoreClosedError(StoreError):
-    code = "store_closed"
+    status, code = 503, "store_closed"

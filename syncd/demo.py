@@ -153,11 +153,9 @@ async def start(stack: contextlib.AsyncExitStack, root: Path) -> tuple[Node, Nod
     read = await asyncio.to_thread(create_token, root / "hub", role="read", name="auditor")
     book = await asyncio.to_thread(TokenBook, root / "hub")
     key = await asyncio.to_thread(load_or_create_key, root / "hub")
-    section = HubConfig()  # the hub's defaults, as `syncd hub` with no [hub] section
+    # the hub's defaults, as `syncd hub` with no [hub] section
     hub = await serve(stack, "hub", hub_store, create_hub_app(
-        hub_store, book, cursor=section.cursor, signing_key=key,
-        token_lifetime_days=section.token_lifetime_days,
-        max_held_polls=section.max_held_polls), read)
+        hub_store, book, config=HubConfig(), signing_key=key), read)
     say(f"   hub       {hub.url}  reference control plane, model {model}")
     pinned = pin([public_key_text(key.public_key())])
     say(f"   pinned    the hub's entitlement key {key_id(key.public_key())} "

@@ -52,6 +52,8 @@ def hub_admin(before: list[str], command: str, rest: list[str]) -> int:
 def hub_command(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     import asyncio
 
+    import msgspec
+
     from syncd.daemon import StartupError, make_embedder
     from syncd.hub.dsn import resolve_dsn
     from syncd.hub.server import Hub
@@ -68,11 +70,9 @@ def hub_command(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     try:
         hub = Hub(data_dir=data_dir, dsn=dsn, host=settings["host"], port=settings["port"],
                   embedder=make_embedder(config.embedding, idle_unload=False),
-                  cursor=args.cursor or config.hub.cursor,
-                  shutdown_timeout=config.daemon.shutdown_timeout_secs,
-                  token_lifetime_days=config.hub.token_lifetime_days,
-                  reembed_secs=config.hub.reembed_secs,
-                  max_held_polls=config.hub.max_held_polls)
+                  config=msgspec.structs.replace(config.hub,
+                                                 cursor=args.cursor or config.hub.cursor),
+                  shutdown_timeout=config.daemon.shutdown_timeout_secs)
         return asyncio.run(hub.run(ready=lambda url: print(f"syncd hub: ready on {url}",
                                                            file=sys.stderr, flush=True)))
     except StartupError as exc:

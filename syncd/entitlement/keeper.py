@@ -24,6 +24,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from local_store import Store
+from protocol.errors import SyncdError
 from syncd.config import EntitlementConfig
 from syncd.entitlement.gate import Decision, Gate
 from syncd.sync.plane import PlaneClient, PlaneError
@@ -34,8 +35,10 @@ LOCAL_CHECK_SECS = 60.0
 LOG_EVERY_SECS = 600.0
 
 
-class KeeperStopped(Exception):
-    """An online check asked for while the daemon stops."""
+class KeeperStopped(SyncdError):
+    """An online check asked for while the daemon stops: 503 ``stopping``."""
+
+    status, code = 503, "stopping"
 
     def __init__(self) -> None:
         super().__init__("the daemon is stopping, so it did not ask the control plane; try "

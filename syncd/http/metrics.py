@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -143,7 +144,7 @@ class Metrics:
         total, calls = self.latency.get(route, (0.0, 0))
         self.latency[route] = (total + seconds, calls + 1)
 
-    def middleware(self) -> web.middleware:  # type: ignore[valid-type]
+    def middleware(self) -> Middleware:
         @web.middleware
         async def measure(request: web.Request, handler: Handler) -> web.StreamResponse:
             started, status = self._clock(), 500

@@ -25,10 +25,16 @@ import hmac
 from collections.abc import Awaitable, Callable, Iterable
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from syncd.config import LOOPBACK_HOST_NAMES
 from syncd.http import web as web_pages
-from syncd.http.errors import error_response
+from syncd.http.errors import (
+    ForbiddenOrigin,
+    MisdirectedHost,
+    Unauthorized,
+    UnsupportedMediaType,
+)
 from syncd.http.metrics import admit
 from syncd.http.web import SESSION_KEY, check_session_request, own_origin, session_of, split_host
 
@@ -49,7 +55,7 @@ def host_name(header: str) -> str:
     return found[0] if found else header
 
 
-def guards(token: str, extra_hosts: Iterable[str] = ()) -> web.middleware:  # type: ignore[valid-type]
+def guards(token: str, extra_hosts: Iterable[str] = ()) -> Middleware:
     allowed = LOOPBACK_HOSTS | {h.lower() for h in extra_hosts}
     expected = token.encode()
 
@@ -57,44 +63,39 @@ def guards(token: str, extra_hosts: Iterable[str] = ()) -> web.middleware:  # ty
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         host = request.headers.get("Host", "")
         if not host or host_name(host) not in allowed:
-            return error_response(421, "misdirected_host",
-                                  "Host header is not an allowed local name")
+            raise MisdirectedHost("Host header is not an allowed local name")
         origin = request.headers.get("Origin")
         if origin is not None and origin.lower() != own_origin(request).lower():
-            return error_response(403, "forbidden_origin", "cross-origin requests are refused")
+            raise ForbiddenOrigin("cross-origin requests are refused")
         if request.headers.get("Sec-Fetch-Site", "").lower() == "cross-site":
-            return error_response(403, "forbidden_origin", "cross-site requests are refused")
+            raise ForbiddenOrigin("cross-site requests are refused")
         if not _public(request.path):
             if TOKEN_QUERY_KEYS & {k.lower() for k in request.query}:
-                return _unauthorized("tokens are accepted only in the Authorization header")
+                raise _unauthorized("tokens are accepted only in the Authorization header")
             given = request.headers.get("Authorization")
             if given is None and (found := session_of(request)[1]) is not None:
-                refused = check_session_request(request, found)  # the page's cookie (web.py)
-                if refused is not None:
-                    return refused
+                check_session_request(request, found)  # the page's cookie (web.py)
                 request[SESSION_KEY] = found
             elif given is None or not given.startswith("Bearer ") or not hmac.compare_digest(
                     given[7:].strip().encode("utf-8", "surrogateescape"), expected):
-                return _unauthorized("missing or wrong Authorization: Bearer <token>")
+                raise _unauthorized("missing or wrong Authorization: Bearer <token>")
         admit(request)
-        return not_json(request) or await handler(request)
+        check_json(request)
+        return await handler(request)
 
     return middleware
 
 
-def not_json(request: web.Request) -> web.Response | None:
-    """415 for a write whose body is not ``application/json`` (rule 4), else None."""
+def check_json(request: web.Request) -> None:
+    """415 for a write whose body is not ``application/json`` (rule 4)."""
     if request.method in BODY_METHODS and request.can_read_body and (
             request.content_type != "application/json"):
-        return error_response(415, "unsupported_media_type",
-                              "request bodies must be application/json")
-    return None
+        raise UnsupportedMediaType("request bodies must be application/json")
 
 
 def _public(path: str) -> bool:
     return path in PUBLIC_PATHS or path.startswith(web_pages.PUBLIC_PREFIXES)
 
 
-def _unauthorized(message: str) -> web.Response:
-    return error_response(401, "unauthorized", message,
-                          headers={"WWW-Authenticate": 'Bearer realm="syncd"'})
+def _unauthorized(message: str) -> Unauthorized:
+    return Unauthorized(message, headers={"WWW-Authenticate": 'Bearer realm="syncd"'})

@@ -50,7 +50,7 @@ from pathlib import Path
 from aiohttp import web
 
 from local_store.redact import strip_private
-from syncd.http.errors import HttpError, error_response
+from syncd.http.errors import BadHost, CsrfMissing, Forbidden, ForbiddenOrigin, RouteNotFound
 
 CODE_TTL_SECS = 60
 SESSION_TTL_SECS = 12 * 3600
@@ -175,28 +175,27 @@ def session_of(request: web.Request) -> tuple[str | None, Session | None]:
     return sid, sessions.find(sid)
 
 
-def check_session_request(request: web.Request, session: Session) -> web.Response | None:
-    """403 unless a cookie-authenticated request comes from this server's own page: its
+def check_session_request(request: web.Request, session: Session) -> None:
+    """Raises a 403 unless a cookie-authenticated request comes from this server's own page: its
     ``Origin`` (when sent) is exactly ours, ``Sec-Fetch-Site`` (when sent) is same-origin or a
     typed URL, and it carries the session's key, whatever its method (rules: the cookie alone
     also reaches other servers on this host)."""
     foreign = foreign_request(request)
     if foreign is not None:
-        return foreign
+        raise foreign
     if not has_key(request, session):
-        return error_response(403, "csrf", f"a session request needs the {CSRF_HEADER} header: "
-                              "the key the page got when it logged in")
-    return None
+        raise CsrfMissing(f"a session request needs the {CSRF_HEADER} header: the key the page "
+                          "got when it logged in")
 
 
-def foreign_request(request: web.Request) -> web.Response | None:
-    """403 for a request another origin's page made (``Origin``, ``Sec-Fetch-Site``)."""
+def foreign_request(request: web.Request) -> ForbiddenOrigin | None:
+    """The 403 for a request another origin's page made (``Origin``, ``Sec-Fetch-Site``)."""
     origin = request.headers.get("Origin")
     if origin is not None and origin != own_origin(request):
-        return error_response(403, "forbidden_origin", "a session request from another origin")
+        return ForbiddenOrigin("a session request from another origin")
     if request.headers.get("Sec-Fetch-Site", "same-origin").lower() not in ("same-origin",
                                                                            "none"):
-        return error_response(403, "forbidden_origin", "a session request from another site")
+        return ForbiddenOrigin("a session request from another site")
     return None
 
 
@@ -226,15 +225,14 @@ async def _static(name: str) -> web.Response:
     unknown suffix or a NUL (which the file system cannot even look up) is never read."""
     suffix = Path(name).suffix
     if "/" in name or "\x00" in name or name.startswith(".") or suffix not in STATIC_TYPES:
-        raise HttpError(404, "not_found", f"no static file {strip_private(name)[:80]!r}")
+        raise RouteNotFound(f"no static file {strip_private(name)[:80]!r}")
     body = _FILES.get(name)
     if body is None:
         try:
             body = await asyncio.to_thread(
                 resources.files("syncd.web").joinpath("static", name).read_bytes)
         except (OSError, ValueError):  # missing, a directory, a name the OS refuses
-            raise HttpError(404, "not_found",
-                            f"no static file {strip_private(name)[:80]!r}") from None
+            raise RouteNotFound(f"no static file {strip_private(name)[:80]!r}") from None
         _FILES[name] = body
     return web.Response(body=body, content_type=STATIC_TYPES[suffix], headers=PAGE_HEADERS)
 
@@ -242,7 +240,7 @@ async def _static(name: str) -> web.Response:
 async def new_login_code(request: web.Request) -> web.Response:
     """Bearer only (``syncd open``): a session cannot mint codes for other browsers."""
     if request.get(SESSION_KEY) is not None:
-        raise HttpError(403, "forbidden", "login codes are issued to the bearer token only")
+        raise Forbidden("login codes are issued to the bearer token only")
     code = request.app[SESSIONS].new_code()
     url = f"{own_origin(request)}/ui/login?code={code}"
     return web.json_response({"code": code, "url": url, "expires_in": CODE_TTL_SECS})
@@ -264,8 +262,7 @@ async def login(request: web.Request) -> web.StreamResponse:
 def set_session_cookie(request: web.Request, response: web.StreamResponse, sid: str) -> None:
     name = cookie_name(request)
     if name is None:  # the daemon's allow-list refuses such a Host first; a hub answers 400
-        raise HttpError(400, "bad_host", "the Host header is not a host name and a port "
-                        "1-65535")
+        raise BadHost("the Host header is not a host name and a port 1-65535")
     response.set_cookie(name, sid, path="/", httponly=True, samesite="Strict",
                         max_age=SESSION_TTL_SECS, secure=_scheme(request) == "https")
 
@@ -290,7 +287,7 @@ def session_answer(request: web.Request, session: Session | None) -> web.Respons
     """``GET /ui/session``'s answer for the browser's session, however it was found: a cookie
     without its key is no session (rules), and the key is never in the answer."""
     if session is not None and (refused := foreign_request(request)):
-        return refused
+        raise refused
     if session is not None and not has_key(request, session):
         session = None
     kind = request.app.get(PAGE_KIND, "daemon")

@@ -59,44 +59,31 @@ Rules:
 
 from __future__ import annotations
 
-import functools
 import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
 
-import msgspec
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from local_store import Store, ValidationError
-from local_store.arguments import msgspec_field
-from local_store.redact import quoted, strip_json_object
-from protocol.query import QueryRequest, QueryResponse
-from protocol.rows import ChangesResponse, ExportBody
-from protocol.settings import replace_settings
-from protocol.timestamp import format_ns
-from syncd import __version__
-from syncd.entitlement.token import Claims, public_key_text, sign
+from syncd.config import DEFAULT_MAX_BODY_BYTES, HubConfig
+from syncd.http import routes
 from syncd.http import web as web_pages
-from syncd.http.app import (
-    DEFAULT_MAX_BODY,
-    EXPORT_HINT,
-    MCP,
-    METRICS,
+from syncd.http.app import MCP, METRICS, mcp
+from syncd.http.errors import (
+    ForbiddenOrigin,
+    RouteNotFound,
+    TooManyAttempts,
+    Unauthorized,
     errors_middleware,
-    import_result,
-    mcp,
-    read_import,
-    read_json,
-    read_typed,
-    reply,
     shown_path,
-    stream_rows,
 )
-from syncd.http.errors import HttpError, error_response
 from syncd.http.metrics import Metrics, admit, store_gauges
-from syncd.http.security import not_json
+from syncd.http.routes import MEMORY
+from syncd.http.security import check_json
 from syncd.http.web import (
     MAX_SESSIONS_PER_TOKEN,
     PAGE_KIND,
@@ -109,30 +96,20 @@ from syncd.http.web import (
     session_cookie,
     set_session_cookie,
 )
+from syncd.http.wire import read_json, reply
+from syncd.hub.entitlements import Issuer
 from syncd.hub.invites import ID_PATTERN, Attempts, InviteError
-from syncd.hub.longpoll import (
-    DEFAULT_MAX_HELD,
-    GONE_CHECK_SECS,
-    HEADER,
-    MAX_WAIT_SECS,
-    HeldPolls,
-    PollsFull,
-    parse_wait,
-)
-from syncd.hub.longpoll import RETRY_AFTER_SECS as POLL_RETRY_AFTER_SECS
+from syncd.hub.longpoll import HeldPolls
+from syncd.hub.memory import HubMemory
 from syncd.hub.store import (
     FileTokens,
     HubStore,
-    Page,
     PageSession,
     SqliteHubStore,
-    StoreUnavailableError,
 )
 from syncd.hub.tokens import (
-    PLANS,
     AuthError,
     TokenBook,
-    TokenFileError,
     check_role,
     now_text,
     role_allows,
@@ -145,28 +122,25 @@ from syncd.tools import Surfacer, UsageCounters, hub_tools
 log = logging.getLogger("syncd.hub")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-HUB = web.AppKey("hub_store", object)
-CURSOR_MODE = web.AppKey("cursor_mode", str)
-ISSUER = web.AppKey("issuer", tuple)
+HUB: web.AppKey[HubStore] = web.AppKey("hub_store")
+ISSUER = web.AppKey("issuer", Issuer)  # absent: the hub signs no entitlements
 INVITE_ATTEMPTS = web.AppKey("invite_attempts", Attempts)
 HELD_POLLS = web.AppKey("held_polls", HeldPolls)
 CALLER_ROLE = web.RequestKey("caller_role", str)  # the role the request was authenticated with
 # Paths browsers request from any site on their own: refused (no route has them), not logged.
 BROWSER_NOISE = frozenset({"/favicon.ico", "/robots.txt", "/apple-touch-icon.png",
                            "/apple-touch-icon-precomposed.png"})
-NBF_SLACK_SECS = 300  # a token is valid from a little before issue, for clocks slightly behind
-MAX_PAGE = 10_000
-RETRY_AFTER_SECS = 5
 
 
 def create_hub_app(backend: HubStore | Store, book: TokenBook | None = None, *,
-                   cursor: str = "ingest", max_body: int = DEFAULT_MAX_BODY,
-                   signing_key: Ed25519PrivateKey | None = None,
-                   token_lifetime_days: float = 7.0,
-                   max_held_polls: int = DEFAULT_MAX_HELD) -> web.Application:
+                   config: HubConfig | None = None, max_body: int = DEFAULT_MAX_BODY_BYTES,
+                   signing_key: Ed25519PrivateKey | None = None) -> web.Application:
     """``backend`` is a ``HubStore`` (a bare feed ``Store`` is wrapped in ``SqliteHubStore``
-    with the tokens of ``book``). ``signing_key`` enables ``GET /v1/agent/entitlement``.
-    ``max_held_polls``: the long-polls held at once (``longpoll.py``)."""
+    with the tokens of ``book``). ``config``: the ``[hub]`` section (its ``cursor``,
+    ``token_lifetime_days`` and ``max_held_polls``; its defaults when None). ``signing_key``
+    enables ``GET /v1/agent/entitlement``."""
+    config = config or HubConfig()
+    cursor = config.cursor
     if cursor not in ("ingest", "origin"):
         raise ValueError(f"hub.cursor must be ingest or origin, got {cursor!r}")
     if isinstance(backend, Store):
@@ -174,13 +148,15 @@ def create_hub_app(backend: HubStore | Store, book: TokenBook | None = None, *,
         backend = SqliteHubStore(backend, tokens)
     sessions, metrics = PageSessions(backend), Metrics()
     app = web.Application(client_max_size=max_body,
-                          middlewares=[metrics.middleware(), errors_middleware, _unavailable,
+                          middlewares=[metrics.middleware(), errors_middleware,
                                        _auth(backend, sessions), _no_nul_params])
-    app[HUB], app[CURSOR_MODE], app[METRICS] = backend, cursor, metrics
+    app[HUB], app[METRICS] = backend, metrics
     app[PAGE_SESSIONS], app[PAGE_KIND] = sessions, "hub"
-    app[ISSUER] = (signing_key, token_lifetime_days)
+    if signing_key is not None:
+        app[ISSUER] = Issuer(backend, signing_key, config.token_lifetime_days)
     app[INVITE_ATTEMPTS] = Attempts()
-    app[HELD_POLLS] = HeldPolls(max_held_polls)
+    app[HELD_POLLS] = HeldPolls(config.max_held_polls)
+    app[MEMORY] = HubMemory(backend, cursor=cursor, polls=app[HELD_POLLS])
     app.on_shutdown.append(_release_polls)
     surfacer = _surfacer(backend.usage)
     if isinstance(backend, SqliteHubStore):
@@ -202,12 +178,12 @@ def _surfacer(usage: UsageCounters) -> Surfacer:
 
 
 def hub_of(request: web.Request) -> HubStore:
-    return request.app[HUB]  # type: ignore[return-value]
+    return request.app[HUB]
 
 
 async def _release_polls(app: web.Application) -> None:
     """A stopping hub answers its held polls now instead of waiting them out."""
-    app[HELD_POLLS].release(app[HUB].commits)  # type: ignore[attr-defined]
+    app[HELD_POLLS].release(app[HUB].commits)
 
 
 class PageSessions:
@@ -268,15 +244,6 @@ async def _no_nul_params(request: web.Request, handler: Handler) -> web.StreamRe
     return await handler(request)
 
 
-@web.middleware
-async def _unavailable(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except StoreUnavailableError as exc:
-        return error_response(503, "store_unavailable", str(exc),
-                              headers={"Retry-After": str(RETRY_AFTER_SECS)})
-
-
 class RefusalLog:
     """A warning for each refused request (what a browser asks every site for unprompted,
     ``BROWSER_NOISE``, is refused unlogged) — at most one per client address and reason per
@@ -300,7 +267,7 @@ class RefusalLog:
 
 
 def _auth(backend: HubStore,
-          sessions: PageSessions) -> web.middleware:  # type: ignore[valid-type]
+          sessions: PageSessions) -> Middleware:
     needs = {(method, path): role for method, path, _, role in ROUTES}
     refusals = RefusalLog()
 
@@ -309,12 +276,13 @@ def _auth(backend: HubStore,
         route = request.match_info.route.resource
         need = needs.get((request.method, route.canonical if route else ""), "read")
         if need != "none":
+            session = None
+            if request.headers.get("Authorization") is None:
+                session = (await sessions.find(request))[1]
+                if session is not None:  # the page (web.py): its refusals are not logged
+                    check_session_request(request, session)
             try:
-                if request.headers.get("Authorization") is None and (
-                        session := (await sessions.find(request))[1]) is not None:
-                    refused = check_session_request(request, session)  # the page (web.py)
-                    if refused is not None:
-                        return refused
+                if session is not None:
                     # found with its token's role now: a revoked token's session was not found
                     check_role((session.name or "", session.role), need)
                     request[SESSION_KEY] = session
@@ -325,158 +293,39 @@ def _auth(backend: HubStore,
             except AuthError as exc:
                 if route is not None or request.path not in BROWSER_NOISE:
                     refusals.note(request.method, shown_path(request), request.remote, exc)
-                headers = {"WWW-Authenticate": 'Bearer realm="syncd-hub"'} \
-                    if exc.status == 401 else None
-                return error_response(exc.status, exc.code, exc.message, headers=headers)
-            except TokenFileError as exc:
-                return error_response(500, "token_file", str(exc))
+                if isinstance(exc, Unauthorized):
+                    exc.headers["WWW-Authenticate"] = 'Bearer realm="syncd-hub"'
+                raise
         admit(request)
-        return not_json(request) or await handler(request)
+        check_json(request)
+        return await handler(request)
 
     return middleware
 
 
-def _limit(request: web.Request) -> int | None:
-    raw = request.query.get("limit")
-    if raw is None:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValidationError("limit", f"must be an integer, got {quoted(raw)}") from None
-    if not 1 <= value <= MAX_PAGE:
-        raise ValidationError("limit", f"must be 1..{MAX_PAGE}, got {value}")
-    return value
-
-
-async def changes(request: web.Request) -> web.StreamResponse:
-    hub, realm = hub_of(request), request.query.get("realm")
-    since = request.query.get("since", "")
-    echo = since.strip() or "1970-01-01T00:00:00Z"
-    if request.app[CURSOR_MODE] == "origin":  # streamed; `until` after the rows, as the plane
-        async with hub.changes_snapshot(since, realm, edge_version="created_at") as snapshot:
-            return await stream_rows(request, snapshot, head={"since": echo}, tail=lambda: {
-                "until": format_ns(hub.now_ns()), "store_id": hub.store_id})
-    polls = request.app[HELD_POLLS]
-    wait = parse_wait(request.query.get("wait"))
-    read = functools.partial(hub.feed, since, limit=_limit(request), realm=realm,
-                             exclude_origin=request.query.get("exclude_origin") or None)
-    seen = hub.commits.generation  # before the read: a commit after it wakes the wait
-    page = await read()
-    offered = {HEADER: f"{MAX_WAIT_SECS:g}"} if polls.cap else {}  # cap 0: long-poll off
-    if wait and offered and not _has_rows(page):
-        try:
-            with polls.hold():
-                page = await _held(request, page, seen, wait, read)
-        except PollsFull as exc:
-            return error_response(503, "too_many_polls", str(exc), headers={
-                "Retry-After": str(POLL_RETRY_AFTER_SECS), **offered})
-    nodes, edges, until, more = page
-    response = reply(ChangesResponse(since=echo, until=until, memory_nodes=nodes,
-                                     memory_edges=edges, store_id=hub.store_id,
-                                     has_more=more, feed="ingest"))
-    response.headers.update(offered)
-    return response
-
-
-def _has_rows(page: Page) -> bool:
-    nodes, edges, _, more = page
-    return bool(nodes or edges or more)
-
-
-async def _held(request: web.Request, page: Page, seen: int, wait: float,
-                read: Callable[[], Awaitable[Page]]) -> Page:
-    """``read`` (the feed) again after each commit past generation ``seen``, until it has
-    rows, ``wait`` seconds pass, the app stops or the client is gone; the last page read."""
-    hub, polls = hub_of(request), request.app[HELD_POLLS]
-    deadline = time.monotonic() + wait
-    while not (polls.released or hub.commits.closed) and request.transport is not None:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        if not await hub.commits.wait(seen, min(left, GONE_CHECK_SECS)) or polls.released:
-            continue  # a slice with no commit: is the client still there?
-        seen = hub.commits.generation
-        page = await read()
-        if _has_rows(page):
-            break
-    return page
-
-
-async def export(request: web.Request) -> web.StreamResponse:
-    hub, realm, limit = hub_of(request), request.query.get("realm"), _limit(request)
-    if limit is None:  # everything: streamed a page at a time
-        async with hub.export_snapshot(realm) as snapshot:
-            return await stream_rows(request, snapshot, tail=lambda: {
-                "hint": EXPORT_HINT, "store_id": hub.store_id})
-    nodes, edges, last, more = await hub.export_page(request.query.get("cursor", "0"),
-                                                     limit=limit, realm=realm)
-    return reply(ExportBody(memory_nodes=nodes, memory_edges=edges, hint=EXPORT_HINT,
-                            store_id=hub.store_id, has_more=more, next_cursor=last))
-
-
-async def import_rows(request: web.Request) -> web.Response:
-    hub = hub_of(request)
-    body = await read_import(request)
-    result = await hub.apply(body.memory_nodes, body.memory_edges, model=hub.embedder.model_id)
-    return reply(import_result(result))
-
-
-async def query(request: web.Request) -> web.Response:
-    body: QueryRequest = await read_typed(request, QueryRequest)
-    for name in ("realms", "tags"):
-        if any("\x00" in value for value in getattr(body, name)):
-            raise ValidationError(name, NUL_MESSAGE)
-    for name in ("memory_type", "space_agent", "as_of"):
-        if "\x00" in (getattr(body, name) or ""):
-            raise ValidationError(name, NUL_MESSAGE)
-    answer = await hub_of(request).recall(body)
-    await _count_hits(hub_of(request), answer)
-    return reply(msgspec.structs.replace(answer, precedent=None))  # the plane's key, none found
-
-
-async def _count_hits(hub: HubStore, answer: QueryResponse) -> None:
-    """A hit for each memory a recall returned (the plane's passive signal)."""
-    await hub.usage.surfaced([(m.id, m.realm or "") for m in answer.memories])
-
-
 async def entitlement(request: web.Request) -> web.Response:
     """An entitlement for the requesting device: ``features`` from the bearer token's plan."""
-    key, lifetime_days = request.app[ISSUER]
-    if key is None:
-        raise HttpError(404, "not_found", "this hub does not issue entitlements")
+    issuer = request.app.get(ISSUER)
+    if issuer is None:
+        raise RouteNotFound("this hub does not issue entitlements")
     device = request.query.get("device_id", "")
     if not 1 <= len(device) <= 128 or not device.isprintable() or device.strip() != device:
         raise ValidationError("device_id", "must be 1-128 printable characters")
     session = request.get(SESSION_KEY)  # the web page signs in with a token too
     sha256 = session.owner if session is not None else token_hash(
         request.headers.get("Authorization", "")[len("Bearer "):].strip())
-    hub = hub_of(request)
-    found = await hub.tokens.lookup_hash(sha256)
-    if found is None:
-        raise HttpError(401, "unauthorized", "unknown token")
-    name, _, plan = found
-    features = PLANS.get(plan)
-    if features is None:  # the tokens file or table was edited by hand: grant nothing
-        raise HttpError(500, "bad_plan", f"token {name!r} has plan {plan!r}, which is not one "
-                                         f"of {', '.join(PLANS)}")
-    now = int(time.time())
-    claims = Claims(sub=name, device_id=device, plan=plan, features=list(features),
-                    iat=now, nbf=now - NBF_SLACK_SECS, exp=now + int(lifetime_days * 86400),
-                    seq=await hub.next_counter("entitlement_seq"))
-    return reply({"token": sign(key, claims), "claims": claims})
+    return reply(await issuer.issue(sha256, device))
 
 
 async def redeem_invite(request: web.Request) -> web.Response:
     """An invite's token, once (rules above; ``invites.py``)."""
     wait = request.app[INVITE_ATTEMPTS].check(request.remote)
     if wait is not None:
-        return error_response(429, "too_many_attempts", f"too many invite attempts from this "
-                              f"address; try again in {wait} s", headers={"Retry-After": str(wait)})
-    key = request.app[ISSUER][0]
-    if key is None:
-        raise HttpError(404, "not_found", "this hub does not issue entitlements, so it takes "
-                        "no invites")
+        raise TooManyAttempts(f"too many invite attempts from this address; try again in "
+                              f"{wait} s", headers={"Retry-After": str(wait)})
+    issuer = request.app.get(ISSUER)
+    if issuer is None:
+        raise RouteNotFound("this hub does not issue entitlements, so it takes no invites")
     body = await read_json(request)
     fields = body if isinstance(body, dict) else {}
     invite_id, secret = fields.get("id"), fields.get("secret")
@@ -488,34 +337,11 @@ async def redeem_invite(request: web.Request) -> web.Response:
         got = await hub_of(request).invites.redeem(invite_id, secret, now=now_text())
     except InviteError as exc:
         log.warning("refused invite %s from %s: %s", invite_id, request.remote, exc.code)
-        raise HttpError(exc.status, exc.code, exc.message) from None
+        raise
     log.info("invite %s redeemed from %s: token %r (%s)", invite_id, request.remote, got.name,
              got.role)
     return reply({"token": got.token, "name": got.name, "role": got.role, "plan": got.plan,
-                  "public_key": public_key_text(key.public_key())})
-
-
-async def get_settings(request: web.Request) -> web.Response:
-    hub = hub_of(request)
-    return reply(msgspec.structs.replace(await hub.settings(),
-                                         embedding_model=hub.embedder.model_id))
-
-
-async def put_settings(request: web.Request) -> web.Response:
-    """The plane's replace for a bearer token, the page's patch for a page session (rules)."""
-    body = await read_json(request)
-    if not isinstance(body, dict):
-        raise ValidationError("body", "must be a JSON object")
-    hub = hub_of(request)
-    if request.get(SESSION_KEY) is not None:
-        return reply(msgspec.structs.replace(await hub.put_settings(body),
-                                             embedding_model=hub.embedder.model_id))  # as GET
-    try:
-        replaced = replace_settings(strip_json_object(body))  # redacted before any echo
-    except msgspec.ValidationError as exc:
-        raise ValidationError(msgspec_field(str(exc)), str(exc)) from None
-    await hub.put_settings(msgspec.to_builtins(replaced))  # every key: nothing merges
-    return reply({"ok": True})
+                  "public_key": issuer.public_key()})
 
 
 async def hub_mcp(request: web.Request) -> web.Response:
@@ -526,18 +352,6 @@ async def hub_mcp(request: web.Request) -> web.Response:
         CALLER_CAN_WRITE.reset(allowed)
 
 
-async def status(request: web.Request) -> web.Response:
-    hub = hub_of(request)
-    polls = request.app[HELD_POLLS]
-    long_poll = {"max_wait_secs": MAX_WAIT_SECS, "held": polls.held, "max_held": polls.cap,
-                 "refused": polls.refused} \
-        if request.app[CURSOR_MODE] == "ingest" and polls.cap else None
-    return reply({"version": __version__, "role": "hub", "store": hub.kind,
-                  "store_id": hub.store_id, "cursor": request.app[CURSOR_MODE],
-                  "embedding_model": hub.embedder.model_id, "long_poll": long_poll,
-                  **await hub.stats()})
-
-
 async def page_login(request: web.Request) -> web.Response:
     """The hub's page logs in with a hub token (there is no `syncd open` on a server): the
     token becomes a session cookie with the token's role, and the answer holds the session's
@@ -545,15 +359,12 @@ async def page_login(request: web.Request) -> web.Response:
     never keeps the token."""
     origin = request.headers.get("Origin")
     if origin is not None and origin != own_origin(request):
-        raise HttpError(403, "forbidden_origin", "a login from another origin")
+        raise ForbiddenOrigin("a login from another origin")
     body = await read_json(request)
     raw = body.get("token") if isinstance(body, dict) else None
     if not isinstance(raw, str) or not raw.strip():
         raise ValidationError("token", "is required: a hub token (`syncd hub token create`)")
-    try:
-        name, role = await hub_of(request).tokens.authenticate(f"Bearer {raw.strip()}", "read")
-    except AuthError as exc:
-        return error_response(exc.status, exc.code, exc.message)
+    name, role = await hub_of(request).tokens.authenticate(f"Bearer {raw.strip()}", "read")
     sid, session = await request.app[PAGE_SESSIONS].start(raw.strip(), name, role)
     response = reply({"name": name, "role": role, "csrf": session.csrf})
     set_session_cookie(request, response, sid)
@@ -571,10 +382,6 @@ async def page_logout(request: web.Request) -> web.Response:
     return web_pages.logged_out(request)
 
 
-async def healthz(request: web.Request) -> web.Response:
-    return reply({"ok": True})
-
-
 async def hub_metrics(request: web.Request) -> web.Response:
     """Prometheus text: the daemon's page (``metrics.py``) for this process and its store."""
     hub = hub_of(request)
@@ -582,18 +389,18 @@ async def hub_metrics(request: web.Request) -> web.Response:
     return request.app[METRICS].page(store_gauges(await hub.stats(), size, outbox=False))
 
 
-ROUTES: list[tuple[str, str, Handler, str]] = [
-    ("POST", "/v1/agent/memory/query", query, "read"),
-    ("GET", "/v1/agent/memory/export", export, "read"),
-    ("GET", "/v1/agent/memory/changes", changes, "read"),
-    ("POST", "/v1/agent/memory/import", import_rows, "write"),
-    ("GET", "/v1/agent/memory/settings", get_settings, "read"),
-    ("PUT", "/v1/agent/memory/settings", put_settings, "write"),
-    ("GET", "/v1/agent/status", status, "read"),
+ROUTES: list[tuple[str, str, Handler, str]] = [  # the shared routes (routes.py) first
+    ("POST", "/v1/agent/memory/query", routes.query, "read"),
+    ("GET", "/v1/agent/memory/export", routes.export, "read"),
+    ("GET", "/v1/agent/memory/changes", routes.changes, "read"),
+    ("POST", "/v1/agent/memory/import", routes.import_rows, "write"),
+    ("GET", "/v1/agent/memory/settings", routes.get_settings, "read"),
+    ("PUT", "/v1/agent/memory/settings", routes.put_settings, "write"),
+    ("GET", "/v1/agent/status", routes.status, "read"),
+    ("GET", "/healthz", routes.healthz, "none"),
     ("GET", "/v1/agent/entitlement", entitlement, "read"),
     ("POST", "/v1/invites/redeem", redeem_invite, "none"),
     ("POST", "/mcp/v1", hub_mcp, "read"),
-    ("GET", "/healthz", healthz, "none"),
     ("GET", "/metrics", hub_metrics, "read"),
     ("GET", "/", web_pages.index, "none"),
     ("GET", "/static/{name}", web_pages.static_file, "none"),

@@ -43,6 +43,7 @@ from typing import Literal, Protocol
 
 import msgspec
 
+from protocol.errors import SyncdError
 from syncd.entitlement.token import b64url, parse_public_key, unb64url
 from syncd.hub.tokens import (
     TokenFileError,
@@ -65,12 +66,30 @@ SECRET_PATTERN = re.compile(r"[A-Za-z0-9_-]{43}")
 State = Literal["pending", "used", "revoked", "expired"]
 
 
-class InviteError(Exception):
-    """A redeem the hub refuses: ``status`` and ``code`` are its HTTP answer."""
+class InviteError(SyncdError):
+    """A redeem the hub refuses: the class's ``status`` and ``code`` are its HTTP answer."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
+    status, code = 401, "invite_unknown"
+
+
+class InviteUnknown(InviteError):
+    status, code = 401, "invite_unknown"
+
+
+class InviteUsed(InviteError):
+    status, code = 410, "invite_used"
+
+
+class InviteRevoked(InviteError):
+    status, code = 410, "invite_revoked"
+
+
+class InviteExpired(InviteError):
+    status, code = 410, "invite_expired"
+
+
+class NameTaken(InviteError):
+    status, code = 409, "name_taken"
 
 
 class MalformedInvite(ValueError):
@@ -104,8 +123,8 @@ class _File(msgspec.Struct, kw_only=True):
 
 _DECODER = msgspec.json.Decoder(_File)
 _ENCODER = msgspec.json.Encoder()
-UNKNOWN = InviteError(401, "invite_unknown", "this hub knows no such invite (mistyped, or made "
-                      "for another hub); ask for a new one")
+UNKNOWN = InviteUnknown("this hub knows no such invite (mistyped, or made for another hub); "
+                        "ask for a new one")
 
 
 class InviteStore(Protocol):
@@ -163,21 +182,20 @@ def check_redeemable(invite: Invite | None, secret: str, now: str) -> Invite:
         raise UNKNOWN
     found = state(invite, now)
     if found == "used":
-        raise InviteError(410, "invite_used", f"this invite was already used (at "
-                          f"{invite.used_at}); an invite works once: ask for a new one")
+        raise InviteUsed(f"this invite was already used (at {invite.used_at}); an invite works "
+                         "once: ask for a new one")
     if found == "revoked":
-        raise InviteError(410, "invite_revoked", f"this invite was revoked (at "
-                          f"{invite.revoked_at}); ask for a new one")
+        raise InviteRevoked(f"this invite was revoked (at {invite.revoked_at}); ask for a new "
+                            "one")
     if found == "expired":
-        raise InviteError(410, "invite_expired", f"this invite expired at {invite.expires_at}; "
-                          "ask for a new one")
+        raise InviteExpired(f"this invite expired at {invite.expires_at}; ask for a new one")
     return invite
 
 
 def name_taken(name: str) -> InviteError:
-    return InviteError(409, "name_taken", f"an active token on the hub is already named {name!r}: "
-                       "revoke it (`syncd hub token revoke --name …`) or ask for an invite with "
-                       "another --name; this invite is still unused")
+    return NameTaken(f"an active token on the hub is already named {name!r}: revoke it (`syncd "
+                     "hub token revoke --name …`) or ask for an invite with another --name; "
+                     "this invite is still unused")
 
 
 def expires_at(lifetime_secs: float, now: datetime | None = None) -> str:

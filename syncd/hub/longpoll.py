@@ -35,9 +35,9 @@ from collections.abc import Iterator
 
 from local_store import ValidationError
 from local_store.redact import quoted
+from protocol.errors import SyncdError
 
 MAX_WAIT_SECS = 30.0
-DEFAULT_MAX_HELD = 500
 RETRY_AFTER_SECS = 5
 GONE_CHECK_SECS = 1.0
 HEADER = "Syncd-Long-Poll"  # the advertisement: the longest wait this hub holds, in seconds
@@ -76,14 +76,22 @@ class Commits:
         return self.generation != seen and not self.closed
 
 
-class PollsFull(Exception):
-    """This process holds ``cap`` polls already."""
+class PollsFull(SyncdError):
+    """This process holds ``cap`` polls already: 503, poll again after ``RETRY_AFTER_SECS``
+    (the answer still advertises the long-poll)."""
+
+    status, code = 503, "too_many_polls"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"Retry-After": str(RETRY_AFTER_SECS),
+                                           HEADER: f"{MAX_WAIT_SECS:g}"})
 
 
 class HeldPolls:
     """A count of the polls held now, bounded by ``cap``."""
 
-    def __init__(self, cap: int = DEFAULT_MAX_HELD) -> None:
+    def __init__(self, cap: int) -> None:
+        """``cap``: ``[hub] max_held_polls`` (``syncd/config.py`` has its default)."""
         if cap < 0:
             raise ValueError(f"hub.max_held_polls must be >= 0, got {cap}")
         self.cap, self.held, self.refused = cap, 0, 0

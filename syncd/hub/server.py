@@ -15,31 +15,30 @@ from aiohttp import web
 
 from local_store import Store, StoreLockedError, StoreUnusableError
 from local_store.embed import Embedder
+from syncd.config import DEFAULT_SHUTDOWN_TIMEOUT_SECS, HubConfig
 from syncd.daemon import StartupError, listen, stop_signals
 from syncd.exits import EXIT_CONFIG, EXIT_OK, EXIT_TEMPFAIL
 from syncd.hub.app import create_hub_app
 from syncd.hub.keys import KeyFileError
-from syncd.hub.longpoll import DEFAULT_MAX_HELD
 from syncd.hub.store import FileTokens, HubStore, SqliteHubStore, StoreUnavailableError
 from syncd.hub.tokens import TokenFileError
 from syncd.notify import notify, watchdog_interval
 
 log = logging.getLogger("syncd.hub")
-REEMBED_SECS = 30.0
 
 
 class Hub:
     def __init__(self, *, data_dir: Path, host: str, port: int, embedder: Embedder,
-                 cursor: str = "ingest", shutdown_timeout: float = 10.0,
-                 token_lifetime_days: float = 7.0, dsn: str | None = None,
-                 reembed_secs: float = REEMBED_SECS,
-                 max_held_polls: int = DEFAULT_MAX_HELD) -> None:
-        """``dsn`` (``postgresql://…``) puts the hub on PostgreSQL; else SQLite in
-        ``data_dir``."""
+                 config: HubConfig | None = None,
+                 shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_SECS,
+                 dsn: str | None = None) -> None:
+        """``config``: the ``[hub]`` section (its defaults when None); ``data_dir`` and ``dsn``
+        as the command line resolved them: ``dsn`` (``postgresql://…``) puts the hub on
+        PostgreSQL, else SQLite in ``data_dir``."""
         self.data_dir, self.host, self.port, self.dsn = data_dir, host, port, dsn
-        self.reembed_secs, self.max_held_polls = reembed_secs, max_held_polls
-        self.token_lifetime_days = token_lifetime_days
-        self.embedder, self.cursor, self.shutdown_timeout = embedder, cursor, shutdown_timeout
+        self.config = config or HubConfig()
+        self.cursor, self.reembed_secs = self.config.cursor, self.config.reembed_secs
+        self.embedder, self.shutdown_timeout = embedder, shutdown_timeout
         self.url = ""
         self._stop = asyncio.Event()
 
@@ -65,9 +64,7 @@ class Hub:
                 where = "--store-file FILE" if self.dsn else f"--data-dir {self.data_dir}"
                 log.warning("no hub tokens yet: create one with `syncd hub token create "
                             "%s --role write --name laptop`", where)
-            app = create_hub_app(backend, cursor=self.cursor, signing_key=key,
-                                 token_lifetime_days=self.token_lifetime_days,
-                                 max_held_polls=self.max_held_polls)
+            app = create_hub_app(backend, config=self.config, signing_key=key)
             runner = web.AppRunner(app, shutdown_timeout=self.shutdown_timeout,
                                    access_log=None, handle_signals=False)
             await runner.setup()

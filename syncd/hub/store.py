@@ -39,6 +39,7 @@ from local_store.embed import Embedder
 from local_store.exporting import PAGE_ROWS as EXPORT_PAGE_ROWS
 from local_store.exporting import ExportPages
 from local_store.redact import quoted
+from protocol.errors import SyncdError
 from protocol.query import QueryRequest, QueryResponse
 from protocol.rows import EdgeRow, NodeRow
 from protocol.settings import MemorySettings
@@ -57,8 +58,16 @@ from syncd.tools import Usage, UsageCounters
 Page = tuple[list[NodeRow], list[EdgeRow], str, bool]  # rows, until/next cursor, has_more
 
 
-class StoreUnavailableError(RuntimeError):
-    """The hub's database cannot be reached right now (the hub answers 503, retry later)."""
+RETRY_AFTER_SECS = 5
+
+
+class StoreUnavailableError(SyncdError, RuntimeError):
+    """The hub's database cannot be reached right now: 503 with ``Retry-After``."""
+
+    status, code = 503, "store_unavailable"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"Retry-After": str(RETRY_AFTER_SECS)})
 
 
 @dataclass(frozen=True, slots=True)

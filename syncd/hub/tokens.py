@@ -30,6 +30,11 @@ from typing import Annotated, Literal, TypeGuard
 
 import msgspec
 
+from protocol.errors import SyncdError
+from syncd.http.errors import AuthError, Forbidden, Unauthorized
+
+__all__ = ["AuthError", "Forbidden", "TokenFileError", "Unauthorized"]
+
 Role = Literal["read", "write", "admin"]
 ROLE_RANK: dict[str, int] = {"read": 0, "write": 1, "admin": 2}
 # A plan names the paid features its entitlements grant.
@@ -39,16 +44,10 @@ MAX_NAME_LEN = 64
 _BEARER = "Bearer "
 
 
-class TokenFileError(ValueError):
+class TokenFileError(SyncdError, ValueError):
     """The tokens file exists but cannot be trusted (corrupt, or exposed to other users)."""
 
-
-class AuthError(Exception):
-    """401 ``unauthorized`` (send ``WWW-Authenticate: Bearer``) or 403 ``forbidden``."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
+    status, code = 500, "token_file"
 
 
 class _Entry(msgspec.Struct, kw_only=True):
@@ -152,16 +151,16 @@ def authenticate(book: TokenBook, header: str | None, need: str) -> tuple[str, s
 def bearer(header: str | None) -> str:
     """The raw token of an ``Authorization`` header; 401 when there is none."""
     if header is None or not header.startswith(_BEARER):
-        raise AuthError(401, "unauthorized", "missing Authorization: Bearer <token>")
+        raise Unauthorized("missing Authorization: Bearer <token>")
     return header[len(_BEARER):].strip()
 
 
 def check_role(found: tuple[str, str] | None, need: str) -> tuple[str, str]:
     """``found`` is ``(name, role)`` of the token or None: 401 unknown, 403 below ``need``."""
     if found is None:
-        raise AuthError(401, "unauthorized", "unknown token")
+        raise Unauthorized("unknown token")
     if not role_allows(found[1], need):
-        raise AuthError(403, "forbidden", f"token role `{found[1]}` below required `{need}`")
+        raise Forbidden(f"token role `{found[1]}` below required `{need}`")
     return found
 
 

@@ -15,6 +15,7 @@ from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from local_store import HashingEmbedder, Store
+from syncd.config import HubConfig
 from syncd.entitlement.gate import LICENSE_FILENAME, TOKEN_FILENAME, Gate
 from syncd.entitlement.token import DOMAIN, Claims, b64url, key_id, unb64url
 from syncd.hub.app import create_hub_app
@@ -129,8 +130,8 @@ async def start_signing_hub(data_dir: Path, *, lifetime_days: float = 7.0) -> Si
     token = await asyncio.to_thread(create_token, data_dir, role="write", name="laptops")
     book = await asyncio.to_thread(TokenBook, data_dir)
     key = await asyncio.to_thread(load_or_create_key, data_dir)
-    runner = web.AppRunner(create_hub_app(store, book, signing_key=key,
-                                          token_lifetime_days=lifetime_days))
+    runner = web.AppRunner(create_hub_app(store, book, signing_key=key, config=HubConfig(
+        token_lifetime_days=lifetime_days)))
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     port = runner.addresses[0][1]

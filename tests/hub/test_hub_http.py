@@ -148,3 +148,21 @@ async def test_a_bearer_token_holding_a_byte_that_is_not_utf8_is_unknown_not_a_5
     finally:
         writer.close()
     assert answer.split(b" ", 2)[1] == b"401", answer[:200]
+
+
+STATUS_KEYS = {"version", "role", "store", "store_id", "cursor", "embedding_model",
+               "long_poll", "memories", "tombstones", "edges", "outbox", "indexed_vectors"}
+
+
+async def test_the_status_has_one_shape_on_either_store(served: Served) -> None:
+    """``GET /v1/agent/status`` names the same keys on SQLite and PostgreSQL; a count the store
+    does not keep is null (SQLite: no per-process index count, PostgreSQL: no outbox)."""
+    await call(served, "POST", "/v1/agent/memory/import",
+               {"memory_nodes": [node("memory:one", "one row", 1, vector=False)]}, served.write)
+    status, body = await call(served, "GET", "/v1/agent/status")
+    assert status == 200 and set(body) == STATUS_KEYS
+    assert (body["role"], body["store"], body["memories"]) == ("hub", served.hub.kind, 1)
+    kept, absent = ("outbox", "indexed_vectors") if served.hub.kind == "sqlite" else (
+        "indexed_vectors", "outbox")
+    assert body[absent] is None
+    assert all(isinstance(body[key], int) for key in ("tombstones", "edges", kept))

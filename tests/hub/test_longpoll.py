@@ -16,6 +16,7 @@ import pytest
 from aiohttp import web
 
 from local_store import HashingEmbedder, Store
+from syncd.config import HubConfig
 from syncd.hub.app import HELD_POLLS, create_hub_app
 from syncd.hub.longpoll import HEADER
 from syncd.hub.store import HubStore, SqliteHubStore
@@ -40,7 +41,7 @@ class Served:
 @contextlib.asynccontextmanager
 async def serving(hub: HubStore, **options: Any) -> AsyncIterator[Served]:
     token = await hub.tokens.create(role="read", name="laptops")
-    runner = web.AppRunner(create_hub_app(hub, **options), shutdown_timeout=60)
+    runner = web.AppRunner(create_hub_app(hub, config=HubConfig(**options)), shutdown_timeout=60)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     try:

@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from local_store import HashingEmbedder, Store
+from syncd.config import HubConfig
 from syncd.hub.app import create_hub_app
 from syncd.hub.tokens import TokenBook, create_token
 from syncd.sync.engine import PassReport, SyncEngine, SyncOptions
@@ -47,7 +48,7 @@ async def start_hub(data_dir: Path, cursor: str = "ingest", *, port: int = 0,
     token = await asyncio.to_thread(create_token, data_dir, role="write", name="laptops")
     read = await asyncio.to_thread(create_token, data_dir, role="read", name="reader")
     book = await asyncio.to_thread(TokenBook, data_dir)
-    runner = web.AppRunner(create_hub_app(store, book, cursor=cursor))
+    runner = web.AppRunner(create_hub_app(store, book, config=HubConfig(cursor=cursor)))
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     bound = runner.addresses[0][1]
@@ -60,7 +61,7 @@ async def restart_hub(hub: Hub) -> Hub:
     await hub.close()
     store = await Store.open(hub.data_dir, embedder=HashingEmbedder(), feed=True)
     book = await asyncio.to_thread(TokenBook, hub.data_dir)
-    runner = web.AppRunner(create_hub_app(store, book, cursor=hub.cursor))
+    runner = web.AppRunner(create_hub_app(store, book, config=HubConfig(cursor=hub.cursor)))
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     return Hub(hub.data_dir, hub.cursor, store, runner, hub.url, hub.token, hub.read_token)

@@ -33,6 +33,7 @@ from aiohttp import web
 
 from local_store import HashingEmbedder, Store
 from protocol.timestamp import EPOCH_CURSOR, format_autosi, parse_ns
+from syncd.config import HubConfig
 from syncd.hub.app import create_hub_app
 from syncd.hub.tokens import TokenBook, create_token
 from syncd.sync.engine import PassReport
@@ -75,7 +76,7 @@ async def start_world_hub(data_dir: Path, cursor: str, wall: Callable[[], int]) 
     token = await asyncio.to_thread(create_token, data_dir, role="write", name="laptops")
     read = await asyncio.to_thread(create_token, data_dir, role="read", name="reader")
     book = await asyncio.to_thread(TokenBook, data_dir)
-    app = create_hub_app(store, book, cursor=cursor)
+    app = create_hub_app(store, book, config=HubConfig(cursor=cursor))
 
     async def date_from_wall(request: web.Request, response: web.StreamResponse) -> None:
         response.headers["Date"] = email.utils.formatdate(wall() / SECOND_NS, usegmt=True)

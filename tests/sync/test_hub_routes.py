@@ -14,7 +14,7 @@ import pytest
 from protocol.rows import NodeRow
 from protocol.timestamp import format_ns
 from syncd.hub.app import RefusalLog
-from syncd.hub.tokens import AuthError
+from syncd.hub.tokens import Unauthorized
 from tests.sync.harness import MODEL, Hub, start_hub, start_laptop
 
 
@@ -250,7 +250,7 @@ def test_the_refusal_log_speaks_again_after_its_interval(
     caplog.set_level(logging.WARNING, logger="syncd.hub")
     now = [1000.0]
     refusals = RefusalLog(every=60.0, clock=lambda: now[0])
-    unknown = AuthError(401, "unauthorized", "unknown token")
+    unknown = Unauthorized("unknown token")
     for moment, remote in ((1000.0, "10.0.0.1"), (1059.0, "10.0.0.1"), (1059.0, "10.0.0.2"),
                            (1060.0, "10.0.0.1")):
         now[0] = moment

@@ -16,6 +16,7 @@ import pytest
 from aiohttp import web
 
 from local_store import HashingEmbedder, NotFoundError, Store
+from syncd.config import HubConfig
 from syncd.hub.app import HELD_POLLS, create_hub_app
 from syncd.hub.tokens import TokenBook, create_token
 from syncd.sync.engine import SyncOptions
@@ -144,7 +145,7 @@ async def test_a_hub_with_long_poll_off_is_polled_on_the_interval(
     store = await Store.open(tmp_path / "hub", embedder=HashingEmbedder(), feed=True)
     token = await asyncio.to_thread(create_token, tmp_path / "hub", role="write", name="l")
     book = await asyncio.to_thread(TokenBook, tmp_path / "hub")
-    runner = web.AppRunner(create_hub_app(store, book, max_held_polls=0))
+    runner = web.AppRunner(create_hub_app(store, book, config=HubConfig(max_held_polls=0)))
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     url = f"http://127.0.0.1:{runner.addresses[0][1]}"

@@ -18,7 +18,7 @@ import pytest
 
 from local_store import HashingEmbedder, Store
 from protocol.rows import NodeRow
-from syncd.config import EmbeddingConfig
+from syncd.config import EmbeddingConfig, HubConfig
 from syncd.daemon import StartupError, make_embedder, reembed_while_owed
 from syncd.exits import EXIT_CONFIG
 from syncd.hub.server import Hub
@@ -49,7 +49,7 @@ async def test_the_hub_logs_an_unchanging_reembedding_failure_once(
     async with await Store.open(tmp_path / "hub", embedder=embedder) as store:
         await store.save({"content": "deploy with make release"})  # saved without a vector
         hub = Hub(data_dir=tmp_path / "hub", host="127.0.0.1", port=0, embedder=embedder,
-                  reembed_secs=0.02)
+                  config=HubConfig(reembed_secs=0.02))
         with caplog.at_level(logging.INFO):
             task = asyncio.create_task(hub._reembed(SqliteHubStore(store)))
             await asyncio.sleep(0.3)  # ~15 periods

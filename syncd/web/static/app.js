@@ -1494,8 +1494,9 @@
 
   const STATUS_FIELDS = [["version", "Version"], ["role", "Server role"], ["store", "Store"],
     ["store_id", "Store id"], ["cursor", "Feed cursor"], ["embedding_model", "Embedding model"]];
+  // The hub's status has one shape (docs/hub.md): a count its store does not keep is null (—).
   const STATUS_COUNTS = [["memories", "Memories"], ["tombstones", "Tombstones"],
-    ["edges", "Edges"]];
+    ["edges", "Edges"], ["outbox", "Outbox"], ["indexed_vectors", "Indexed vectors"]];
 
   async function loadStatus() {
     setTitle("Status");

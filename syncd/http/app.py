@@ -200,7 +200,7 @@ def reply(value: Any, status: int = 200) -> web.Response:
 
 async def query(request: web.Request) -> web.Response:
     req = await read_typed(request, QueryRequest)
-    return reply(await request.app[STORE].recall(req))
+    return reply(await request.app[STORE].recall.query(req))
 
 
 EXPORT_FORMATS = ("json", "markdown")
@@ -213,7 +213,7 @@ async def export(request: web.Request) -> web.StreamResponse:
         raise ValidationError("format", f"must be one of {', '.join(EXPORT_FORMATS)} (got "
                               f"{form[:40]!r})")
     realm = request.query.get("realm")
-    async with store.export_snapshot(realm) as snapshot:
+    async with store.feed.snapshot(realm) as snapshot:
         if form == "markdown":
             memories, edges = EXPORT_COUNT_HEADERS
             return await stream_text(request, markdown_pages(snapshot, realm), {
@@ -299,7 +299,7 @@ async def changes(request: web.Request) -> web.StreamResponse:
     store = request.app[STORE]
     since = request.query.get("since", "")
     until = format_ns(store.clock.physical_ns())
-    async with store.changes_snapshot(since, request.query.get("realm")) as snapshot:
+    async with store.feed.snapshot(request.query.get("realm"), since=since, include_deleted=True) as snapshot:
         return await stream_rows(
             request, snapshot, head={"since": since.strip() or "1970-01-01T00:00:00Z",
                                      "until": until},
@@ -308,7 +308,7 @@ async def changes(request: web.Request) -> web.StreamResponse:
 
 async def import_rows(request: web.Request) -> web.Response:
     body = await read_import(request)
-    result = await request.app[STORE].apply(body.memory_nodes, body.memory_edges,
+    result = await request.app[STORE].replication.apply(body.memory_nodes, body.memory_edges,
                                             model=request.app[PLANE_MODEL])
     return reply(import_result(result))
 
@@ -324,12 +324,12 @@ def import_result(result: ApplyResult) -> ImportResult:
 
 
 async def get_settings(request: web.Request) -> web.Response:
-    return reply(request.app[STORE].settings)
+    return reply(request.app[STORE].settings.current)
 
 
 async def put_settings(request: web.Request) -> web.Response:
     patch = _object(await read_json(request))
-    return reply(await request.app[STORE].put_settings(patch))
+    return reply(await request.app[STORE].settings.put(patch))
 
 
 async def tool(request: web.Request) -> web.Response:
@@ -341,12 +341,12 @@ async def tool(request: web.Request) -> web.Response:
 
 
 async def get_item(request: web.Request) -> web.Response:
-    return reply(await request.app[STORE].get(request.match_info["id"]))
+    return reply(await request.app[STORE].memories.get(request.match_info["id"]))
 
 
 async def edit_item(request: web.Request) -> web.Response:
     """An edit of a memory's content, title, tags or importance (``Store.edit``)."""
-    return reply(await request.app[STORE].edit(request.match_info["id"],
+    return reply(await request.app[STORE].memories.edit(request.match_info["id"],
                                                await read_json(request)))
 
 
@@ -354,29 +354,29 @@ async def delete_item(request: web.Request) -> web.Response:
     hard = request.query.get("hard", "false").lower()
     if hard not in ("true", "false", "1", "0"):
         raise ValidationError("hard", "must be true or false")
-    return reply(await request.app[STORE].delete(request.match_info["id"],
+    return reply(await request.app[STORE].memories.delete(request.match_info["id"],
                                                   hard=hard in ("true", "1")))
 
 
 async def item_versions(request: web.Request) -> web.Response:
-    return reply(await request.app[STORE].versions(request.match_info["id"]))
+    return reply(await request.app[STORE].versions.history(request.match_info["id"]))
 
 
 async def restore_version(request: web.Request) -> web.Response:
     """Make version ``n`` current, as a new edit (it syncs). No body needed."""
-    return reply(await request.app[STORE].restore_version(request.match_info["id"],
+    return reply(await request.app[STORE].versions.restore(request.match_info["id"],
                                                           request.match_info["n"]))
 
 
 async def dismiss_version(request: web.Request) -> web.Response:
     """Mark conflict ``n`` reviewed; the memory is unchanged."""
-    return reply(await request.app[STORE].dismiss_version(request.match_info["id"],
+    return reply(await request.app[STORE].versions.dismiss(request.match_info["id"],
                                                           request.match_info["n"]))
 
 
 async def status(request: web.Request) -> web.Response:
     store = request.app[STORE]
-    stats = await store.stats()
+    stats = await store.maintenance.stats()
     runner = request.app[SYNC]
     sync = await runner.status() if runner is not None else {  # type: ignore[attr-defined]
         "configured": False}
@@ -384,7 +384,7 @@ async def status(request: web.Request) -> web.Response:
                    "store_id": store.store_id, "replica_id": store.replica_id,
                    "embedder": store.embedder.model_id, "embedder_error": store.embedder_error,
                    "indexed_vectors": len(store.index),
-                   **stats, **_conflict_summary(await store.conflicts(limit=5)),
+                   **stats, **_conflict_summary(await store.versions.conflicts(limit=5)),
                    "sync": sync, "entitlement": _entitlement(request)})
 
 
@@ -403,7 +403,7 @@ async def sync_status(request: web.Request) -> web.Response:
     """The sync loop's state, plus ``conflicts``: how many conflict versions nobody has
     reviewed yet, and ``conflict_versions``, the newest of them (``Store.conflicts``)."""
     runner = request.app[SYNC]
-    conflicts = await request.app[STORE].conflicts()
+    conflicts = await request.app[STORE].versions.conflicts()
     review = {"conflicts": conflicts["count"], "conflict_versions": conflicts["items"]}
     if runner is None:
         return reply({"configured": False, "entitlement": _entitlement(request),
@@ -451,7 +451,7 @@ async def shutdown(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     """Prometheus text (``metrics.py``), behind the token like every data route."""
     store = request.app[STORE]
-    return request.app[METRICS].page(store_gauges(await store.stats(), await store.disk_bytes()))
+    return request.app[METRICS].page(store_gauges(await store.maintenance.stats(), await store.maintenance.disk_bytes()))
 
 
 def _initializing(body: bytes) -> bool:

@@ -232,13 +232,13 @@ class SyncEngine:
         """Restore the clock offset learnt by an earlier run (before the first pass). An
         absurd one (stored by a version without the bound) is dropped: applied, every stamp
         would fail; dropping it also pulls back an HLC it had dragged ahead."""
-        state = await self.store.sync_state()
+        state = await self.store.replication.sync_state()
         offset = int(state.get("clock_offset_ns", "0") or 0)
         if offset and not _plausible(self._wall() + offset):
             self._refuse_offset(self._wall() + offset, "the stored clock offset")
-            await self.store.correct_clock(0)
+            await self.store.replication.correct_clock(0)
         elif offset:
-            await self.store.correct_clock(offset)
+            await self.store.replication.correct_clock(offset)
             self.status.clock_offset_ms = offset / 1e6
 
     async def close(self) -> None:
@@ -273,7 +273,7 @@ class SyncEngine:
         ``PlaneError`` as a request does."""
         while self.long_poll_wait() is not None:
             async with self._flight:  # behind every pass in flight or queued
-                state = await self.store.sync_state()
+                state = await self.store.replication.sync_state()
             cursor = state.get("cursor")
             if cursor is None or state.get("feed") != "ingest":
                 return None
@@ -333,15 +333,15 @@ class SyncEngine:
         started = time.perf_counter()
         before = (self.client.requests, self.client.bytes_in, self.client.bytes_out)
         try:
-            state = await self.store.sync_state()
+            state = await self.store.replication.sync_state()
             if "plane_model" not in state or NAMES_MODEL not in state:
                 state = await self._learn_plane_model()
             reset = await self._pull(report, state)
-            if RESTORED_OUTBOX in await self.store.sync_state():
+            if RESTORED_OUTBOX in await self.store.replication.sync_state():
                 await self._anti_entropy(report)  # before the restored outbox is pushed
             if await self._push(report):
-                await self._pull(report, await self.store.sync_state())
-            state = await self.store.sync_state()
+                await self._pull(report, await self.store.replication.sync_state())
+            state = await self.store.replication.sync_state()
             due = RESYNC in state or self._anti_entropy_due(state)
             if due or (reset and not report.anti_entropy):  # not twice for one reset
                 await self._anti_entropy(report)
@@ -444,7 +444,7 @@ class SyncEngine:
                     if suspicion and not reset:
                         log.warning("control plane reset suspected (%s): full resync", suspicion)
                         report.reset, reset, cursor_was_empty = suspicion, True, False
-                        await self.store.set_sync_state(RESET_STATE)
+                        await self.store.replication.set_sync_state(RESET_STATE)
                         state, cursor, asked = _after_reset(state), None, None
                         fetch = asyncio.ensure_future(self._fetch_page(None, FIRST_PAGE_ROWS))
                         continue
@@ -474,7 +474,7 @@ class SyncEngine:
                 if not page.has_more:
                     if cursor_was_empty and RESYNC not in state and not report.pull_problems:
                         # a bootstrap from the beginning is a full export: no diff due for now
-                        await self.store.set_sync_state({"anti_entropy_ns": str(self._wall())})
+                        await self.store.replication.set_sync_state({"anti_entropy_ns": str(self._wall())})
                     return reset
         finally:  # a prefetched page not used: cancelled, and its failure (if any) read
             if not fetch.done():
@@ -509,16 +509,16 @@ class SyncEngine:
             return True  # nothing new and nothing to record: no write transaction
         problems: list[Any] = []
         if spool is not None:
-            self.store.expect_vectors(spool.counts.get("memory_nodes", 0),
+            self.store.replication.expect_vectors(spool.counts.get("memory_nodes", 0),
                                       self._plane_model(state))
             async for nodes, edges in spooled_rows(spool, unreadable):
-                batch = await self.store.pull(nodes, edges, model=self._plane_model(state),
+                batch = await self.store.replication.pull(nodes, edges, model=self._plane_model(state),
                                               state={}, until=page.until, kept=_kept(state))
                 self._count_pulled(report, batch)
                 problems += batch.problems
         if unreadable or keep_cursor or problems:
             del new_state["cursor"]
-        result = await self.store.pull(page.memory_nodes, page.memory_edges,
+        result = await self.store.replication.pull(page.memory_nodes, page.memory_edges,
                                        model=self._plane_model(state), state=new_state,
                                        until=page.until, kept=_kept(state))
         self._count_pulled(report, result)
@@ -528,7 +528,7 @@ class SyncEngine:
             if not self._give_up_on(problems):
                 return False
             if not keep_cursor:
-                await self.store.set_sync_state({"cursor": page.until})
+                await self.store.replication.set_sync_state({"cursor": page.until})
         return True
 
     @staticmethod
@@ -608,7 +608,7 @@ class SyncEngine:
             return
         if abs(offset - self.store.clock.offset_ns) < OFFSET_MIN_NS // 2 and offset != 0:
             return
-        if await self.store.correct_clock(offset):  # marks what it stamped ahead (replica.py)
+        if await self.store.replication.correct_clock(offset):  # marks what it stamped ahead (replica.py)
             report.clock_rewound = True
         self.status.clock_offset_ms = offset / 1e6
 
@@ -631,10 +631,10 @@ class SyncEngine:
     async def _push(self, report: PassReport) -> bool:
         """Push the outbox; True if anything was sent. After a short pull nothing is re-stamped
         and versions old enough to need it stay queued (R12)."""
-        depth = await self.store.outbox_depth()
+        depth = await self.store.replication.outbox_depth()
         if not depth:
             return False  # the idle pass: one count, no state read, no write
-        state = await self.store.sync_state()
+        state = await self.store.replication.sync_state()
         model = self._plane_model(state)
         dim = self.store.embedder.dim if model == self.store.embedder.model_id else PLANE_DIM
         # Zeros are "no vector" to a syncd hub (it names its model); Kyma ranks them first.
@@ -646,7 +646,7 @@ class SyncEngine:
         awaiting: set[str] = set()
         pushed = False
         for _ in range(depth // STAGE_ROWS + 2):
-            entries, nodes, edges = await self.store.stage_push(
+            entries, nodes, edges = await self.store.replication.stage_push(
                 STAGE_ROWS, model=model, dim=dim, realm=self.options.realm,
                 keep_within_ns=KEEP_ALL_NS if hold else keep)
             if not entries:
@@ -683,7 +683,7 @@ class SyncEngine:
                    and not row.deleted and (row.space or "").startswith(PRIVATE_PREFIX)]
         if not private:
             return rows
-        await self.store.ack_push([entry for entry, _ in private])
+        await self.store.replication.ack_push([entry for entry, _ in private])
         report.push_kept_private += len(private)
         local = {id(entry) for entry, _ in private}
         return [(entry, row) for entry, row in rows if id(entry) not in local]
@@ -745,12 +745,12 @@ class SyncEngine:
         body = b'{"memory_nodes":[' + b",".join(nodes) + b'],"memory_edges":[' + \
             b",".join(edges) + b"]}"
         self._admit()
-        before = await self.store.mark_sent([e for e, _ in batch])
+        before = await self.store.replication.mark_sent([e for e, _ in batch])
         try:
             result = await self.client.import_rows(body)
         except (TooLarge, Transient) as exc:
             if isinstance(exc, TooLarge) or exc.unsent:  # the plane holds none of it
-                await self.store.unmark_sent(before)
+                await self.store.replication.unmark_sent(before)
             if isinstance(exc, Transient):
                 raise
             if len(batch) == 1:  # too large even alone: it stays queued, the rest still go
@@ -782,7 +782,7 @@ class SyncEngine:
             report.push_row_errors += len(refused)
         accepted = [e for i, e in enumerate(node_entries) if ("node", i) not in refused]
         accepted += [e for i, e in enumerate(edge_entries) if ("edge", i) not in refused]
-        await self.store.ack_push(accepted)
+        await self.store.replication.ack_push(accepted)
         report.pushed_nodes += sum(1 for e in accepted if e[0] == "node")
         report.pushed_edges += sum(1 for e in accepted if e[0] == "edge")
         if refused:  # they stay queued; the rest of the outbox still goes (a refused row
@@ -828,9 +828,9 @@ class SyncEngine:
         self._admit()
         settings = await self.client.settings()
         model = settings.embedding_model or self.options.plane_model
-        await self.store.set_sync_state({"plane_model": model,
+        await self.store.replication.set_sync_state({"plane_model": model,
                                          NAMES_MODEL: "1" if settings.embedding_model else ""})
-        return await self.store.sync_state()
+        return await self.store.replication.sync_state()
 
     async def _anti_entropy(self, report: PassReport) -> None:
         """Apply the plane's export page by page (only id → version maps are kept, not the
@@ -850,7 +850,7 @@ class SyncEngine:
                 parts = (spooled_rows(spool, unreadable) if spool is not None
                          else _one(page.memory_nodes, page.memory_edges))
                 async for nodes, edges in parts:  # a spooled page a batch at a time
-                    applied = await self.store.apply(nodes, edges, model=model,
+                    applied = await self.store.replication.apply(nodes, edges, model=model,
                                                      kept=_kept(learnt))
                     report.pulled_nodes += applied.applied_nodes
                     report.pulled_edges += applied.applied_edges
@@ -869,7 +869,7 @@ class SyncEngine:
                                  f"already walked: anti-entropy stopped")
             cursor = page.next_cursor
             walked.add(cursor)
-        requeued = await self.store.requeue_unseen(
+        requeued = await self.store.replication.requeue_unseen(
             remote_nodes, remote_edges, realm=self.options.realm,
             state={"anti_entropy_ns": str(self._wall()), RESYNC: None, RESTORED_OUTBOX: None})
         report.anti_entropy = True

@@ -53,11 +53,11 @@ async def planted_store(tmp_path: Path) -> AsyncIterator[tuple[Store, PlantedEmb
 async def save_at(store: Store, embedder: PlantedEmbedder, content: str, cosine: float,
                   axis: int, **fields: Any) -> str:
     embedder.vectors[content] = planted(cosine, axis)
-    return str((await store.save({"content": content, **fields}))["node_id"])
+    return str((await store.memories.save({"content": content, **fields}))["node_id"])
 
 
 async def ranked(store: Store, **kw: Any) -> list[str]:
-    res = await store.recall({"query": QUERY, "expand_hops": 1, **kw})
+    res = await store.recall.query({"query": QUERY, "expand_hops": 1, **kw})
     return [m.id for m in res.memories if not m.fallback]
 
 
@@ -77,12 +77,12 @@ async def test_importance_reorders_close_matches_but_does_not_lift_a_weak_one(
 async def test_a_superseded_memory_never_ranks_above_the_memory_that_superseded_it(
         planted_store: tuple[Store, PlantedEmbedder]) -> None:
     store, _ = planted_store
-    oldest = await store.save({"content": "billing runs on mysql five"})
-    middle = await store.save({"content": "billing moved to mariadb"})
-    newest = await store.save({"content": "the ledger now lives in postgres"})
-    await store.judge(middle["id"], oldest["id"], "supersedes")
-    await store.judge(newest["id"], middle["id"], "supersedes")
-    res = await store.recall({"query": "billing runs on mysql five", "include_invalidated": True})
+    oldest = await store.memories.save({"content": "billing runs on mysql five"})
+    middle = await store.memories.save({"content": "billing moved to mariadb"})
+    newest = await store.memories.save({"content": "the ledger now lives in postgres"})
+    await store.graph.judge(middle["id"], oldest["id"], "supersedes")
+    await store.graph.judge(newest["id"], middle["id"], "supersedes")
+    res = await store.recall.query({"query": "billing runs on mysql five", "include_invalidated": True})
     order = [m.id for m in res.memories]
     # the oldest holds every word of the query (a strict keyword hit, far ahead on evidence)
     assert order[:3] == [newest["node_id"], middle["node_id"], oldest["node_id"]]
@@ -91,7 +91,7 @@ async def test_a_superseded_memory_never_ranks_above_the_memory_that_superseded_
     by_id = {m.id: m for m in res.memories}
     assert by_id[oldest["node_id"]].superseded_by == middle["node_id"]
     # without invalidated memories the current one is all there is of the chain
-    current = await store.recall({"query": "billing runs on mysql five"})
+    current = await store.recall.query({"query": "billing runs on mysql five"})
     assert newest["node_id"] in [m.id for m in current.memories]
     assert oldest["node_id"] not in [m.id for m in current.memories]
 
@@ -104,9 +104,9 @@ async def test_only_the_best_matchs_links_count_as_graph_evidence(
     of_best = await save_at(store, embedder, "foxtrot linked to the best", 0.30, 4)
     of_weaker = await save_at(store, embedder, "golf linked to the weaker", 0.30, 5)
     for src, dst in ((best, of_best), (weaker, of_weaker)):
-        await store.link({"memory_id": src, "target_node_id": dst,
+        await store.graph.link({"memory_id": src, "target_node_id": dst,
                           "relationship_type": "RELATES_TO"})
-    res = await store.recall({"query": QUERY, "expand_hops": 1})
+    res = await store.recall.query({"query": QUERY, "expand_hops": 1})
     parts = {m.id: m.components for m in res.memories}
     linked_to_best, linked_to_weaker = parts[of_best], parts[of_weaker]
     assert linked_to_best is not None and linked_to_best.graph > 0

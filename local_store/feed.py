@@ -1,4 +1,4 @@
-"""The reader-thread reads of the change feed: a hub's ``changes`` by ingest, a store's log by ``local_seq``.
+"""Reader-thread reads of the change feed: a hub's ``changes`` by ingest, a log by ``local_seq``.
 
 A hub's ``changes`` are ordered by ingest (commit order), not by writers' clocks.
 

@@ -1,4 +1,4 @@
-"""``Store``: the memory store — the shell's connections and transactions, with the services on it.
+"""``Store``: the memory store — the shell's connections and transactions, the services on it.
 
 Open with ``await Store.open(data_dir)``; close with ``await store.close()``. Each concern is a
 service, an attribute of the store (``local_store/services/``): ``memories`` (save, edit,

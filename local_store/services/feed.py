@@ -1,4 +1,4 @@
-"""``store.feed``: the one read of rows for replication and export — a page by cursor, or a snapshot.
+"""``store.feed``: the one read of rows for replication and export — a page, or a snapshot.
 
 Every read the sync engine, the hub and the export routes make of the store's rows is one of:
   * ``page(after, …)``: a bounded page after a cursor, read in one read transaction. An ``int``

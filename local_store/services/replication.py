@@ -1,4 +1,4 @@
-"""``store.replication``: what the sync engine and a hub do to the store — apply, pull, stage, acknowledge — each one transaction.
+"""``store.replication``: the sync engine's and a hub's writes and state (apply, pull, stage, ack).
 
 Rules (the writer-thread work itself: ``local_store/replica.py`` and ``apply.py``):
   * Remote rows apply last-writer-wins and idempotently; ``model`` names the embedder of their

@@ -307,7 +307,7 @@ async def test_a_bad_version_number_names_n_and_changes_nothing(store: Store, n:
     mid = (await store.memories.save({"content": "a", "topic_key": "k"}))["node_id"]
     await store.memories.save({"content": "b", "topic_key": "k"})
     before = await dump_tables(store)
-    for call in (store.restore_version, store.dismiss_version):
+    for call in (store.versions.restore, store.versions.dismiss):
         with pytest.raises(ValidationError) as caught:
             await call(mid, n)
         assert caught.value.field == "n"
@@ -320,7 +320,7 @@ async def test_unknown_versions_and_memories_are_named(store: Store) -> None:
     await store.memories.save({"content": "y", "topic_key": "o"})
     before = await dump_tables(store)
     foreign = (await store.versions.history(other))["versions"][1]["n"]  # another memory's version
-    for call in (store.restore_version, store.dismiss_version):
+    for call in (store.versions.restore, store.versions.dismiss):
         with pytest.raises(NotFoundError) as caught:
             await call(mid, foreign)
         assert caught.value.field == "n" and str(foreign) in str(caught.value)

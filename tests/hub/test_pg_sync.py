@@ -82,7 +82,7 @@ async def test_two_laptops_converge_through_a_postgresql_hub(
     assert set(await hub_contents(pg_hub)) == {saved["node_id"], other["node_id"]}
     hits = await b.store.recall.query({"query": "release procedure"})
     assert hits.memories[0].id == saved["node_id"]
-    hub_hits = await pg_hub.store.recall.query(QueryRequest(query="staging database"))
+    hub_hits = await pg_hub.store.recall(QueryRequest(query="staging database"))
     assert hub_hits.memories[0].id == other["node_id"]
 
 

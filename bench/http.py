@@ -8,8 +8,8 @@ closes. Both processes fill an identical 10,000-memory store (``fill`` from reca
 same seed) and derive the same query texts (``related_queries``); vectors come from the
 TableEmbedder, so query embedding is excluded. Saves carry unique content per request (the
 table embedder makes their vectors on demand, on both sides alike). The in-process baseline
-(``await store.recall(...)`` / ``await store.save(...)``, 1 client) runs in this process on its
-own identically filled store while the server sits idle; HTTP overhead = p50(HTTP, 1 client) −
+(``await store.recall.query(...)`` / ``await store.memories.save(...)``, 1 client) runs in this
+process on its own identically filled store while the server sits idle; HTTP overhead = p50(HTTP, 1 client) −
 p50(in-process), target ≤ 1 ms.
 
     .venv/bin/python bench/http.py [--quick]
@@ -128,12 +128,12 @@ async def http_run(url: str, route: str, bodies: list[bytes], warm: list[bytes],
 async def in_process(store: Store, queries: list[str], n: int) -> dict[str, Stats]:
     def recall(texts: list[str]) -> Callable[[int], Awaitable[None]]:
         async def call(i: int) -> None:
-            await store.recall({"query": texts[i % len(texts)]})
+            await store.recall.query({"query": texts[i % len(texts)]})
         return call
 
     def save(args: list[dict[str, str]]) -> Callable[[int], Awaitable[None]]:
         async def call(i: int) -> None:
-            await store.save(args[i])
+            await store.memories.save(args[i])
         return call
 
     out: dict[str, Stats] = {}

@@ -485,7 +485,7 @@ async def apply_baseline(root: Path, rows: int, batch: int) -> float:
             n = min(batch, rows - offset)
             nodes = node_rows(n, 9_000_000 + offset, clock.take(n), "bench-baseline")
             began = time.perf_counter()
-            result = await store.apply(nodes, [], model=store.embedder.model_id)
+            result = await store.replication.apply(nodes, [], model=store.embedder.model_id)
             spent += time.perf_counter() - began
             if result.applied_nodes != n:
                 raise RuntimeError(f"baseline: applied {result.applied_nodes} of {n}")
@@ -584,7 +584,7 @@ async def laptop_main(url: str, root: Path, rows: int) -> int:
             cpu = self_cpu() - cpu_before
         finally:
             await engine.close()
-        stats = await store.stats()
+        stats = await store.maintenance.stats()
     if not report.ok:
         raise RuntimeError(f"bootstrap pass failed: {report.error}")
     if stats["memories"] != rows or report.pulled_nodes != rows:

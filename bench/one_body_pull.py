@@ -88,7 +88,7 @@ async def apply_only(root: Path, memories: int) -> tuple[float, float]:
         rows = body_rows(memories)
         while batch := [msgspec.convert(r, NodeRow) for r in itertools.islice(rows, SPOOL_ROWS)]:
             began = time.perf_counter()
-            await store.apply(batch, [], model=embedder.model_id)
+            await store.replication.apply(batch, [], model=embedder.model_id)
             spent += time.perf_counter() - began
         if len(store.index) != memories:
             raise RuntimeError(f"applied {len(store.index)} vectors, expected {memories}")

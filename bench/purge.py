@@ -65,7 +65,7 @@ async def main(memories: int, deletes: int) -> None:
         store = await Store.open(data, embedder=HashingEmbedder())
         try:
             for first in range(0, memories, 100):
-                await store.save_many([{"content": f"memory {n} about builds, deploys {n % 97}"}
+                await store.memories.save_many([{"content": f"memory {n} about builds, deploys {n % 97}"}
                                        for n in range(first, min(first + 100, memories))])
             times: dict[str, list[float]] = {kind: [] for kind in KINDS}
             left = 0
@@ -77,18 +77,18 @@ async def main(memories: int, deletes: int) -> None:
             for _ in range(deletes):
                 for kind in KINDS:
                     marker = "purgemark" + secrets.token_hex(8)
-                    saved = await store.save({"content": f"the key is {marker}",
+                    saved = await store.memories.save({"content": f"the key is {marker}",
                                               "title": f"key {marker}"})
                     # as before issue 32: the FTS merge, no scrub (the text stays in the WAL)
                     store.checkpointer.scrub = no_scrub if kind == UNSCRUBBED else scrub  # type: ignore[method-assign]
                     started = time.perf_counter()
-                    await store.delete(saved["id"], hard=kind != SOFT)
+                    await store.memories.delete(saved["id"], hard=kind != SOFT)
                     times[kind].append((time.perf_counter() - started) * 1e3)
                     if kind == SCRUBBED:
                         left += await asyncio.to_thread(on_disk, data, marker)
             store.checkpointer.scrub = scrub  # type: ignore[method-assign]
             marker = "purgemark" + secrets.token_hex(8)
-            saved = await store.save({"content": f"the key is {marker}"})
+            saved = await store.memories.save({"content": f"the key is {marker}"})
 
             def hold() -> sqlite3.Connection:
                 conn = sqlite3.connect(f"file:{store.db_path}?mode=ro", uri=True,
@@ -99,7 +99,7 @@ async def main(memories: int, deletes: int) -> None:
 
             reader = await asyncio.to_thread(hold)
             started = time.perf_counter()
-            await store.delete(saved["id"], hard=True)
+            await store.memories.delete(saved["id"], hard=True)
             held_ms = (time.perf_counter() - started) * 1e3
             await asyncio.to_thread(reader.close)
             ended = time.perf_counter()

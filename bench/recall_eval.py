@@ -123,7 +123,7 @@ async def load_corpus(store: Store, corpus: dict[str, Any], now_ns: int) -> dict
                      created_at=format_ns(now_ns)) for e in corpus.get("edges", [])]
     edges += [EdgeRow(src=ids[new], dst=ids[old], type="INVALIDATES",
                       created_at=format_ns(now_ns)) for old, new in superseded.items()]
-    result = await store.apply(nodes, edges, model=store.embedder.model_id)
+    result = await store.replication.apply(nodes, edges, model=store.embedder.model_id)
     if result.problems:
         raise SystemExit(f"corpus rows rejected: {result.problems[:3]}")
     return ids
@@ -150,7 +150,7 @@ async def run_queries(store: Store, ids: dict[str, str], queries: list[dict[str,
         relevant = {ids[k] for k in q["relevant"]}
         for mode in modes:
             t = time.perf_counter()
-            res = await store.recall({"query": q["query"], "realms": q.get("realms", []),
+            res = await store.recall.query({"query": q["query"], "realms": q.get("realms", []),
                                       "limit": 10, "include_invalidated": q.get(
                                           "include_invalidated", False)},
                                      mode=mode)  # type: ignore[arg-type]
@@ -361,7 +361,7 @@ async def add_templated(store: Store, n: int, now_ns: int) -> None:
     for start in range(0, n, 512):
         batch = notes[start:start + 512]
         vectors = await asyncio.to_thread(store.embedder.embed, batch)
-        await store.apply([NodeRow(
+        await store.replication.apply([NodeRow(
             id=f"memory:{uuid.uuid5(uuid.NAMESPACE_URL, 'stress:' + note)}", labels="Memory",
             realm="global", memory_type="fact", content=note, tags="ops", importance=0.5,
             status="active", embedding=[float(x) for x in vector], created_at=stamp,

@@ -114,7 +114,7 @@ async def fill(store: Store, n: int, rng: random.Random, start: int) -> None:
                                 content=text, tags=",".join(rng.sample(DOMAIN, 2)),
                                 importance=rng.random(), status="active",
                                 embedding=vecs[k].tolist(), created_at=stamp, updated_at=stamp))
-        await store.apply(rows, [], model=TableEmbedder.model_id)
+        await store.replication.apply(rows, [], model=TableEmbedder.model_id)
 
 
 async def measure(sizes: list[int], queries: int) -> list[tuple[str, ...]]:
@@ -139,15 +139,15 @@ async def measure(sizes: list[int], queries: int) -> list[tuple[str, ...]]:
                     lat = []
                     for text in qtexts:
                         t = time.perf_counter()
-                        await store.recall({"query": text}, mode=mode)
+                        await store.recall.query({"query": text}, mode=mode)
                         lat.append((time.perf_counter() - t) * 1000)
                     rows.append((f"recall {mode}", f"{size:,}", f"{statistics.median(lat):.2f}",
                                  f"{pct(lat, 0.95):.2f}", _target(mode, size)))
                 lat = []
                 for k, text in enumerate(qtexts[:AFTER_WRITE]):
-                    await store.save({"content": f"{words(rng, 20)} {k}"})
+                    await store.memories.save({"content": f"{words(rng, 20)} {k}"})
                     t = time.perf_counter()
-                    await store.recall({"query": text})
+                    await store.recall.query({"query": text})
                     lat.append((time.perf_counter() - t) * 1000)
                 have += AFTER_WRITE
                 rows.append((AFTER_ROW, f"{size:,}", f"{statistics.median(lat):.2f}",
@@ -157,7 +157,7 @@ async def measure(sizes: list[int], queries: int) -> list[tuple[str, ...]]:
                 embedder.prepare(pasted)
                 for text in pasted:
                     t = time.perf_counter()
-                    await store.recall({"query": text})
+                    await store.recall.query({"query": text})
                     lat.append((time.perf_counter() - t) * 1000)
                 rows.append((LONG_ROW, f"{size:,}", f"{statistics.median(lat):.2f}",
                              f"{pct(lat, 0.95):.2f}", "(a prompt with a pasted log)"))
@@ -232,12 +232,12 @@ async def dense_rows() -> list[tuple[str, ...]]:
     with tempfile.TemporaryDirectory() as tmp:
         store = await Store.open(Path(tmp), embedder=embedder)  # type: ignore[arg-type]
         try:
-            await store.apply(rows, [], model=TableEmbedder.model_id)
+            await store.replication.apply(rows, [], model=TableEmbedder.model_id)
             await store.checkpointer.wait_idle()
             for text in queries:
                 for mode in lat:
                     t = time.perf_counter()
-                    await store.recall({"query": text}, mode=mode)  # type: ignore[arg-type]
+                    await store.recall.query({"query": text}, mode=mode)  # type: ignore[arg-type]
                     lat[mode].append((time.perf_counter() - t) * 1000)
         finally:
             await store.close()

@@ -126,12 +126,12 @@ async def fill(store: Store, target: int, clock: Clock, seed: int) -> float:
     """Apply synthetic batches until the store holds ``target`` memories; returns seconds spent
     applying (generation excluded)."""
     spent = 0.0
-    count = (await store.stats())["memories"]
+    count = (await store.maintenance.stats())["memories"]
     while count < target:
         n = min(FILL_BATCH, target - count)
         rows = synthetic_rows(n, seed + count, clock.take(n))
         t0 = time.perf_counter()
-        result = await store.apply(rows, [], model=store.embedder.model_id)
+        result = await store.replication.apply(rows, [], model=store.embedder.model_id)
         spent += time.perf_counter() - t0
         if result.applied_nodes != n or result.problems:
             raise RuntimeError(f"fill: applied {result.applied_nodes}/{n}: {result.problems[:3]}")
@@ -152,7 +152,7 @@ async def time_saves(store: Store, n: int, rng: random.Random, seen: set[str],
                 "tags": rng.sample(VOCABULARY, 2), "realm": rng.choice(REALMS),
                 "importance": round(rng.random(), 2)}
         t0 = time.perf_counter()
-        res = await store.save(args)
+        res = await store.memories.save(args)
         elapsed = time.perf_counter() - t0
         if res.get("deduped"):
             raise RuntimeError("a timed save was deduplicated; contents must be unique")
@@ -237,11 +237,11 @@ async def time_apply(root: Path, label: str, rows: list[NodeRow], *,
     async with await Store.open(root / label, embedder=HashingEmbedder()) as store:
         model = store.embedder.model_id
         if again:
-            await store.apply(rows, [], model=model)
+            await store.replication.apply(rows, [], model=model)
             await store.checkpointer.wait_idle()  # the first apply's checkpoint is not timed
         gc.collect()
         t0 = time.perf_counter()
-        result = await store.apply(rows, [], model=model)
+        result = await store.replication.apply(rows, [], model=model)
         elapsed = time.perf_counter() - t0
         t1 = time.perf_counter()
         await store.checkpointer.wait_idle()
@@ -310,7 +310,7 @@ async def main(quick: bool) -> int:
             filled = 0
             for store in stores.values():
                 await store.checkpointer.wait_idle()  # the fill's checkpoint is not a save's
-                filled += (await store.stats())["memories"]
+                filled += (await store.maintenance.stats())["memories"]
             gc.collect()
             samples_by_size: dict[int, list[float]] = {size: [] for size in sizes}
             for turn in range(0, saves, SAVE_TURN):

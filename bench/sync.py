@@ -276,7 +276,7 @@ async def apply_baseline(root: Path, memories: int, seed: int, start_ns: int) ->
             n = min(FILL_ROWS, memories - offset)
             rows = synthetic_rows(n, seed + offset, start_ns + offset * 1_000_000)
             began = time.perf_counter()
-            await store.apply(rows, [], model=store.embedder.model_id)
+            await store.replication.apply(rows, [], model=store.embedder.model_id)
             spent += time.perf_counter() - began
     return memories / spent
 
@@ -289,7 +289,7 @@ async def hub_process(root: Path, fill: int, seed: int, start_ns: int) -> AsyncI
         for offset in range(0, fill, FILL_ROWS):
             n = min(FILL_ROWS, fill - offset)
             rows = synthetic_rows(n, seed + offset, start_ns + offset * 1_000_000)
-            await store.apply(rows, [], model=store.embedder.model_id)
+            await store.replication.apply(rows, [], model=store.embedder.model_id)
     token = create_token(root, role="write", name="laptops")
     env = {**os.environ, "SYNCD_EMBEDDING_MODEL": "hashing", "PYTHONPATH": str(ROOT)}
     proc = await asyncio.create_subprocess_exec(
@@ -328,7 +328,7 @@ async def plane_sections(root: Path, memories: int, idle: int) -> dict[str, Any]
         try:
             await engine.start()
             out["bootstrap"] = boot = await timed_pass(engine)
-            stats = await laptop.stats()
+            stats = await laptop.maintenance.stats()
             if boot.report.pulled_nodes < memories or stats["memories"] != memories or \
                     len(laptop.index) != memories:
                 raise RuntimeError(f"bootstrap: {stats['memories']} memories, "
@@ -341,9 +341,9 @@ async def plane_sections(root: Path, memories: int, idle: int) -> dict[str, Any]
             for offset in range(0, memories, SAVE_BATCH):  # untimed
                 batch = [{"content": f"{words(rng, 15, 40)} (local {offset + i})"}
                          for i in range(min(SAVE_BATCH, memories - offset))]
-                await laptop.save_many(batch)
+                await laptop.memories.save_many(batch)
             out["push"] = push = await timed_pass(engine)
-            if push.report.pushed_nodes != memories or (await laptop.stats())["outbox"]:
+            if push.report.pushed_nodes != memories or (await laptop.maintenance.stats())["outbox"]:
                 raise RuntimeError(f"push: pushed {push.report.pushed_nodes} of {memories}")
         finally:
             await engine.close()

@@ -42,14 +42,14 @@ def measure(root: str) -> dict[str, float]:
         with tempfile.TemporaryDirectory() as tmp:
             store = await Store.open(Path(tmp) / "s", embedder=HashingEmbedder())
             try:
-                await store.apply(rows, [], model="bench")
+                await store.replication.apply(rows, [], model="bench")
                 began = time.perf_counter()
-                await store.apply(newer, [], model="bench")
+                await store.replication.apply(newer, [], model="bench")
                 apply_s = time.perf_counter() - began
                 samples = []
                 for i in range(500):
                     began = time.perf_counter()
-                    await store.save({"content": f"edit number {i}", "topic_key": "bench/one"})
+                    await store.memories.save({"content": f"edit number {i}", "topic_key": "bench/one"})
                     samples.append(time.perf_counter() - began)
             finally:
                 await store.close()

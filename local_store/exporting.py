@@ -7,7 +7,7 @@ own, inside one read transaction: every page comes from the same instant whateve
 meanwhile (WAL keeps that snapshot for it), so no row is missed or repeated, and the counts
 taken first are the counts of the rows that follow.
 
-Rows come in ``local_seq`` order (the order ``Store.export`` always had); the node query joins
+Rows come in ``local_seq`` order (the order exports always had); the node query joins
 each row's vector of the export's model. The plane's ``changes?since=`` is the same read with
 one more filter (``since``: versions after a stamp, tombstones included), so it streams too: a
 laptop asking a store of 100,000 memories for everything no longer builds it whole. Given the

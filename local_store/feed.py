@@ -1,4 +1,6 @@
-"""The hub's change feed: ``changes`` ordered by ingest (commit order), not by writers' clocks.
+"""Reader-thread reads of the change feed: a hub's ``changes`` by ingest, a log by ``local_seq``.
+
+A hub's ``changes`` are ordered by ingest (commit order), not by writers' clocks.
 
 Rules:
   * Every committed write transaction of a feed store leaves a mark ``(seq, stamp)``
@@ -23,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from local_store.columns import EDGE_SELECT, NODE_ID, NODE_SELECT
+from local_store.columns import EDGE_ALL, EDGE_SELECT, NODE_COLUMNS, NODE_ID, NODE_SELECT
 from protocol.timestamp import format_ns
 
 EPOCH = format_ns(0)
@@ -110,3 +112,33 @@ def _page(fetch: Fetch, since: str | None, limit: int | None, realm: str | None,
     ids = [r[NODE_ID] for r in nodes]
     return FeedPage(nodes, edges, mark[0][0] if mark else EPOCH, bool(more),
                     stored_vectors(fetch, ids, model))
+
+
+def log_page(fetch: Fetch, since_seq: int, limit: int, realm: str | None, model: str,
+             ) -> tuple[list[Any], list[Any], list[tuple[str, bytes]], int, bool]:
+    """A page of the store's own change log (``local_seq`` order, any store, not only a feed
+    store's), read in one read transaction on the reader's thread: node rows, edge rows, the
+    nodes' ``model`` vectors, the cursor (the last ``local_seq`` served), and whether more
+    follows. Nodes are optionally of one realm; edges are never filtered, as the plane's."""
+    realm_sql = "" if realm is None else " AND realm = ?"
+    fetch("BEGIN", ())
+    try:
+        node_rows = fetch(
+            NODE_SELECT + " WHERE local_seq > ?" + realm_sql + " ORDER BY local_seq LIMIT ?",
+            (since_seq, limit) if realm is None else (since_seq, realm, limit))
+        edge_rows = fetch(
+            EDGE_SELECT + " WHERE local_seq > ? ORDER BY local_seq LIMIT ?", (since_seq, limit))
+        seq_index = NODE_COLUMNS.index("local_seq")
+        merged = sorted([(r[seq_index], "n", r) for r in node_rows]
+                        + [(r[EDGE_ALL.index("local_seq")], "e", r) for r in edge_rows],
+                        key=lambda item: item[0])[:limit]
+        cursor = int(merged[-1][0]) if merged else since_seq
+        nodes = [r for _, kind, r in merged if kind == "n"]
+        found = stored_vectors(fetch, [r[NODE_ID] for r in nodes], model)
+        more = len(merged) == limit and bool(fetch(
+            "SELECT EXISTS (SELECT 1 FROM memories WHERE local_seq > ?" + realm_sql + ") OR "
+            "EXISTS (SELECT 1 FROM edges WHERE local_seq > ?)",
+            (cursor, cursor) if realm is None else (cursor, realm, cursor))[0][0])
+    finally:
+        fetch("COMMIT", ())
+    return nodes, [r for _, kind, r in merged if kind == "e"], found, cursor, more

@@ -417,7 +417,7 @@ EDIT_FIELDS = ("content", "title", "tags", "importance")
 
 
 def build_edit(raw: object) -> tuple[dict[str, object], dict[str, str]]:
-    """An edit's changes (``Store.edit``): the fields of ``EDIT_FIELDS`` it names, redacted and
+    """An edit's changes (``store.memories.edit``): the fields of ``EDIT_FIELDS`` it names, redacted and
     checked as a save's (a title of null clears it); and what was coerced, as a save says."""
     if not isinstance(raw, Mapping):
         raise ValidationError("body", "must be a JSON object")

@@ -551,13 +551,14 @@ def _json_object(text: str | None) -> dict[str, object] | None:
 
 def write_note(w: Writer, draft: Draft, vector: Vector | None,
                adopt: str | None) -> dict[str, Any]:
-    """``Store.save_note`` on the writer thread: ``Writer.save`` on the note's topic key, with
-    two rules of its own. A placeholder (``PLACEHOLDER_TAG``) only ever creates: a node that
-    holds its key already is returned unwritten, so no note is ever turned into one. A note
-    whose key no node holds (else that node is the note, noted again) takes ``adopt``'s id —
-    keeping every edge to it — only if ``adopt`` is, in this transaction, still a live
-    placeholder of the realm: another note may have adopted it since it was found."""
-    assert draft.topic_key is not None  # Store.save_note refuses a draft without one
+    """A ``memory_note`` save on the writer thread (``services/graph.py``): ``Writer.save`` on
+    the note's topic key, with two rules of its own. A placeholder (``PLACEHOLDER_TAG``) only
+    ever creates: a node that holds its key already is returned unwritten, so no note is ever
+    turned into one. A note whose key no node holds (else that node is the note, noted again)
+    takes ``adopt``'s id — keeping every edge to it — only if ``adopt`` is, in this
+    transaction, still a live placeholder of the realm: another note may have adopted it since
+    it was found."""
+    assert draft.topic_key is not None  # the note and its placeholders all have one
     existing = w.find_topic(draft.realm, draft.topic_key)
     if is_placeholder(draft.tags):
         if existing is not None:

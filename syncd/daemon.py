@@ -285,7 +285,7 @@ class Daemon:
     def _start_background(self, store: Store) -> None:
         async def warm_and_reembed() -> None:
             try:
-                await store.recall({"query": "warm up", "limit": 1})
+                await store.recall.query({"query": "warm up", "limit": 1})
             except Exception:  # background work must never take the daemon down
                 log.exception("background warm-up failed")
             await reembed_while_owed(store, self.reembed_tick)
@@ -294,11 +294,11 @@ class Daemon:
             while True:
                 await asyncio.sleep(CHECKPOINT_SECS)
                 try:  # versions past the age bound go even where nothing is written
-                    await store.prune_versions()
+                    await store.versions.prune()
                 except Exception:
                     log.exception("pruning old versions failed")
                 try:
-                    await store.checkpoint()
+                    await store.maintenance.checkpoint()
                 except Exception:
                     log.exception("WAL checkpoint failed")
 
@@ -362,7 +362,7 @@ async def reembed_while_owed(store: Store, tick: float = REEMBED_TICK_SECS,
     while True:
         if store.vectors_owed and (store.embedder_error is None or loop.time() >= next_try):
             try:
-                count = await store.reembed_missing(progress=ProgressLog(
+                count = await store.embedding.reembed_missing(progress=ProgressLog(
                     f"re-embedding with {store.embedder.model_id}"))
                 if count:
                     log.info("re-embedded %d memories with %s", count, store.embedder.model_id)

@@ -4,7 +4,9 @@ server and the ``POST /v1/agent/memory/tools/{name}`` routes.
 Rules:
   * Argument names and result shapes are the control plane's (contract §5); syncd's extra tools
     are ``get_memory``, ``delete_memory``, ``verify_memory``, ``memory_note``, ``record_learning``.
-  * Handlers validate through the store (errors name the field) and never touch SQL.
+  * Handlers decode their arguments and call one store service (``store.memories``,
+    ``store.graph``, ``store.recall``), which validates them (errors name the field); they
+    never touch SQL.
   * Every tool accepts ``conversationId`` and ``memoryContext``. The result always carries the
     ``conversationId`` (generated when missing) and, when there is a context (or a search
     query), ``relevant_memories``: the top one or two active memories, collapsed by
@@ -31,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import itertools
 import sqlite3
 import time
 import uuid
@@ -48,19 +49,11 @@ from local_store.records import (
     DEFAULT_REALM,
     MAX_CONTENT_CHARS,
     MAX_KEY_CHARS,
-    MAX_TAG_CHARS,
-    MAX_TAGS,
-    MAX_TITLE_CHARS,
-    PLACEHOLDER_TAG,
-    is_placeholder,
     normalise_memory_id,
     optional_str,
-    parse_realm,
-    parse_tags,
     refuse_private_id,
-    slug,
 )
-from local_store.redact import REDACTED, strip_json_object, strip_private
+from local_store.redact import strip_json_object, strip_private
 from protocol.query import QueryResponse
 from protocol.timestamp import format_autosi
 
@@ -73,9 +66,6 @@ READ_ONLY_TOOLS = frozenset({"memory_search", "recall_memory", "list_memories", 
                              "list_memory_usage"})
 WRITTEN_KEYS = ("node_id", "memory_id", "id")  # where a write tool's answer names what it wrote
 MAX_CONVERSATIONS = 1000
-NOTE_PAGE = 500  # entities read at a time while looking for an edge target by name
-EDGE_FIELDS = ("to", "type", "to_type")
-EDGE_SHAPE = "an object {to, type?, to_type?}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,13 +123,13 @@ SAVE_PROPS = {"content": S, "title": S, "memory_type": S, "tags": SL, "realm": S
 async def _search(store: Store, args: dict[str, Any]) -> Any:
     request = {k: v for k, v in args.items() if k in RECALL_PROPS or k in (
         "expand_hops", "as_of", "include_invalidated")}
-    return _answer(await store.recall(request))
+    return _answer(await store.recall.query(request))
 
 
 async def _recall(store: Store, args: dict[str, Any]) -> Any:
     request = {k: v for k, v in args.items() if k in RECALL_PROPS}
     request.update(expand_hops=1, as_of=None, include_invalidated=False)
-    return _answer(await store.recall(request))
+    return _answer(await store.recall.query(request))
 
 
 def _answer(found: QueryResponse) -> Any:
@@ -148,15 +138,15 @@ def _answer(found: QueryResponse) -> Any:
 
 
 async def _save(store: Store, args: dict[str, Any]) -> Any:
-    return await store.save(args)
+    return await store.memories.save(args)
 
 
 async def _save_many(store: Store, args: dict[str, Any]) -> Any:
-    return await store.save_many(args.get("memories"))  # type: ignore[arg-type]
+    return await store.memories.save_many(args.get("memories"))  # type: ignore[arg-type]
 
 
 async def _list(store: Store, args: dict[str, Any]) -> Any:
-    result = await store.list_memories(args)
+    result = await store.memories.list_memories(args)
     columns = ["id", "memory_type", "title", "content_preview", "tags", "importance", "status",
                "realm", "created_at"]
     types = {"importance": "Float64"}
@@ -164,19 +154,19 @@ async def _list(store: Store, args: dict[str, Any]) -> Any:
 
 
 async def _link(store: Store, args: dict[str, Any]) -> Any:
-    return await store.link(args)
+    return await store.graph.link(args)
 
 
 async def _entity(store: Store, args: dict[str, Any]) -> Any:
-    return await store.ingest_entity(args)
+    return await store.graph.ingest_entity(args)
 
 
 async def _status(store: Store, args: dict[str, Any]) -> Any:
-    return await store.update_status(args.get("memory_id"), args.get("status"))
+    return await store.memories.update_status(args.get("memory_id"), args.get("status"))
 
 
 async def _importance(store: Store, args: dict[str, Any]) -> Any:
-    return await store.update_importance(args.get("memory_id"), args.get("importance"))
+    return await store.memories.update_importance(args.get("memory_id"), args.get("importance"))
 
 
 async def _compare(store: Store, args: dict[str, Any]) -> Any:
@@ -189,217 +179,41 @@ async def _compare(store: Store, args: dict[str, Any]) -> Any:
 
 
 async def _judge(store: Store, args: dict[str, Any]) -> Any:
-    return await store.judge(args.get("memory_id"), args.get("target_id"), args.get("verdict"),
-                             args.get("reason"))
+    return await store.graph.judge(args.get("memory_id"), args.get("target_id"),
+                                   args.get("verdict"), args.get("reason"))
 
 
 async def _summary(store: Store, args: dict[str, Any]) -> Any:
-    return await store.session_summary(args)
+    return await store.memories.session_summary(args)
 
 
 async def _get(store: Store, args: dict[str, Any]) -> Any:
-    return await store.get(args.get("memory_id"))
+    return await store.memories.get(args.get("memory_id"))
 
 
 async def _delete(store: Store, args: dict[str, Any]) -> Any:
     hard = args.get("hard", False)
     if not isinstance(hard, bool):
         raise ValidationError("hard", "must be a boolean")
-    return await store.delete(args.get("memory_id"), hard=hard)
+    return await store.memories.delete(args.get("memory_id"), hard=hard)
 
 
 async def _verify(store: Store, args: dict[str, Any]) -> Any:
-    """Related existing memories for a candidate, and what to do with it."""
-    clean = _redacted(args)
-    content = _text(clean, "content", limit=MAX_CONTENT_CHARS)
-    realm = optional_str(clean, "realm")
-    request: dict[str, Any] = {"query": content, "limit": 5, "expand_hops": 0,
-                               "confident_only": True}
-    if realm:
-        request["realms"] = [realm]
-    found = await store.recall(request)
-    related: list[dict[str, Any]] = [
-        {"id": m.id, "memory_type": m.memory_type, "content_preview": m.content_preview,
-                "similarity": None if m.distance is None else round(1.0 - m.distance, 4),
-                "score": round(m.score, 4)} for m in found.memories if not m.fallback]
-    best = max((r["similarity"] or 0.0 for r in related), default=0.0)
-    if best >= 0.92:
-        advice = "noop: an equivalent memory exists; update it instead of adding a copy"
-    elif best >= 0.6:
-        advice = ("update or supersede: a closely related memory exists; if the candidate "
-                  "replaces it, save the new one and call memory_judge with verdict supersedes")
-    else:
-        advice = "add: nothing closely related is stored"
-    return {"related": related, "recommendation": advice.split(":", 1)[0], "advice": advice}
+    return await store.memories.verify(args)
 
 
 async def _note(store: Store, args: dict[str, Any]) -> Any:
-    """A typed node by stable name, merged on (type, normalised name). Every argument is
-    redacted, then validated, before the first write: a refused call writes nothing (L7).
-    Types and names make topic keys and edge ids, so one holding a private span is refused,
-    as other identity keys are (two would both become ``[redacted]`` and merge).
-
-    An edge to a name not noted yet makes a placeholder node for it; the name's own note,
-    of whatever type, later takes that node over (``Store.save_note``), so the edges made
-    before it reach it and no empty stub is left beside it."""
-    _refuse_private_names(args)
-    clean = _redacted(args)
-    kind = _kind(clean, "type")
-    name = _text(clean, "name", limit=MAX_TITLE_CHARS)
-    summary = _text(clean, "summary", limit=4000)
-    realm = parse_realm(clean.get("realm"))
-    tags = _note_tags(kind, clean.get("tags"))
-    topic = _topic(kind, name, "name")
-    edges = _edges(clean.get("edges"))
-    saved = await store.save_note({"content": f"{name}: {summary}", "title": name,
-                                   "memory_type": "entity", "tags": tags, "realm": realm,
-                                   "topic_key": topic},
-                                  adopt=await _find_note(store, name, realm, placeholders=True))
-    links = []
-    for target, target_kind, target_topic, relation in edges:
-        target_id = await _find_note(store, target, realm)
-        if target_id is None:
-            target_id = (await store.save_note({
-                "content": f"{target}: (mentioned by {name})", "title": target,
-                "memory_type": "entity", "tags": [f"kind:{target_kind}", PLACEHOLDER_TAG],
-                "realm": realm, "topic_key": target_topic}))["node_id"]
-        await store.link({"memory_id": saved["node_id"], "target_node_id": target_id,
-                          "relationship_type": relation})
-        links.append({"to": target, "type": relation, "node_id": target_id})
-    return {**saved, "name": name, "type": kind, "edges": links}
-
-
-async def _find_note(store: Store, name: str, realm: str, *,
-                     placeholders: bool = False) -> str | None:
-    """The entity of this realm only whose title has the same slug: the newest one that is
-    not a placeholder, else the newest placeholder (an edge links to what is known of a name
-    before a stub of it); ``placeholders``: only a placeholder (what a note of the name
-    adopts). Every entity of the realm is looked through, not only the newest page."""
-    wanted = slug(name)
-    query: dict[str, Any] = {"memory_type": "entity", "realm": realm, "limit": NOTE_PAGE}
-    if placeholders:
-        query["tags"] = [PLACEHOLDER_TAG]
-    stub = None
-    for offset in itertools.count(0, NOTE_PAGE):
-        listed = await store.list_memories({**query, "offset": offset})
-        for row in listed["rows"]:
-            if slug(str(row.get("title") or "")) != wanted:
-                continue
-            if placeholders or not is_placeholder(row.get("tags")):
-                return str(row["id"])
-            stub = stub or str(row["id"])
-        if not listed["truncated"]:
-            break
-    return stub
-
-
-def _refuse_private_names(args: Mapping[str, Any]) -> None:
-    for key in ("type", "name"):
-        if isinstance(value := args.get(key), str):
-            refuse_private_id(value, key)
-    edges = args.get("edges")
-    for index, edge in enumerate(edges if isinstance(edges, list) else []):
-        for key in ("to", "to_type", "type"):
-            if isinstance(edge, Mapping) and isinstance(value := edge.get(key), str):
-                refuse_private_id(value, f"edges[{index}].{key}")
-
-
-def _edges(value: object) -> list[tuple[str, str, str, str]]:
-    """``edges`` as (to, to_type, its topic key, relation), every item checked. A key other
-    than ``EDGE_FIELDS`` is refused, not ignored: a guessed ``relation`` or ``target`` would
-    otherwise make a RELATES_TO edge, or none, without a word."""
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise ValidationError("edges", f"must be a list, each item {EDGE_SHAPE}")
-    edges = []
-    for index, edge in enumerate(value):
-        label = f"edges[{index}]"
-        if not isinstance(edge, Mapping):
-            raise ValidationError(label, f"must be {EDGE_SHAPE}")
-        if unknown := [str(key)[:60] for key in edge if key not in EDGE_FIELDS]:
-            raise ValidationError(label, f"has no field {unknown[0]!r}: it must be {EDGE_SHAPE}")
-        target = _hinted(_text, edge, "to", f"{label}.to", "the name of the node the edge "
-                         "points to", limit=MAX_TITLE_CHARS)
-        target_kind = _hinted(_kind, edge, "to_type", f"{label}.to_type", "the target's node "
-                              "type, e.g. service or person; default concept", default="concept")
-        relation = _hinted(_text, edge, "type", f"{label}.type", "the relation, e.g. USES or "
-                           "DEPENDS_ON; default RELATES_TO", default="RELATES_TO")
-        edges.append((target, target_kind, _topic(target_kind, target, f"{label}.to"),
-                      relation.upper()))
-    return edges
-
-
-def _hinted(parse: Callable[..., str], edge: Mapping[str, Any], name: str, label: str,
-            hint: str, **options: Any) -> str:
-    """``parse(edge, name)``, its error saying also what the field holds: an agent told only
-    ``must be a string`` still has to guess what to send."""
-    try:
-        return parse(edge, name, label=label, **options)
-    except ValidationError as exc:
-        raise ValidationError(exc.field, f"{exc.message} ({hint})") from None
-
-
-def _kind(args: Mapping[str, Any], name: str, *, label: str | None = None,
-          default: str | None = None) -> str:
-    """A node type; it is stored as the tag ``kind:<type>``, so it follows the tag rules."""
-    kind = _text(args, name, label=label, default=default)
-    if "," in kind or len(kind) > MAX_TAG_CHARS - len("kind:"):
-        raise ValidationError(label or name, f"must be at most {MAX_TAG_CHARS - len('kind:')} "
-                              "characters, without commas")
-    return kind
-
-
-def _note_tags(kind: str, value: object) -> list[str]:
-    """``kind:<type>`` then the caller's tags, parsed as ``save_memory`` parses them."""
-    given = parse_tags(value)
-    tags = [f"kind:{kind}", *(given.split(",") if given else [])]
-    if PLACEHOLDER_TAG in tags:  # a note so tagged would be hidden, and adopted by another
-        raise ValidationError("tags", f"must not hold {PLACEHOLDER_TAG!r}: memory_note gives "
-                              "that tag to the nodes it makes for edge targets")
-    if len(tags) > MAX_TAGS:
-        raise ValidationError("tags", f"must have at most {MAX_TAGS - 1} tags, got {len(tags) - 1}")
-    return tags
-
-
-def _topic(kind: str, name: str, label: str) -> str:
-    topic = f"note/{slug(kind)}/{slug(name)}"
-    if len(topic) > MAX_KEY_CHARS:
-        raise ValidationError(label, "is too long to be a stable name")
-    return topic
-
-
-def _text(args: Mapping[str, Any], name: str, *, limit: int = MAX_KEY_CHARS,
-          label: str | None = None, default: str | None = None) -> str:
-    """A trimmed string with something left besides ``[redacted]``; missing is ``default``
-    when there is one, else an error naming the field."""
-    value = optional_str(args, name, limit=limit, label=label)
-    if value is None and default is not None:
-        return default
-    if value is None:
-        raise ValidationError(label or name, "is required and must be a non-empty string")
-    if not value.replace(REDACTED, "").strip():
-        raise ValidationError(label or name, "is empty after removing <private> sections")
-    return value
-
-
-def _redacted(args: Mapping[str, Any]) -> dict[str, Any]:
-    """The arguments through the store's redactor, before any check or use (P1)."""
-    return strip_json_object(args)
+    return await store.graph.note(args)
 
 
 async def _learning(store: Store, args: dict[str, Any]) -> Any:
-    """A one-line lesson; the length limit applies to the redacted text."""
-    clean = _redacted(args)
-    content = _text(clean, "content", limit=4000)
-    return await store.save({"content": content, "memory_type": "learning", "importance": 0.6,
-                             "realm": clean.get("realm"), "tags": clean.get("tags")})
+    return await store.memories.learning(args)
 
 
 async def _maybe_get(store: Store, memory_id: object, field: str) -> Any:
     mid = normalise_memory_id(memory_id, field)
     try:
-        return await store.get(mid)
+        return await store.memories.get(mid)
     except Exception as exc:  # a missing side is a null, as in the plane
         if getattr(exc, "code", "") == "not_found":
             return None
@@ -533,7 +347,7 @@ async def _reinforce(usage_of: UsageOf, store: Store, args: dict[str, Any]) -> A
         raise ValidationError("outcome", "must be helpful or not_helpful")
     optional_str(args, "reason", limit=MAX_CONTENT_CHARS)  # the plane only logs it; syncd not
     try:
-        realm = str((await store.get(mid))["realm"])
+        realm = str((await store.memories.get(mid))["realm"])
     except Exception as exc:
         if getattr(exc, "code", "") != "not_found":
             raise
@@ -715,7 +529,7 @@ class Surfacer:
         The list is taken and written back with no await in between: a parallel call of the
         same conversation keeps what it added, and sees what this one surfaced."""
         if found is None and hint and hint.strip():
-            answer = await store.recall({"query": hint, "limit": 8, "expand_hops": 0,
+            answer = await store.recall.query({"query": hint, "limit": 8, "expand_hops": 0,
                                          "confident_only": True})
             found = msgspec.to_builtins(answer.memories)
         fresh = [_brief(m) for m in found or () if m["confident"]][:SURFACE_TOP]
@@ -760,5 +574,5 @@ async def _current(store: Store, ids: list[str]) -> dict[str, dict[str, Any] | N
     being served from this cache. At most ``SURFACE_TOP * 2`` ids, read in one query."""
     if not ids:
         return {}
-    found = await store.active_briefs(ids)
+    found = await store.memories.active_briefs(ids)
     return {mid: _brief(found[mid]) if mid in found else None for mid in ids}

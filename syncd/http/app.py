@@ -113,36 +113,36 @@ class LocalMemory:
         return self.store.store_id
 
     async def recall(self, query: QueryRequest) -> object:
-        return await self.store.recall(query)
+        return await self.store.recall.query(query)
 
     def export_snapshot(self, realm: str | None) -> AbstractAsyncContextManager[ExportPages]:
-        return self.store.export_snapshot(realm)
+        return self.store.feed.snapshot(realm)
 
     @asynccontextmanager
     async def changes_stream(self, since: str, realm: str | None) -> AsyncIterator[RowStream]:
         until = format_ns(self.store.clock.physical_ns())
-        async with self.store.changes_snapshot(since, realm) as snapshot:
+        async with self.store.feed.snapshot(realm, since=since, include_deleted=True) as snapshot:
             yield RowStream(snapshot, head={"since": since_echo(since), "until": until},
                             tail=lambda: {"store_id": self.store.store_id})
 
     async def apply(self, nodes: Sequence[NodeRow], edges: Sequence[EdgeRow]) -> ApplyResult:
-        return await self.store.apply(nodes, edges, model=self.plane_model)
+        return await self.store.replication.apply(nodes, edges, model=self.plane_model)
 
     async def settings(self) -> object:
-        return self.store.settings
+        return self.store.settings.current
 
     async def put_settings(self, body: dict[str, Any], *, page: bool) -> object:
-        return await self.store.put_settings(body)
+        return await self.store.settings.put(body)
 
     async def status(self) -> dict[str, Any]:
         store = self.store
-        stats = await store.stats()
+        stats = await store.maintenance.stats()
         sync = await self.sync.status() if self.sync is not None else {"configured": False}
         return {"version": __version__, "data_dir": str(store.data_dir),
                 "store_id": store.store_id, "replica_id": store.replica_id,
                 "embedder": store.embedder.model_id, "embedder_error": store.embedder_error,
                 "indexed_vectors": len(store.index),
-                **stats, **_conflict_summary(await store.conflicts(limit=5)),
+                **stats, **_conflict_summary(await store.versions.conflicts(limit=5)),
                 "sync": sync, "entitlement": _entitlement(self.keeper)}
 
 
@@ -157,12 +157,12 @@ async def tool(request: web.Request) -> web.Response:
 
 
 async def get_item(request: web.Request) -> web.Response:
-    return reply(await request.app[STORE].get(request.match_info["id"]))
+    return reply(await request.app[STORE].memories.get(request.match_info["id"]))
 
 
 async def edit_item(request: web.Request) -> web.Response:
     """An edit of a memory's content, title, tags or importance (``Store.edit``)."""
-    return reply(await request.app[STORE].edit(request.match_info["id"],
+    return reply(await request.app[STORE].memories.edit(request.match_info["id"],
                                                await read_json(request)))
 
 
@@ -170,23 +170,23 @@ async def delete_item(request: web.Request) -> web.Response:
     hard = request.query.get("hard", "false").lower()
     if hard not in ("true", "false", "1", "0"):
         raise ValidationError("hard", "must be true or false")
-    return reply(await request.app[STORE].delete(request.match_info["id"],
+    return reply(await request.app[STORE].memories.delete(request.match_info["id"],
                                                   hard=hard in ("true", "1")))
 
 
 async def item_versions(request: web.Request) -> web.Response:
-    return reply(await request.app[STORE].versions(request.match_info["id"]))
+    return reply(await request.app[STORE].versions.history(request.match_info["id"]))
 
 
 async def restore_version(request: web.Request) -> web.Response:
     """Make version ``n`` current, as a new edit (it syncs). No body needed."""
-    return reply(await request.app[STORE].restore_version(request.match_info["id"],
+    return reply(await request.app[STORE].versions.restore(request.match_info["id"],
                                                           request.match_info["n"]))
 
 
 async def dismiss_version(request: web.Request) -> web.Response:
     """Mark conflict ``n`` reviewed; the memory is unchanged."""
-    return reply(await request.app[STORE].dismiss_version(request.match_info["id"],
+    return reply(await request.app[STORE].versions.dismiss(request.match_info["id"],
                                                           request.match_info["n"]))
 
 
@@ -204,7 +204,7 @@ async def sync_status(request: web.Request) -> web.Response:
     """The sync loop's state, plus ``conflicts``: how many conflict versions nobody has
     reviewed yet, and ``conflict_versions``, the newest of them (``Store.conflicts``)."""
     runner = request.app[SYNC]
-    conflicts = await request.app[STORE].conflicts()
+    conflicts = await request.app[STORE].versions.conflicts()
     review = {"conflicts": conflicts["count"], "conflict_versions": conflicts["items"]}
     if runner is None:
         return reply({"configured": False, "entitlement": _entitlement(request.app[KEEPER]),
@@ -246,7 +246,7 @@ async def shutdown(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     """Prometheus text (``metrics.py``), behind the token like every data route."""
     store = request.app[STORE]
-    return request.app[METRICS].page(store_gauges(await store.stats(), await store.disk_bytes()))
+    return request.app[METRICS].page(store_gauges(await store.maintenance.stats(), await store.maintenance.disk_bytes()))
 
 
 def _initializing(body: bytes) -> bool:

@@ -385,7 +385,7 @@ async def page_logout(request: web.Request) -> web.Response:
 async def hub_metrics(request: web.Request) -> web.Response:
     """Prometheus text: the daemon's page (``metrics.py``) for this process and its store."""
     hub = hub_of(request)
-    size = await hub.store.disk_bytes() if isinstance(hub, SqliteHubStore) else None
+    size = await hub.store.maintenance.disk_bytes() if isinstance(hub, SqliteHubStore) else None
     return request.app[METRICS].page(store_gauges(await hub.stats(), size, outbox=False))
 
 

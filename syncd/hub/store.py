@@ -245,53 +245,52 @@ class SqliteHubStore:
 
     async def apply(self, nodes: Sequence[NodeRow], edges: Sequence[EdgeRow], *,
                     model: str) -> ApplyResult:
-        return await self.store.apply(nodes, edges, model=model)
+        return await self.store.replication.apply(nodes, edges, model=model)
 
     async def feed(self, since: str | None, *, limit: int | None = None,
                    realm: str | None = None, exclude_origin: str | None = None) -> Page:
-        return await self.store.feed(since, limit=limit, realm=realm,
+        return await self.store.feed.page(since, limit=limit, realm=realm,
                                      exclude_origin=exclude_origin)
 
     async def changes_since(self, since: str | None, realm: str | None = None, *,
                             edge_version: str = "updated_at",
                             ) -> tuple[list[NodeRow], list[EdgeRow]]:
-        return await self.store.changes_since(since, realm, edge_version=edge_version)
+        return await self.store.feed.read(realm, since=since, include_deleted=True, edge_version=edge_version)
 
     def changes_snapshot(self, since: str | None, realm: str | None = None, *,
                          edge_version: str = "updated_at", page_rows: int = EXPORT_PAGE_ROWS,
                          ) -> AbstractAsyncContextManager[ExportPages]:
-        return self.store.changes_snapshot(since, realm, edge_version=edge_version,
-                                           page_rows=page_rows)
+        return self.store.feed.snapshot(realm, since=since, include_deleted=True, edge_version=edge_version, page_rows=page_rows)
 
     async def export(self, realm: str | None = None) -> tuple[list[NodeRow], list[EdgeRow]]:
-        return await self.store.export(realm, include_deleted=True)
+        return await self.store.feed.read(realm, include_deleted=True)
 
     def export_snapshot(self, realm: str | None = None, *, page_rows: int = EXPORT_PAGE_ROWS,
                         ) -> AbstractAsyncContextManager[ExportPages]:
-        return self.store.export_snapshot(realm, include_deleted=True, page_rows=page_rows)
+        return self.store.feed.snapshot(realm, include_deleted=True, page_rows=page_rows)
 
     async def export_page(self, cursor: str, *, limit: int, realm: str | None = None) -> Page:
         start = parse_cursor(cursor)
-        nodes, edges, last, more = await self.store.changes_page(start, limit=limit, realm=realm)
+        nodes, edges, last, more = await self.store.feed.page(start, limit=limit, realm=realm)
         return nodes, edges, str(last), more
 
     async def recall(self, request: QueryRequest) -> QueryResponse:
-        return await self.store.recall(request)
+        return await self.store.recall.query(request)
 
     async def settings(self) -> MemorySettings:
-        return self.store.settings
+        return self.store.settings.current
 
     async def put_settings(self, patch: Mapping[str, object]) -> MemorySettings:
-        return await self.store.put_settings(patch)
+        return await self.store.settings.put(patch)
 
     async def next_counter(self, name: str) -> int:
-        return await self.store.next_counter(name)
+        return await self.store.replication.next_counter(name)
 
     async def stats(self) -> dict[str, int]:
-        return await self.store.stats()
+        return await self.store.maintenance.stats()
 
     async def reembed_missing(self) -> int:
-        return await self.store.reembed_missing()
+        return await self.store.embedding.reembed_missing()
 
     async def signing_key(self) -> Ed25519PrivateKey:
         return await asyncio.to_thread(load_or_create_key, self.store.data_dir)

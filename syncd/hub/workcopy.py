@@ -86,7 +86,7 @@ class WorkingCopy:
             nodes, edges, until, more = await self.hub.feed(
                 self._cursor, limit=PULL_ROWS, exclude_origin=store.replica_id)
             if nodes or edges:
-                result = await store.pull(nodes, edges, model=model, state={}, until=until)
+                result = await store.replication.pull(nodes, edges, model=model, state={}, until=until)
                 applied += result.applied_nodes
                 for problem in result.problems:  # the hub holds it; the copy cannot
                     log.warning("MCP working copy: %s %s not applied (%s: %s)", problem.kind,
@@ -95,7 +95,7 @@ class WorkingCopy:
             if not more:
                 break
         if applied:  # rows the hub has no vector of yet: the copy's recall still ranks them
-            await store.reembed_missing()
+            await store.embedding.reembed_missing()
 
     async def _push(self, store: Store) -> None:
         """The outbox to the hub, ``PUSH_ROWS`` at a time, each version as the tool wrote it
@@ -103,17 +103,17 @@ class WorkingCopy:
         ends the push: it stays queued, first in the outbox, for the next one."""
         model, dim = self.hub.embedder.model_id, self.hub.embedder.dim
         while True:
-            entries, nodes, edges = await store.stage_push(PUSH_ROWS, model=model, dim=dim,
+            entries, nodes, edges = await store.replication.stage_push(PUSH_ROWS, model=model, dim=dim,
                                                            keep_within_ns=KEEP_ALL_NS)
             if not entries:
                 return
-            await store.mark_sent(entries)  # the hub may hold them from now on
+            await store.replication.mark_sent(entries)  # the hub may hold them from now on
             result = await self.hub.apply(nodes, edges, model=model)
             refused = {(p.kind, p.index) for p in result.problems}
             for problem in result.problems:
                 log.warning("MCP working copy: the hub refused %s %s (%s: %s); kept queued",
                             problem.kind, problem.id, problem.field, problem.message[:200])
-            await store.ack_push([e for kind in ("node", "edge") for i, e in enumerate(
+            await store.replication.ack_push([e for kind in ("node", "edge") for i, e in enumerate(
                 [e for e in entries if e[0] == kind]) if (kind, i) not in refused])
             if refused or len(entries) < PUSH_ROWS:
                 return

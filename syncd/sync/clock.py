@@ -36,13 +36,13 @@ class PlaneClock:
         absurd one (stored by a version without the bound) is dropped: applied, every stamp
         would fail; dropping it also pulls back an HLC it had dragged ahead."""
         store, wall = self.link.store, self.link.wall
-        state = await store.sync_state()
+        state = await store.replication.sync_state()
         offset = int(state.get("clock_offset_ns", "0") or 0)
         if offset and not plausible(wall() + offset):
             self.refuse(wall() + offset, "the stored clock offset")
-            await store.correct_clock(0)
+            await store.replication.correct_clock(0)
         elif offset:
-            await store.correct_clock(offset)
+            await store.replication.correct_clock(offset)
             self.link.health.status.clock_offset_ms = offset / 1e6
 
     async def estimate(self, report: PassReport, until: str | None) -> None:
@@ -71,7 +71,7 @@ class PlaneClock:
             return
         if abs(offset - store.clock.offset_ns) < OFFSET_MIN_NS // 2 and offset != 0:
             return
-        if await store.correct_clock(offset):  # marks what it stamped ahead (replica.py)
+        if await store.replication.correct_clock(offset):  # marks what it stamped ahead (replica.py)
             report.clock_rewound = True
         status.clock_offset_ms = offset / 1e6
 

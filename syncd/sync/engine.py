@@ -123,7 +123,7 @@ class SyncEngine:
         ``PlaneError`` as a request does."""
         while self.long_poll_wait() is not None:
             async with self._flight:  # behind every pass in flight or queued
-                state = await self.store.sync_state()
+                state = await self.store.replication.sync_state()
             cursor = state.get("cursor")
             if cursor is None or state.get("feed") != "ingest":
                 return None
@@ -183,15 +183,15 @@ class SyncEngine:
         started = time.perf_counter()
         before = (self.client.requests, self.client.bytes_in, self.client.bytes_out)
         try:
-            state = await self.store.sync_state()
+            state = await self.store.replication.sync_state()
             if "plane_model" not in state or NAMES_MODEL not in state:
                 state = await self._anti_entropy.learn_plane_model()
             reset = await self._pull.run(report, state)
-            if RESTORED_OUTBOX in await self.store.sync_state():
+            if RESTORED_OUTBOX in await self.store.replication.sync_state():
                 await self._anti_entropy.run(report)  # before the restored outbox is pushed
             if await self._push.run(report):
-                await self._pull.run(report, await self.store.sync_state())
-            state = await self.store.sync_state()
+                await self._pull.run(report, await self.store.replication.sync_state())
+            state = await self.store.replication.sync_state()
             due = RESYNC in state or self._anti_entropy.due(state)
             if due or (reset and not report.anti_entropy):  # not twice for one reset
                 await self._anti_entropy.run(report)

@@ -71,7 +71,7 @@ class Pull:
                     if suspicion and not reset:
                         log.warning("control plane reset suspected (%s): full resync", suspicion)
                         report.reset, reset, cursor_was_empty = suspicion, True, False
-                        await store.set_sync_state(RESET_STATE)
+                        await store.replication.set_sync_state(RESET_STATE)
                         state, cursor, asked = after_reset(state), None, None
                         fetch = asyncio.ensure_future(self.fetch_page(None, FIRST_PAGE_ROWS))
                         continue
@@ -101,7 +101,7 @@ class Pull:
                 if not page.has_more:
                     if cursor_was_empty and RESYNC not in state and not report.pull_problems:
                         # a bootstrap from the beginning is a full export: no diff due for now
-                        await store.set_sync_state({"anti_entropy_ns": str(self.link.wall())})
+                        await store.replication.set_sync_state({"anti_entropy_ns": str(self.link.wall())})
                     return reset
         finally:  # a prefetched page not used: cancelled, and its failure (if any) read
             if not fetch.done():
@@ -138,16 +138,16 @@ class Pull:
             return True  # nothing new and nothing to record: no write transaction
         problems: list[Any] = []
         if spool is not None:
-            store.expect_vectors(spool.counts.get("memory_nodes", 0),
+            store.replication.expect_vectors(spool.counts.get("memory_nodes", 0),
                                  self.link.plane_model(state))
             async for nodes, edges in spooled_rows(spool, unreadable):
-                batch = await store.pull(nodes, edges, model=self.link.plane_model(state),
+                batch = await store.replication.pull(nodes, edges, model=self.link.plane_model(state),
                                          state={}, until=page.until, kept=kept(state))
                 _count_pulled(report, batch)
                 problems += batch.problems
         if unreadable or keep_cursor or problems:
             del new_state["cursor"]
-        result = await store.pull(page.memory_nodes, page.memory_edges,
+        result = await store.replication.pull(page.memory_nodes, page.memory_edges,
                                   model=self.link.plane_model(state), state=new_state,
                                   until=page.until, kept=kept(state))
         _count_pulled(report, result)
@@ -157,7 +157,7 @@ class Pull:
             if not self.give_up_on(problems):
                 return False
             if not keep_cursor:
-                await store.set_sync_state({"cursor": page.until})
+                await store.replication.set_sync_state({"cursor": page.until})
         return True
 
     def since(self, cursor: str | None, feed: str | None) -> str | None:

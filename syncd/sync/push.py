@@ -48,10 +48,10 @@ class Push:
         """Push the outbox; True if anything was sent. After a short pull nothing is re-stamped
         and versions old enough to need it stay queued (R12)."""
         store = self.link.store
-        depth = await store.outbox_depth()
+        depth = await store.replication.outbox_depth()
         if not depth:
             return False  # the idle pass: one count, no state read, no write
-        state = await store.sync_state()
+        state = await store.replication.sync_state()
         model = self.link.plane_model(state)
         dim = store.embedder.dim if model == store.embedder.model_id else PLANE_DIM
         # Zeros are "no vector" to a syncd hub (it names its model); Kyma ranks them first.
@@ -63,7 +63,7 @@ class Push:
         awaiting: set[str] = set()
         pushed = False
         for _ in range(depth // STAGE_ROWS + 2):
-            entries, nodes, edges = await store.stage_push(
+            entries, nodes, edges = await store.replication.stage_push(
                 STAGE_ROWS, model=model, dim=dim, realm=self.link.options.realm,
                 keep_within_ns=KEEP_ALL_NS if hold else keep)
             if not entries:
@@ -97,12 +97,12 @@ class Push:
         body = b'{"memory_nodes":[' + b",".join(nodes) + b'],"memory_edges":[' + \
             b",".join(edges) + b"]}"
         self.link.admit()
-        before = await self.link.store.mark_sent([e for e, _ in batch])
+        before = await self.link.store.replication.mark_sent([e for e, _ in batch])
         try:
             result = await self.link.client.import_rows(body)
         except (TooLarge, Transient) as exc:
             if isinstance(exc, TooLarge) or exc.unsent:  # the plane holds none of it
-                await self.link.store.unmark_sent(before)
+                await self.link.store.replication.unmark_sent(before)
             if isinstance(exc, Transient):
                 raise
             if len(batch) == 1:  # too large even alone: it stays queued, the rest still go
@@ -134,7 +134,7 @@ class Push:
             report.push_row_errors += len(refused)
         accepted = [e for i, e in enumerate(node_entries) if ("node", i) not in refused]
         accepted += [e for i, e in enumerate(edge_entries) if ("edge", i) not in refused]
-        await self.link.store.ack_push(accepted)
+        await self.link.store.replication.ack_push(accepted)
         report.pushed_nodes += sum(1 for e in accepted if e[0] == "node")
         report.pushed_edges += sum(1 for e in accepted if e[0] == "edge")
         if refused:  # they stay queued; the rest of the outbox still goes (a refused row

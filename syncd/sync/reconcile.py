@@ -51,9 +51,9 @@ class AntiEntropy:
         self.link.admit()
         settings = await self.link.client.settings()
         model = settings.embedding_model or self.link.options.plane_model
-        await store.set_sync_state({"plane_model": model,
+        await store.replication.set_sync_state({"plane_model": model,
                                     NAMES_MODEL: "1" if settings.embedding_model else ""})
-        return await store.sync_state()
+        return await store.replication.sync_state()
 
     async def run(self, report: PassReport) -> None:
         """Apply the plane's export page by page (only id → version maps are kept, not the
@@ -71,7 +71,7 @@ class AntiEntropy:
                                  f"already walked: anti-entropy stopped")
             cursor = page.next_cursor
             walked.add(cursor)
-        requeued = await self.link.store.requeue_unseen(
+        requeued = await self.link.store.replication.requeue_unseen(
             *remote, realm=self.link.options.realm,
             state={"anti_entropy_ns": str(self.link.wall()), RESYNC: None, RESTORED_OUTBOX: None})
         report.anti_entropy = True
@@ -91,7 +91,7 @@ class AntiEntropy:
             parts = (spooled_rows(spool, unreadable) if spool is not None
                      else _one(page.memory_nodes, page.memory_edges))
             async for nodes, edges in parts:  # a spooled page a batch at a time
-                applied = await self.link.store.apply(nodes, edges, model=learnt["plane_model"],
+                applied = await self.link.store.replication.apply(nodes, edges, model=learnt["plane_model"],
                                                       kept=kept(learnt))
                 report.pulled_nodes += applied.applied_nodes
                 report.pulled_edges += applied.applied_edges

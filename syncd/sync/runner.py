@@ -135,7 +135,7 @@ class SyncRunner:
                 return "live"
             if self._local:
                 self._local = False
-                if await self.engine.store.outbox_depth():
+                if await self.engine.store.replication.outbox_depth():
                     return "local"
                 continue
             left = deadline - loop.time()
@@ -151,7 +151,7 @@ class SyncRunner:
                 self.engine.long_poll_wait() is None:
             return
         if trigger == "live" and self._found_at is not None and \
-                (await self.engine.store.sync_state()).get("cursor") == self._found_at:
+                (await self.engine.store.replication.sync_state()).get("cursor") == self._found_at:
             return  # the pass did not get past what the poll saw: the next tick tries again
         self._poll = asyncio.create_task(self._held_poll(), name="sync-long-poll")
 
@@ -180,7 +180,7 @@ class SyncRunner:
         if report is None or not report.pulled_nodes or (
                 self._reembed is not None and not self._reembed.done()):
             return
-        self._reembed = asyncio.create_task(store.reembed_missing(), name="reembed")
+        self._reembed = asyncio.create_task(store.embedding.reembed_missing(), name="reembed")
         self._reembed.add_done_callback(_log_failure)
 
     async def stop(self, grace: float = STOP_GRACE_SECS) -> None:
@@ -219,8 +219,8 @@ class SyncRunner:
 
     async def status(self) -> dict[str, Any]:
         status = self.engine.status
-        state = await self.engine.store.sync_state()
-        stats = await self.engine.store.stats()
+        state = await self.engine.store.replication.sync_state()
+        stats = await self.engine.store.maintenance.stats()
         return {"configured": True, "url": status.url, "realm": status.realm,
                 "token_file": None if self.token_file is None else str(self.token_file),
                 "interval_secs": self.interval, "cursor": state.get("cursor"),

@@ -49,7 +49,7 @@ class Prepare:
                    and not row.deleted and (row.space or "").startswith(PRIVATE_PREFIX)]
         if not private:
             return rows
-        await self.link.store.ack_push([entry for entry, _ in private])
+        await self.link.store.replication.ack_push([entry for entry, _ in private])
         report.push_kept_private += len(private)
         local = {id(entry) for entry, _ in private}
         return [(entry, row) for entry, row in rows if id(entry) not in local]

@@ -112,21 +112,21 @@ async def test_ungated_features_keep_working_while_graph_is_paused(tmp_path: Pat
         token = sign(HUB_KEY, claims(clock.now, device=store.replica_id))
         await asyncio.to_thread(write, token_path(data), token)
         assert (await asyncio.to_thread(gate.evaluate)).entitled
-        first = await store.save({"content": "rotate the staging keys every month"})
-        second = await store.save({"content": "the staging vault holds the deploy keys"})
-        entitled = await store.recall({"query": "staging keys"})
+        first = await store.memories.save({"content": "rotate the staging keys every month"})
+        second = await store.memories.save({"content": "the staging vault holds the deploy keys"})
+        entitled = await store.recall.query({"query": "staging keys"})
         assert entitled.gated is None and entitled.gate_reason is None
 
         tampered = flip_in_part(token, "signature", 77)
         await asyncio.to_thread(write, token_path(data), tampered)
         assert (await asyncio.to_thread(gate.evaluate)).reason == "invalid_signature"
 
-        third = await store.save({"content": "staging keys rotate on the first Monday"})
-        assert (await store.get(third["node_id"]))["content"].startswith("staging keys")
-        assert (await store.get(first["node_id"]))["id"] == first["node_id"]
+        third = await store.memories.save({"content": "staging keys rotate on the first Monday"})
+        assert (await store.memories.get(third["node_id"]))["content"].startswith("staging keys")
+        assert (await store.memories.get(first["node_id"]))["id"] == first["node_id"]
         saved = {first["node_id"], second["node_id"], third["node_id"]}
         for mode in ("keyword", "vector", "syncd"):
-            response = await store.recall({"query": "staging keys"}, mode=mode)
+            response = await store.recall.query({"query": "staging keys"}, mode=mode)
             found = {m.id for m in response.memories}
             assert found and found <= saved, mode
             assert response.gated == ["graph"] and response.gate_reason == "invalid_signature"
@@ -533,7 +533,7 @@ async def test_gated_writes_queue_locally_then_drain_exactly_once(
         assert keeper.gate.decision.reason == "no_token"
         ids = []
         for i in range(100):
-            saved = await store.save({"content": f"gated write number {i}: keep it local"})
+            saved = await store.memories.save({"content": f"gated write number {i}: keep it local"})
             ids.append(saved["node_id"])
         report = await runner.engine.run_pass("test")
         assert report.error_kind == "gated" and not report.ok
@@ -545,7 +545,7 @@ async def test_gated_writes_queue_locally_then_drain_exactly_once(
 
     store, runner, keeper = await open_laptop()
     try:
-        stats = await store.stats()
+        stats = await store.maintenance.stats()
         assert stats["memories"] == 100 and stats["outbox"] == 100
         for _ in range(3):
             assert (await runner.engine.run_pass("test")).error_kind == "gated"
@@ -556,7 +556,7 @@ async def test_gated_writes_queue_locally_then_drain_exactly_once(
         assert proxied.count() == proxied.count("GET", ENTITLEMENT) == 1
         report = await runner.engine.run_pass("test")
         assert report.ok and report.pushed_nodes == 100, report
-        assert (await store.stats())["outbox"] == 0
+        assert (await store.maintenance.stats())["outbox"] == 0
         rows = await hub.store._fetch("SELECT id FROM memories WHERE deleted = 0")
         assert sorted(r[0] for r in rows) == sorted(ids)
         feed = await hub.count("SELECT count(*) FROM feed")

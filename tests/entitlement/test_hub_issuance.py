@@ -10,6 +10,7 @@ import pytest
 
 from syncd.entitlement.token import pin, public_key_text, verify
 from tests.entitlement.support import SigningHub
+from tests.store_probe import dump_tables
 
 
 async def get(hub: SigningHub, params: dict[str, str], token: str | None) -> tuple[int, Any]:
@@ -22,12 +23,12 @@ async def get(hub: SigningHub, params: dict[str, str], token: str | None) -> tup
 @pytest.mark.parametrize("device", ["", " padded ", "x" * 129, "tab\there"])
 async def test_a_bad_device_id_is_refused_naming_the_field(hub: SigningHub, device: str) -> None:
     """422 with field device_id; no seq is spent and the store is unchanged."""
-    before = await hub.store.dump()
+    before = await dump_tables(hub.store)
     status, body = await get(hub, {"device_id": device}, hub.token)
     assert status == 422 and body["error"]["field"] == "device_id", body
     status, body = await get(hub, {}, hub.token)
     assert status == 422 and body["error"]["field"] == "device_id", body
-    assert await hub.store.dump() == before
+    assert await dump_tables(hub.store) == before
 
 
 async def test_no_token_gets_nothing(hub: SigningHub) -> None:

@@ -96,10 +96,10 @@ async def test_the_page_counts_exactly_and_shows_the_store(hub: Hub) -> None:
     assert found["syncd_store_memories"] == {("syncd_store_memories", ()): 3}
     assert "syncd_outbox_depth" not in found  # a hub pushes nowhere
     if isinstance(hub.store, SqliteHubStore):
-        await hub.store.store.checkpoint()  # the WAL copied in now: the files keep their sizes
+        await hub.store.store.maintenance.checkpoint()  # the WAL copied in now: the files keep their sizes
         _, found = await hub.scrape()
         assert found["syncd_store_bytes"] == {
-            ("syncd_store_bytes", ()): await hub.store.store.disk_bytes()}
+            ("syncd_store_bytes", ()): await hub.store.store.maintenance.disk_bytes()}
     else:
         assert "syncd_store_bytes" not in found
 

@@ -300,12 +300,12 @@ async def test_a_hub_restored_from_pg_dump_is_repaired_by_the_laptops(
     lap = await start_laptop("a", tmp_path / "a", url, token)
     dump = tmp_path / "hub.dump"
     try:
-        kept = [(await lap.store.save({"content": f"before the backup {i}"}))["node_id"]
+        kept = [(await lap.store.memories.save({"content": f"before the backup {i}"}))["node_id"]
                 for i in range(3)]
         assert (await lap.sync()).ok
         await asyncio.to_thread(_pg_tool, pg_server, "pg_dump", "--format=custom",
                                 f"--file={dump}", source)
-        lost = [(await lap.store.save({"content": f"after the backup {i}"}))["node_id"]
+        lost = [(await lap.store.memories.save({"content": f"after the backup {i}"}))["node_id"]
                 for i in range(2)]
         assert (await lap.sync()).ok
         await runner.cleanup()

@@ -72,15 +72,15 @@ async def hub_contents(hub: PgHub) -> dict[str, tuple[str | None, bool, str | No
 async def test_two_laptops_converge_through_a_postgresql_hub(
         pg_hub: PgHub, laptops: tuple[Laptop, Laptop]) -> None:
     a, b = laptops
-    saved = await a.store.save({"content": "release procedure: tag then make release",
+    saved = await a.store.memories.save({"content": "release procedure: tag then make release",
                                 "memory_type": "procedure"})
-    await a.store.link({"memory_id": saved["node_id"], "target_node_id": "repo:syncd"})
-    other = await b.store.save({"content": "the staging database listens on port 5433"})
+    await a.store.graph.link({"memory_id": saved["node_id"], "target_node_id": "repo:syncd"})
+    other = await b.store.memories.save({"content": "the staging database listens on port 5433"})
     await sync(a, b, a)
     assert await live_contents(a.store) == await live_contents(b.store)
     assert await edge_set(a.store) == await edge_set(b.store)
     assert set(await hub_contents(pg_hub)) == {saved["node_id"], other["node_id"]}
-    hits = await b.store.recall({"query": "release procedure"})
+    hits = await b.store.recall.query({"query": "release procedure"})
     assert hits.memories[0].id == saved["node_id"]
     hub_hits = await pg_hub.store.recall(QueryRequest(query="staging database"))
     assert hub_hits.memories[0].id == other["node_id"]
@@ -90,18 +90,18 @@ async def test_offline_edits_on_both_laptops_converge_to_the_later_one(
         pg_hub: PgHub, laptops: tuple[Laptop, Laptop]) -> None:
     a, b = laptops
     topic = "deploy/target"
-    mid = (await a.store.save({"content": "deploy target: v1", "topic_key": topic}))["node_id"]
+    mid = (await a.store.memories.save({"content": "deploy target: v1", "topic_key": topic}))["node_id"]
     await sync(a, b)
     # both offline: each edits the same memory (topic_key upsert); b edits last
-    assert (await a.store.save({"content": "deploy target: v2 from a",
+    assert (await a.store.memories.save({"content": "deploy target: v2 from a",
                                 "topic_key": topic}))["node_id"] == mid
-    assert (await b.store.save({"content": "deploy target: v3 from b",
+    assert (await b.store.memories.save({"content": "deploy target: v3 from b",
                                 "topic_key": topic}))["node_id"] == mid
-    only_a = await a.store.save({"content": "written offline on a"})
+    only_a = await a.store.memories.save({"content": "written offline on a"})
     await sync(a, b, a)
     for lap in (a, b):
-        assert (await lap.store.get(mid))["content"] == "deploy target: v3 from b"
-        assert (await lap.store.get(only_a["node_id"]))["content"] == "written offline on a"
+        assert (await lap.store.memories.get(mid))["content"] == "deploy target: v3 from b"
+        assert (await lap.store.memories.get(only_a["node_id"]))["content"] == "written offline on a"
     assert await live_contents(a.store) == await live_contents(b.store)
     assert (await hub_contents(pg_hub))[mid][0] == "deploy target: v3 from b"
 
@@ -109,7 +109,7 @@ async def test_offline_edits_on_both_laptops_converge_to_the_later_one(
 async def test_no_echo_idle_passes_change_nothing(
         pg_hub: PgHub, laptops: tuple[Laptop, Laptop]) -> None:
     a, b = laptops
-    await a.store.save({"content": "x: the release checklist"})
+    await a.store.memories.save({"content": "x: the release checklist"})
     await sync(a)
     first = await b.sync()
     assert first.ok and first.pulled_nodes == 1
@@ -130,7 +130,7 @@ async def test_no_echo_idle_passes_change_nothing(
 async def test_a_wiped_database_is_detected_and_refilled_by_the_laptops(
         pg_hub: PgHub, laptops: tuple[Laptop, Laptop], pg_dsn: str) -> None:
     a, b = laptops
-    ids = [(await a.store.save({"content": f"memory {i} kept on the laptops"}))["node_id"]
+    ids = [(await a.store.memories.save({"content": f"memory {i} kept on the laptops"}))["node_id"]
            for i in range(5)]
     await sync(a, b)
     old_id = pg_hub.store.store_id

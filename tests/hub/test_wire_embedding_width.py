@@ -15,6 +15,7 @@ from protocol.rows import NodeRow
 from syncd.hub.store import HubStore
 from tests.hub.test_conformance import MODEL, node, stamp
 from tests.hub.test_hub_http import Served, call, served  # noqa: F401 (fixture)
+from tests.store_probe import reconcile
 
 DIM = HashingEmbedder().dim
 ZEROS = [0.0] * DIM
@@ -85,17 +86,17 @@ async def test_a_laptop_refuses_a_vector_of_its_own_model_of_another_width(
     """The rule is the store's (``Store.apply``), so a laptop's import holds it too."""
     store = await Store.open(tmp_path / "a", embedder=HashingEmbedder())
     try:
-        own = await store.apply([short("memory:a")], [], model=MODEL)
+        own = await store.replication.apply([short("memory:a")], [], model=MODEL)
         assert [(p.field, p.message) for p in own.problems] == [
             ("embedding", f"must be an array of {DIM} numbers, got 3")]
-        foreign = await store.apply([short("memory:b")], [], model="plane-model")
+        foreign = await store.replication.apply([short("memory:b")], [], model="plane-model")
         assert (foreign.applied_nodes, foreign.problems) == (1, [])
         # A pull (from a plane on the laptop's own model) holds it too, and keeps its cursor.
-        pulled = await store.pull([short("memory:c")], [], model=MODEL,
+        pulled = await store.replication.pull([short("memory:c")], [], model=MODEL,
                                   state={"cursor": "after-c"})
         assert [p.field for p in pulled.problems] == ["embedding"]
-        assert "cursor" not in await store.sync_state()
-        reconciled = await store.reconcile([short("memory:d")], [], model=MODEL)
+        assert "cursor" not in await store.replication.sync_state()
+        reconciled = await reconcile(store, [short("memory:d")], [], model=MODEL)
         assert [p.field for p in reconciled.applied.problems] == ["embedding"]
     finally:
         await store.close()
@@ -157,13 +158,13 @@ async def test_a_laptop_export_carries_zeros_for_a_memory_without_a_vector(
     store = await Store.open(tmp_path / "a", embedder=HashingEmbedder())
     try:
         # pulled with the plane's vector only: no vector of the laptop's model yet
-        await store.apply([short("memory:pulled")], [], model="plane-model")
-        saved = (await store.save({"content": "embedded on save"}))["node_id"]
-        nodes, _ = await store.export()
+        await store.replication.apply([short("memory:pulled")], [], model="plane-model")
+        saved = (await store.memories.save({"content": "embedded on save"}))["node_id"]
+        nodes, _ = await store.feed.read()
         by_id = {n.id: n.embedding for n in nodes}
         assert by_id["memory:pulled"] == ZEROS
         assert by_id[saved] is not None and len(by_id[saved]) == DIM and any(by_id[saved])
-        foreign, _ = await store.export(model="plane-model")
+        foreign, _ = await store.feed.read(model="plane-model")
         assert {n.id: n.embedding for n in foreign} == {"memory:pulled": [0.5, 0.25, 0.125],
                                                         saved: None}
     finally:

@@ -51,11 +51,11 @@ async def run(data_dir: Path, ack_path: Path) -> None:
     n = 0
     while True:  # until SIGKILL
         n += 1
-        single = await store.save({"content": f"single {run_id} {n}", "realm": REALM,
+        single = await store.memories.save({"content": f"single {run_id} {n}", "realm": REALM,
                                    "tags": ["single"]})
         acks.append(f"single {single['node_id']}")
         name = f"{run_id}-{n}"
-        result = await store.save_many([
+        result = await store.memories.save_many([
             {"content": f"batch {name} item {i}", "realm": REALM, "tags": [batch_tag(name)]}
             for i in range(BATCH_SIZE)])
         ids = result["ids"]

@@ -24,6 +24,7 @@ from local_store.merge import NODE_HASHED, content_hash
 from local_store.writes import KEYS_OF_JSON_IDS
 from protocol.rows import EdgeRow, NodeRow, edge_id
 from protocol.timestamp import format_autosi, format_ns
+from tests.store_probe import dump_tables, outbox_items, reconcile
 
 T0 = 1_780_000_000_000_000_000
 MODEL = "plane-model"
@@ -46,7 +47,7 @@ def node(i: int, version_ns: int, *, origin: str = "", content: str = "c", delet
 
 
 async def state(store: Store) -> dict[str, Any]:
-    nodes, edges = await store.export(include_deleted=True, model=MODEL)
+    nodes, edges = await store.feed.read(include_deleted=True, model=MODEL)
     return {"nodes": sorted((n.id, n.updated_at, n.origin, n.content, n.deleted, n.embedding)
                             for n in nodes),
             "edges": sorted((e.id, e.updated_at, e.deleted, e.props) for e in edges)}
@@ -56,42 +57,42 @@ async def test_apply_is_idempotent(store: Store) -> None:
     rows = [node(i, T0 + i * 1000) for i in range(20)]
     edges = [EdgeRow(src=rows[0].id, dst=rows[1].id, type="RELATES_TO",
                      created_at=format_ns(T0))]
-    first = await store.apply(rows, edges, model=MODEL)
+    first = await store.replication.apply(rows, edges, model=MODEL)
     assert (first.applied_nodes, first.applied_edges) == (20, 1)
-    snapshot = await store.dump()
+    snapshot = await dump_tables(store)
     for _ in range(3):
-        again = await store.apply(rows, edges, model=MODEL)
+        again = await store.replication.apply(rows, edges, model=MODEL)
         assert (again.applied_nodes, again.applied_edges) == (0, 0)
         assert (again.skipped_nodes, again.skipped_edges) == (20, 1)
-    assert await store.dump() == snapshot
+    assert await dump_tables(store) == snapshot
 
 
 async def test_applied_rows_are_not_queued_for_push(store: Store) -> None:
-    await store.apply([node(1, T0)], [], model=MODEL)
-    assert await store.outbox() == []
+    await store.replication.apply([node(1, T0)], [], model=MODEL)
+    assert await outbox_items(store) == []
 
 
 async def test_newer_remote_replaces_a_pending_local_edit_and_older_does_not(
         store: Store) -> None:
-    local = await store.save({"content": "local edit"})
-    mine = (await store.get(local["id"]))["updated_at"]
+    local = await store.memories.save({"content": "local edit"})
+    mine = (await store.memories.get(local["id"]))["updated_at"]
     older = NodeRow(id=local["node_id"], content="stale", updated_at="2001-01-01T00:00:00Z")
-    res = await store.apply([older], [], model=MODEL)
-    assert res.applied_nodes == 0 and (await store.get(local["id"]))["content"] == "local edit"
-    assert len(await store.outbox()) == 1
+    res = await store.replication.apply([older], [], model=MODEL)
+    assert res.applied_nodes == 0 and (await store.memories.get(local["id"]))["content"] == "local edit"
+    assert len(await outbox_items(store)) == 1
     newer = NodeRow(id=local["node_id"], content="remote wins", updated_at="2999-01-01T00:00:00Z")
-    await store.apply([newer], [], model=MODEL)
-    assert (await store.get(local["id"]))["content"] == "remote wins"
-    assert await store.outbox() == []
+    await store.replication.apply([newer], [], model=MODEL)
+    assert (await store.memories.get(local["id"]))["content"] == "remote wins"
+    assert await outbox_items(store) == []
     assert mine < "2999"
 
 
 async def test_stale_update_never_resurrects_a_tombstone(store: Store) -> None:
-    await store.apply([node(1, T0 + 10, deleted=True)], [], model=MODEL)
-    await store.apply([node(1, T0 + 5, content="old update")], [], model=MODEL)
-    nodes, _ = await store.export(include_deleted=True)
+    await store.replication.apply([node(1, T0 + 10, deleted=True)], [], model=MODEL)
+    await store.replication.apply([node(1, T0 + 5, content="old update")], [], model=MODEL)
+    nodes, _ = await store.feed.read(include_deleted=True)
     assert nodes[0].deleted is True
-    assert (await store.stats())["memories"] == 0
+    assert (await store.maintenance.stats())["memories"] == 0
 
 
 async def test_equal_versions_pick_the_same_winner_everywhere(tmp_path: Path) -> None:
@@ -103,8 +104,8 @@ async def test_equal_versions_pick_the_same_winner_everywhere(tmp_path: Path) ->
     for order in ([a, b, c], [c, b, a], [b, a, c]):
         s = await Store.open(tmp_path / str(len(winners)))
         for row in order:
-            await s.apply([row], [], model=MODEL)
-        winners.append((await s.export())[0][0].content)
+            await s.replication.apply([row], [], model=MODEL)
+        winners.append((await s.feed.read())[0][0].content)
         await s.close()
     assert len(set(winners)) == 1
     expected = max([a, b, c], key=lambda r: (r.updated_at, r.origin, content_hash(
@@ -114,10 +115,10 @@ async def test_equal_versions_pick_the_same_winner_everywhere(tmp_path: Path) ->
 
 
 async def test_plane_timestamp_forms_are_stored_canonical(store: Store) -> None:
-    await store.apply([node(1, T0, autosi=True)], [], model=MODEL)
-    nodes, _ = await store.export()
+    await store.replication.apply([node(1, T0, autosi=True)], [], model=MODEL)
+    nodes, _ = await store.feed.read()
     assert nodes[0].updated_at == format_ns(T0)
-    res = await store.apply([NodeRow(id="memory:z", content="x",
+    res = await store.replication.apply([NodeRow(id="memory:z", content="x",
                                      updated_at="2026-06-01T12:00:00.5Z")], [], model=MODEL)
     assert res.applied_nodes == 1
 
@@ -126,7 +127,7 @@ async def test_one_bad_row_is_reported_and_the_rest_apply(store: Store) -> None:
     rows = [node(1, T0), NodeRow(id="memory:bad", updated_at="not a time"), node(2, T0),
             NodeRow(content="no id", updated_at=format_ns(T0)),
             NodeRow(id="memory:vec", updated_at=format_ns(T0), embedding=[float("nan")])]
-    res = await store.apply(rows, [EdgeRow(src="a", dst="", type="T", created_at="x")],
+    res = await store.replication.apply(rows, [EdgeRow(src="a", dst="", type="T", created_at="x")],
                             model=MODEL)
     assert res.applied_nodes == 2
     assert [(p.kind, p.index, p.field) for p in res.problems] == [
@@ -140,8 +141,8 @@ async def test_imported_text_is_redacted(store: Store) -> None:
                   provenance='{"k":"<private>CANARY-4</private>"}', updated_at=format_ns(T0))
     edge = EdgeRow(src="memory:p", dst="x", type="T", props="<private>CANARY-5</private>",
                    created_at=format_ns(T0))
-    await store.apply([row], [edge], model=MODEL)
-    dump = repr(await store.dump())
+    await store.replication.apply([row], [edge], model=MODEL)
+    dump = repr(await dump_tables(store))
     assert "CANARY" not in dump and "[redacted]" in dump
 
 
@@ -152,8 +153,8 @@ async def test_a_vector_that_came_with_private_text_is_not_kept(store: Store) ->
                     updated_at=format_ns(T0))
     secret = NodeRow(id="memory:secret", content="pin <private>4321</private>",
                      embedding=[0.8, 0.6], updated_at=format_ns(T0))
-    await store.apply([clean, secret], [], model=MODEL)
-    nodes, _ = await store.export(model=MODEL)
+    await store.replication.apply([clean, secret], [], model=MODEL)
+    nodes, _ = await store.feed.read(model=MODEL)
     vectors = {n.id: n.embedding for n in nodes}
     assert vectors["memory:clean"] is not None and vectors["memory:secret"] is None
 
@@ -163,9 +164,9 @@ async def test_edges_dedupe_by_id_and_arrive_before_their_endpoints(store: Store
     edge = EdgeRow(src="memory:later", dst="memory:other", type="RELATES_TO", realm="elsewhere",
                    created_at=format_ns(T0))
     for _ in range(3):
-        await store.apply([], [edge], model=MODEL)
-    await store.apply([node(7, T0)], [], model=MODEL)
-    _, edges = await store.export()
+        await store.replication.apply([], [edge], model=MODEL)
+    await store.replication.apply([node(7, T0)], [], model=MODEL)
+    _, edges = await store.feed.read()
     assert [e.id for e in edges] == [edge_id("memory:later", "memory:other", "RELATES_TO")]
 
 
@@ -173,16 +174,16 @@ async def test_plane_edge_tombstone_in_props(store: Store) -> None:
     e = EdgeRow(src="a", dst="b", type="T", created_at=format_ns(T0))
     tomb = EdgeRow(src="a", dst="b", type="T", created_at=format_ns(T0 + 1000),
                    props='{"deleted":true,"deleted_at":"x"}')
-    await store.apply([], [tomb, e], model=MODEL)
-    _, edges = await store.export(include_deleted=True)
+    await store.replication.apply([], [tomb, e], model=MODEL)
+    _, edges = await store.feed.read(include_deleted=True)
     assert edges[0].deleted is True
 
 
 async def test_apply_receives_stamps_into_the_clock(store: Store) -> None:
     future = store.clock.physical_ns() + 60 * 1_000_000_000
-    await store.apply([node(1, future)], [], model=MODEL)
-    res = await store.save({"content": "after"})
-    assert (await store.get(res["id"]))["updated_at"] > format_ns(future)
+    await store.replication.apply([node(1, future)], [], model=MODEL)
+    res = await store.memories.save({"content": "after"})
+    assert (await store.memories.get(res["id"]))["updated_at"] > format_ns(future)
 
 
 # ------------------------------------------------------------------ property: convergence
@@ -212,7 +213,7 @@ def test_any_permutation_and_split_converges(spec: list[tuple[int, int, str, str
                     rng.shuffle(shuffled)
                     cut = rng.randint(0, len(shuffled))
                     for part in (shuffled[:cut], shuffled[cut:]):
-                        await s.apply([r for r in part if isinstance(r, NodeRow)],
+                        await s.replication.apply([r for r in part if isinstance(r, NodeRow)],
                                       [r for r in part if isinstance(r, EdgeRow)], model=MODEL)
                     # applies skip SQLite's reference check: every vector still has its memory
                     assert await s._fetch("PRAGMA foreign_key_check") == []
@@ -277,21 +278,21 @@ def test_a_wire_rows_own_hash_is_reused_only_when_it_is_the_rows_hash(wire: Node
 async def test_reapply_fast_path_only_skips_the_exact_held_version(store: Store) -> None:
     """Same (updated_at, origin) but other content is not "already held": LWW decides."""
     first = node(1, T0, origin="r1", content="aaa")
-    await store.apply([first], [], model=MODEL)
-    same = await store.apply([node(1, T0, origin="r1", content="aaa")], [], model=MODEL)
+    await store.replication.apply([first], [], model=MODEL)
+    same = await store.replication.apply([node(1, T0, origin="r1", content="aaa")], [], model=MODEL)
     assert (same.applied_nodes, same.skipped_nodes) == (0, 1)
     other = node(1, T0, origin="r1", content="zzz")
-    res = await store.apply([other], [], model=MODEL)
-    kept = (await store.export())[0][0].content
+    res = await store.replication.apply([other], [], model=MODEL)
+    kept = (await store.feed.read())[0][0].content
     assert res.applied_nodes + res.skipped_nodes == 1
     # the same two versions in the other order pick the same winner
     async with await Store.open(store.data_dir.parent / "other") as s2:
-        await s2.apply([other], [], model=MODEL)
-        await s2.apply([first], [], model=MODEL)
-        assert (await s2.export())[0][0].content == kept
+        await s2.replication.apply([other], [], model=MODEL)
+        await s2.replication.apply([first], [], model=MODEL)
+        assert (await s2.feed.read())[0][0].content == kept
     # a plane-form timestamp of the held version is normalised first, then skipped
     autosi = node(1, T0, origin="r1", content=kept or "", autosi=True)
-    assert (await store.apply([autosi], [], model=MODEL)).skipped_nodes == 1
+    assert (await store.replication.apply([autosi], [], model=MODEL)).skipped_nodes == 1
 
 
 async def test_keyword_index_matches_the_rows_after_shuffled_batches(tmp_path: Path) -> None:
@@ -306,10 +307,10 @@ async def test_keyword_index_matches_the_rows_after_shuffled_batches(tmp_path: P
     rng.shuffle(versions)
     async with await Store.open(tmp_path / "s") as s:
         for start in range(0, len(versions), 97):
-            await s.apply(versions[start:start + 97], [], model=MODEL)
-        live_ids = [n.id for n in (await s.export(model=MODEL))[0]]
-        await s.delete(live_ids[0], hard=True)
-        live = {n.id: n.content for n in (await s.export(include_deleted=False, model=MODEL))[0]}
+            await s.replication.apply(versions[start:start + 97], [], model=MODEL)
+        live_ids = [n.id for n in (await s.feed.read(model=MODEL))[0]]
+        await s.memories.delete(live_ids[0], hard=True)
+        live = {n.id: n.content for n in (await s.feed.read(include_deleted=False, model=MODEL))[0]}
     conn = sqlite3.connect(tmp_path / "s" / "memory.db")
     try:
         conn.execute("INSERT INTO memories_fts (memories_fts, rank) VALUES ('integrity-check', 0)")
@@ -329,18 +330,18 @@ async def test_keyword_index_matches_the_rows_after_shuffled_batches(tmp_path: P
 async def test_new_and_held_ids_mix_in_one_batch(store: Store) -> None:
     """New ids take plain INSERTs: an id already held (even sent with surrounding spaces) or sent
     twice in one batch must still be an update, never a duplicate-key failure."""
-    await store.apply([node(1, T0, content="one"), node(2, T0, content="two")], [], model=MODEL)
+    await store.replication.apply([node(1, T0, content="one"), node(2, T0, content="two")], [], model=MODEL)
     spaced = node(1, T0 + 5, content="one, newer")
     spaced.id = f"  {spaced.id} "
     batch = [spaced, node(3, T0, content="three"), node(3, T0 + 9, content="three, newer"),
              node(2, T0 - 1, content="two, older"), node(4, T0, content="four")]
-    result = await store.apply(batch, [], model=MODEL)
+    result = await store.replication.apply(batch, [], model=MODEL)
     assert not result.problems
     assert (result.applied_nodes, result.skipped_nodes) == (4, 1)  # only 2's older version loses
-    contents = {n.id: n.content for n in (await store.export(model=MODEL))[0]}
+    contents = {n.id: n.content for n in (await store.feed.read(model=MODEL))[0]}
     assert contents == {"memory:00000001": "one, newer", "memory:00000002": "two",
                         "memory:00000003": "three, newer", "memory:00000004": "four"}
-    found = await store.recall({"query": "newer"}, mode="keyword")
+    found = await store.recall.query({"query": "newer"}, mode="keyword")
     assert {m.id for m in found.memories} >= {"memory:00000001", "memory:00000003"}
 
 
@@ -356,10 +357,10 @@ async def test_rows_with_different_null_columns_store_exactly_what_they_carry(
         return node(i, ns, content=f"c{i}-{filled}", **extra)
 
     first = [version(i, T0, filled=i % 2 == 0) for i in range(40)]
-    await store.apply(first, [], model=MODEL)
+    await store.replication.apply(first, [], model=MODEL)
     second = [version(i, T0 + 10, filled=i % 2 == 1) for i in range(0, 40, 3)]  # flip a third
-    await store.apply(second, [], model=MODEL)
-    got = {n.id: n for n in (await store.export(model=MODEL, include_deleted=True))[0]}
+    await store.replication.apply(second, [], model=MODEL)
+    got = {n.id: n for n in (await store.feed.read(model=MODEL, include_deleted=True))[0]}
     expected = {r.id: r for r in first} | {r.id: r for r in second}
     assert set(got) == set(expected)
     for mid, sent in expected.items():
@@ -378,36 +379,36 @@ async def test_batch_applies_keep_every_vector_with_its_memory(store: Store) -> 
     vectors must still all belong to memory rows (new, updated, deleted, hard-deleted, redacted,
     re-applied), and the writer checks references again afterwards — also after a failure."""
     rows = [node(i, T0 + i) for i in range(30)]
-    await store.apply(rows, [], model=MODEL)
+    await store.replication.apply(rows, [], model=MODEL)
     changed = [node(i, T0 + 1000 + i, content=f"v2 {i}") for i in range(0, 30, 3)]
     changed += [node(i, T0 + 1000 + i, deleted=True) for i in range(1, 30, 3)]
     changed += [node(i, T0 + 1000 + i, content="", deleted=True) for i in range(2, 30, 9)]
     changed += [node(100, T0, content="key <private>sk-1</private>")]
-    await store.apply(changed, [], model=MODEL)
-    await store.apply(changed, [], model=MODEL)
-    await store.pull([node(200 + i, T0 + i) for i in range(10)], [], model=MODEL,
+    await store.replication.apply(changed, [], model=MODEL)
+    await store.replication.apply(changed, [], model=MODEL)
+    await store.replication.pull([node(200 + i, T0 + i) for i in range(10)], [], model=MODEL,
                      state={"cursor": "c1"})
-    await store.reconcile([node(300 + i, T0 + i) for i in range(10)], [], model=MODEL)
+    await reconcile(store, [node(300 + i, T0 + i) for i in range(10)], [], model=MODEL)
     assert await store._fetch("PRAGMA foreign_key_check") == []
     vectors = await store._fetch("SELECT count(*) FROM vectors v JOIN memories m "
                                  "ON m.id = v.memory_id WHERE m.deleted = 0")
     assert vectors[0][0] > 30  # the check looked at real rows
     assert _writer_checks_references(store)
 
-    before = await store.dump()
+    before = await dump_tables(store)
     try:
-        await store.apply([node(400, T0), "not a row"], [], model=MODEL)  # type: ignore[list-item]
+        await store.replication.apply([node(400, T0), "not a row"], [], model=MODEL)  # type: ignore[list-item]
     except Exception:
         pass
     else:
         raise AssertionError("a batch holding a non-row must fail")
-    assert await store.dump() == before
+    assert await dump_tables(store) == before
     assert _writer_checks_references(store)
 
 
 async def test_the_reference_check_sees_an_orphan_vector(store: Store) -> None:
     """The check the test above relies on does find a vector without its memory."""
-    await store.apply([node(1, T0)], [], model=MODEL)
+    await store.replication.apply([node(1, T0)], [], model=MODEL)
     conn = store._writer.conn
     conn.execute("PRAGMA foreign_keys = OFF")
     try:
@@ -427,26 +428,26 @@ async def test_reapply_finds_held_ids_with_any_characters(store: Store) -> None:
     rows = [msgspec.structs.replace(node(0, T0 + i, content=f"c{i}"), id=mid)
             for i, mid in enumerate(odd)]
     plain = [r for r in rows if "\x00" not in (r.id or "")]
-    first = await store.apply(rows, [], model=MODEL)
+    first = await store.replication.apply(rows, [], model=MODEL)
     assert (first.applied_nodes, first.problems) == (len(odd), [])
-    snapshot = await store.dump()
+    snapshot = await dump_tables(store)
     assert store._writer.json_ids  # this SQLite has json_each; without it, IN lists for all
     for json_ids in (True, False):
         store._writer.json_ids = json_ids
         for batch in (rows, plain, rows[::-1]):
-            again = await store.apply(batch, [], model=MODEL)
+            again = await store.replication.apply(batch, [], model=MODEL)
             assert (again.applied_nodes, again.skipped_nodes, again.problems) == (
                 0, len(batch), [])
-    assert await store.dump() == snapshot
+    assert await dump_tables(store) == snapshot
 
 
 async def test_a_reapply_lookup_split_into_chunks_finds_every_id(
         store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """Big batches are looked up 20,000 ids a statement: every chunk's answer counts."""
     rows = [node(i, T0 + i) for i in range(7)]
-    await store.apply(rows, [], model=MODEL)
+    await store.replication.apply(rows, [], model=MODEL)
     monkeypatch.setattr(writes, "JSON_IDS_CHUNK", 3)
-    again = await store.apply(rows, [], model=MODEL)
+    again = await store.replication.apply(rows, [], model=MODEL)
     assert (again.applied_nodes, again.skipped_nodes) == (0, 7)
 
 
@@ -463,7 +464,7 @@ async def test_a_refused_rows_message_never_quotes_a_private_span(store: Store) 
     """A bad timestamp's message quotes the value — except when it holds a private span: the
     message goes back in the import answer and into ``syncd status`` (P5, P7)."""
     stamp = format_ns(1_780_000_000_000_000_000)
-    result = await store.apply(
+    result = await store.replication.apply(
         [NodeRow(id="memory:a", content="c", updated_at=stamp, created_at=stamp,
                  valid_at="<private>CANARY123</private>"),
          NodeRow(id="memory:b", content="c", updated_at=stamp, valid_at="soon")],
@@ -479,13 +480,13 @@ async def test_a_vector_of_another_width_is_never_pushed(store: Store) -> None:
     """A pulled vector not as wide as the plane's is pushed back as zeros (no vector), never as
     it was: the plane refuses a vector of another width, and it is not the plane model's."""
     stamp = format_ns(1_780_000_000_000_000_000)
-    await store.apply([NodeRow(id="memory:a", content="a", updated_at=stamp, created_at=stamp,
+    await store.replication.apply([NodeRow(id="memory:a", content="a", updated_at=stamp, created_at=stamp,
                                embedding=[1.0, 0.0, 0.0]),
                        NodeRow(id="memory:b", content="b", updated_at=stamp, created_at=stamp,
                                embedding=[0.0, 1.0, 0.0, 0.0, 0.0])], [], model="plane-model")
     for mid in ("memory:a", "memory:b"):
-        await store.update_importance(mid, 0.9)  # local edits queue both for push
-    _, nodes, _ = await store.stage_push(10, model="plane-model", dim=3)
+        await store.memories.update_importance(mid, 0.9)  # local edits queue both for push
+    _, nodes, _ = await store.replication.stage_push(10, model="plane-model", dim=3)
     sent = {n.id: n.embedding for n in nodes}
     assert sent == {"memory:a": [1.0, 0.0, 0.0], "memory:b": [0.0, 0.0, 0.0]}
 
@@ -509,7 +510,7 @@ async def test_a_large_batch_runs_with_the_collector_paused(store: Store) -> Non
     gc.collect()
     gc.callbacks.append(watch)
     try:
-        result = await store.apply(rows, [], model="m")
+        result = await store.replication.apply(rows, [], model="m")
     finally:
         gc.callbacks.remove(watch)
     assert result.applied_nodes == len(rows)

@@ -17,6 +17,7 @@ import pytest
 
 from local_store import HashingEmbedder, Store, StoreLockedError, backups, db
 from local_store.backups import BackupError, backup, restore
+from tests.store_probe import dump_tables
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,7 +25,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 async def contents(data_dir: Path) -> list[str]:
     store = await Store.open(data_dir, embedder=HashingEmbedder())
     try:
-        return sorted(r["content_preview"] for r in (await store.list_memories())["rows"])
+        return sorted(r["content_preview"] for r in (await store.memories.list_memories())["rows"])
     finally:
         await store.close()
 
@@ -38,7 +39,7 @@ def crash_after_saving(data_dir: Path, texts: list[str]) -> None:
         async def main():
             store = await Store.open({str(data_dir)!r}, embedder=HashingEmbedder())
             for text in {texts!r}:
-                await store.save({{"content": text}})
+                await store.memories.save({{"content": text}})
             os._exit(0)
         asyncio.run(main())
     """)
@@ -53,7 +54,7 @@ def files(data_dir: Path) -> dict[str, bytes]:
 async def test_a_restore_after_a_crash_is_the_backup_not_the_crash(tmp_path: Path) -> None:
     data, copy = tmp_path / "data", tmp_path / "backup.db"
     store = await Store.open(data, embedder=HashingEmbedder())
-    await store.save({"content": "kept in the backup"})
+    await store.memories.save({"content": "kept in the backup"})
     await store.close()
     assert await asyncio.to_thread(backup, data, copy) == 1
     await asyncio.to_thread(crash_after_saving, data, ["written after the backup",
@@ -86,7 +87,7 @@ async def test_a_backup_of_another_install_is_flagged(tmp_path: Path) -> None:
     mine, theirs, copy = tmp_path / "mine", tmp_path / "theirs", tmp_path / "theirs.db"
     for data in (mine, theirs):
         store = await Store.open(data, embedder=HashingEmbedder())
-        await store.save({"content": f"in {data.name}"})
+        await store.memories.save({"content": f"in {data.name}"})
         await store.close()
     await asyncio.to_thread(backup, theirs, copy)
     done = await asyncio.to_thread(restore, mine, copy)
@@ -100,7 +101,7 @@ async def test_a_backup_of_another_install_is_flagged(tmp_path: Path) -> None:
 async def test_two_restores_in_one_second_keep_both_replaced_stores(tmp_path: Path) -> None:
     data, copy = tmp_path / "data", tmp_path / "backup.db"
     store = await Store.open(data, embedder=HashingEmbedder())
-    await store.save({"content": "a"})
+    await store.memories.save({"content": "a"})
     await store.close()
     await asyncio.to_thread(backup, data, copy)
     first = (await asyncio.to_thread(restore, data, copy, wall=1_800_000_000)).replaced
@@ -113,17 +114,17 @@ async def test_a_restore_while_the_store_is_open_changes_nothing(tmp_path: Path)
     data, copy = tmp_path / "data", tmp_path / "backup.db"
     store = await Store.open(data, embedder=HashingEmbedder())
     try:
-        await store.save({"content": "a"})
+        await store.memories.save({"content": "a"})
         await asyncio.to_thread(backup, data, copy)
-        await store.save({"content": "b"})
+        await store.memories.save({"content": "b"})
         # The open store's own checkpointer and readers touch -wal/-shm: compare what a restore
         # would change — the files there (none renamed or added) and the store's contents.
-        names, contents = set(await asyncio.to_thread(files, data)), await store.dump()
+        names, contents = set(await asyncio.to_thread(files, data)), await dump_tables(store)
         with pytest.raises(StoreLockedError, match="in use by another syncd process"):
             await asyncio.to_thread(restore, data, copy)
         assert set(await asyncio.to_thread(files, data)) == names
-        assert await store.dump() == contents
-        assert len((await store.list_memories())["rows"]) == 2
+        assert await dump_tables(store) == contents
+        assert len((await store.memories.list_memories())["rows"]) == 2
     finally:
         await store.close()
 
@@ -158,7 +159,7 @@ async def test_an_unusable_backup_is_refused_and_changes_nothing(
         tmp_path: Path, spoil: Callable[[Path], None], message: str) -> None:
     data, copy = tmp_path / "data", tmp_path / "backup.db"
     store = await Store.open(data, embedder=HashingEmbedder())
-    await store.save({"content": "a"})
+    await store.memories.save({"content": "a"})
     await store.close()
     if spoil is not _not_sqlite and spoil is not _not_syncd:
         await asyncio.to_thread(backup, data, copy)
@@ -190,7 +191,7 @@ def test_a_backup_of_nothing_or_onto_something_is_refused(tmp_path: Path) -> Non
 
 async def test_a_backup_into_a_missing_or_non_directory_says_which(tmp_path: Path) -> None:
     async with await Store.open(tmp_path / "data", embedder=HashingEmbedder()) as store:
-        await store.save({"content": "kept"})
+        await store.memories.save({"content": "kept"})
     with pytest.raises(BackupError, match=r"/nowhere does not exist"):
         await asyncio.to_thread(backup, tmp_path / "data", tmp_path / "nowhere" / "b.db")
     (tmp_path / "a-file").write_text("x")
@@ -205,7 +206,7 @@ async def test_a_backup_copied_with_its_wal_restores_what_the_wal_holds(tmp_path
     while its check (which reads the WAL) counted them."""
     source, copied, data = tmp_path / "source", tmp_path / "copied", tmp_path / "data"
     store = await Store.open(source, embedder=HashingEmbedder())
-    await store.save({"content": "checkpointed long ago"})
+    await store.memories.save({"content": "checkpointed long ago"})
     await store.close()
     await asyncio.to_thread(crash_after_saving, source, ["only in the wal", "this one too"])
     copied.mkdir()
@@ -223,7 +224,7 @@ async def test_backup_and_restore_paths_may_hold_uri_characters(tmp_path: Path,
     ``#`` cut the path (opening, and creating, another file without ``mode=ro``)."""
     data, elsewhere = tmp_path / f"data {name}", tmp_path / name
     store = await Store.open(data, embedder=HashingEmbedder())
-    await store.save({"content": "remember the milk"})
+    await store.memories.save({"content": "remember the milk"})
     await store.close()
     await asyncio.to_thread(elsewhere.mkdir)
     copy = elsewhere / f"b {name}.db"
@@ -241,7 +242,7 @@ async def test_a_backup_is_one_private_file(tmp_path: Path) -> None:
     ``-wal``/``-shm``; a partial copy a crash left behind does not stop the next backup."""
     data = tmp_path / "data"
     store = await Store.open(data, embedder=HashingEmbedder())
-    await store.save({"content": "remember the milk"})
+    await store.memories.save({"content": "remember the milk"})
     await store.close()
     out = tmp_path / "out"
 
@@ -304,7 +305,7 @@ def _store_with_wal_only_row(data_dir: Path) -> None:
 
 async def _backup_file(tmp_path: Path) -> Path:
     s = await Store.open(tmp_path / "src", embedder=HashingEmbedder())
-    await s.save({"content": "from the backup"})
+    await s.memories.save({"content": "from the backup"})
     await s.close()
     dest = tmp_path / "backup.db"
     await asyncio.to_thread(backups.backup, tmp_path / "src", dest)

@@ -40,8 +40,8 @@ async def full_dump(store: Store) -> list[str]:
 
 
 async def seeded(store: Store) -> dict[str, str]:
-    a = await store.save({"content": "alpha", "references": ["x::y"]})
-    b = await store.save({"content": "beta"})
+    a = await store.memories.save({"content": "alpha", "references": ["x::y"]})
+    b = await store.memories.save({"content": "beta"})
     return {"a": a["node_id"], "b": b["node_id"]}
 
 
@@ -63,12 +63,12 @@ def strict_json(text: str) -> object:
 # ---------------------------------------------------------------------- ids (finding 1)
 
 ID_CALLS: dict[str, tuple[Callable[[Store, dict[str, str]], Awaitable[Any]], str]] = {
-    "get": (lambda s, i: s.get(S), "memory_id"),
-    "delete": (lambda s, i: s.delete("memory:" + S), "memory_id"),
-    "update_status": (lambda s, i: s.update_status(S, "active"), "memory_id"),
-    "update_importance": (lambda s, i: s.update_importance(S, 0.3), "memory_id"),
-    "judge target": (lambda s, i: s.judge(i["a"], S, "supersedes"), "target_id"),
-    "judge source": (lambda s, i: s.judge(S, i["a"], "merged"), "memory_id"),
+    "get": (lambda s, i: s.memories.get(S), "memory_id"),
+    "delete": (lambda s, i: s.memories.delete("memory:" + S), "memory_id"),
+    "update_status": (lambda s, i: s.memories.update_status(S, "active"), "memory_id"),
+    "update_importance": (lambda s, i: s.memories.update_importance(S, 0.3), "memory_id"),
+    "judge target": (lambda s, i: s.graph.judge(i["a"], S, "supersedes"), "target_id"),
+    "judge source": (lambda s, i: s.graph.judge(S, i["a"], "merged"), "memory_id"),
 }
 
 
@@ -92,7 +92,7 @@ async def test_a_recall_filter_holding_a_lone_surrogate_is_refused(
     """The recall reader's SQL raised UnicodeEncodeError (``list_memories`` already refused
     the same values)."""
     await seeded(store)
-    await refused(store, lambda: store.recall(request_args), field)
+    await refused(store, lambda: store.recall.query(request_args), field)
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
@@ -100,7 +100,7 @@ async def test_recall_importance_min_must_be_finite(store: Store, value: float) 
     """NaN was accepted, and the recall silently found nothing (every comparison with NaN is
     false); importance is refused as NaN everywhere else."""
     await seeded(store)
-    await refused(store, lambda: store.recall({"query": "alpha", "importance_min": value}),
+    await refused(store, lambda: store.recall.query({"query": "alpha", "importance_min": value}),
                   "importance_min")
 
 
@@ -121,7 +121,7 @@ async def test_json_fields_are_never_stored_as_invalid_json(
     await seeded(store)
     before = await full_dump(store)
     try:
-        saved = await store.save(args)
+        saved = await store.memories.save(args)
     except ValidationError as exc:
         assert exc.field == column
         assert await full_dump(store) == before
@@ -138,12 +138,12 @@ async def test_an_object_json_cannot_hold_is_refused(
     """``json.dumps(sort_keys=True)`` raised TypeError ('<' not supported between 'str' and
     'int'; a set is not JSON serializable) out of ``save``."""
     await seeded(store)
-    await refused(store, lambda: store.save({"content": "x", column: value}), column)
+    await refused(store, lambda: store.memories.save({"content": "x", column: value}), column)
 
 
 async def test_save_many_reports_a_bad_provenance_item_and_saves_the_rest(store: Store) -> None:
     """The TypeError escaped ``build_save``, so the valid item was not saved either."""
-    result = await store.save_many([{"content": "ok"},
+    result = await store.memories.save_many([{"content": "ok"},
                                     {"content": "x", "provenance": {1: "a", "b": 2}}])
     assert result["count"] == 1 and result["ids"][0] is not None and result["ids"][1] is None
     assert len(result["errors"]) == 1 and "memories[1].provenance" in result["errors"][0]
@@ -160,7 +160,7 @@ async def test_session_summary_list_items_must_be_strings(
     """Each item went through ``str()``: the memory stored Python reprs ('Files: None',
     "Files: {'path': 'a.py'}", 'Files: a.py, 1, True')."""
     await seeded(store)
-    await refused(store, lambda: store.session_summary({"goal": "g", "files": files}), field)
+    await refused(store, lambda: store.memories.session_summary({"goal": "g", "files": files}), field)
 
 
 # ---------------------------------------------------------------------- ingest_entity (8, 9)
@@ -171,7 +171,7 @@ async def test_ingest_entity_refuses_falsy_properties_that_are_not_an_object(
     """``clean.get("properties") or {}`` made any falsy value ``{}``, so "" / 0 / false / []
     were accepted while [1] was refused."""
     await seeded(store)
-    await refused(store, lambda: store.ingest_entity({"name": "n", "properties": properties}),
+    await refused(store, lambda: store.graph.ingest_entity({"name": "n", "properties": properties}),
                   "properties")
 
 
@@ -184,21 +184,21 @@ async def test_ingest_entity_link_errors_name_the_link(
     """They named the bare 'relationship_type' / 'target_namespace', although the target's
     error is 'links[0].target_node_id'."""
     await seeded(store)
-    await refused(store, lambda: store.ingest_entity({"name": "n", "links": [link]}), field)
+    await refused(store, lambda: store.graph.ingest_entity({"name": "n", "links": [link]}), field)
 
 
 # ---------------------------------------------------------------------- not an object (10)
 
 NOT_OBJECT: dict[str, Callable[[Store], Awaitable[Any]]] = {
-    "link(None)": lambda s: s.link(None),  # type: ignore[arg-type]
-    "link([])": lambda s: s.link([]),  # type: ignore[arg-type]
-    "ingest_entity(None)": lambda s: s.ingest_entity(None),  # type: ignore[arg-type]
-    "session_summary(None)": lambda s: s.session_summary(None),  # type: ignore[arg-type]
-    "put_settings(None)": lambda s: s.put_settings(None),  # type: ignore[arg-type]
-    "put_settings([])": lambda s: s.put_settings([]),  # type: ignore[arg-type]
-    "recall(None)": lambda s: s.recall(None),  # type: ignore[arg-type]
-    "recall('abc')": lambda s: s.recall("abc"),  # type: ignore[arg-type]
-    "list_memories('x')": lambda s: s.list_memories("x"),  # type: ignore[arg-type]
+    "link(None)": lambda s: s.graph.link(None),  # type: ignore[arg-type]
+    "link([])": lambda s: s.graph.link([]),  # type: ignore[arg-type]
+    "ingest_entity(None)": lambda s: s.graph.ingest_entity(None),  # type: ignore[arg-type]
+    "session_summary(None)": lambda s: s.memories.session_summary(None),  # type: ignore[arg-type]
+    "put_settings(None)": lambda s: s.settings.put(None),  # type: ignore[arg-type]
+    "put_settings([])": lambda s: s.settings.put([]),  # type: ignore[arg-type]
+    "recall(None)": lambda s: s.recall.query(None),  # type: ignore[arg-type]
+    "recall('abc')": lambda s: s.recall.query("abc"),  # type: ignore[arg-type]
+    "list_memories('x')": lambda s: s.memories.list_memories("x"),  # type: ignore[arg-type]
 }
 
 
@@ -222,8 +222,8 @@ async def test_settings_counts_beyond_u64_are_refused(
         store: Store, patch: dict[str, object], field: str) -> None:
     """They were accepted and persisted, although the plane's serde (u64) refuses them as it
     refuses a negative count; u64's largest is still accepted."""
-    await refused(store, lambda: store.put_settings(patch), field)
-    assert (await store.put_settings({"min_events": 2**64 - 1})).min_events == 2**64 - 1
+    await refused(store, lambda: store.settings.put(patch), field)
+    assert (await store.settings.put({"min_events": 2**64 - 1})).min_events == 2**64 - 1
 
 
 # ---------------------------------------------------------------------- apply (12)
@@ -255,11 +255,11 @@ async def test_apply_reports_a_bad_node_row_and_applies_the_rest(
         store: Store, bad: NodeRow, field: str) -> None:
     """They raised UnicodeEncodeError / OverflowError / TypeError out of the whole batch."""
     good = _node(id="memory:remote-good", content="fine")
-    result = await store.apply([good, bad], [], model=store.embedder.model_id)
+    result = await store.replication.apply([good, bad], [], model=store.embedder.model_id)
     assert result.applied_nodes == 1
     assert [(p.index, p.field) for p in result.problems] == [(1, field)]
     msgspec.json.encode([p.id for p in result.problems])  # a report the daemon can send
-    assert (await store.get("memory:remote-good"))["content"] == "fine"
+    assert (await store.memories.get("memory:remote-good"))["content"] == "fine"
 
 
 @pytest.mark.parametrize(("bad", "field"), [
@@ -273,7 +273,7 @@ async def test_apply_reports_a_bad_node_row_and_applies_the_rest(
 async def test_apply_reports_a_bad_edge_row_and_applies_the_rest(
         store: Store, bad: EdgeRow, field: str) -> None:
     good = EdgeRow(src="memory:a", dst="y", type="REL", created_at=STAMP)
-    result = await store.apply([], [good, bad], model=store.embedder.model_id)
+    result = await store.replication.apply([], [good, bad], model=store.embedder.model_id)
     assert result.applied_edges == 1
     assert [(p.index, p.field) for p in result.problems] == [(1, field)]
 
@@ -287,7 +287,7 @@ async def test_provenance_text_with_a_number_beyond_float_range_is_kept_not_refu
     the plane's strict parser, which refuses out-of-range numbers, leaves it) or keep it."""
     s = await Store.open(tmp_path / "data", embedder=HashingEmbedder())
     try:
-        saved = await s.save({"content": "a note", "provenance": '{"score": 1e400}'})
+        saved = await s.memories.save({"content": "a note", "provenance": '{"score": 1e400}'})
         assert saved["saved"]
     finally:
         await s.close()
@@ -298,9 +298,9 @@ async def test_update_importance_says_when_it_clamps(store: Store, given: float,
                                                      stored: float) -> None:
     """``save`` reports a clamped importance in ``coerced``; ``update_importance`` clamped
     silently."""
-    mid = (await store.save({"content": "a note to weigh"}))["node_id"]
-    result = await store.update_importance(mid, given)
+    mid = (await store.memories.save({"content": "a note to weigh"}))["node_id"]
+    result = await store.memories.update_importance(mid, given)
     assert result["importance"] == stored
     assert result["coerced"] == {"importance": f"importance {given:g} is outside 0..1: "
                                                f"stored as {stored:g}"}
-    assert "coerced" not in await store.update_importance(mid, 0.4)
+    assert "coerced" not in await store.memories.update_importance(mid, 0.4)

@@ -41,6 +41,7 @@ from local_store import HashingEmbedder, Store, StoreError
 from local_store.redact import REDACTED
 from protocol.rows import EdgeRow, NodeRow
 from protocol.timestamp import format_ns
+from tests.store_probe import dump_tables, integrity_check, outbox_items
 
 MODEL = "plane-model"
 DIM = 8
@@ -188,17 +189,17 @@ def save_args(c: Canaries, form: str, prefix: str = "save") -> dict[str, Any]:
 
 async def scenario_save(store: Store, c: Canaries, cap: Capture) -> None:
     for form in FORMS:
-        res = await cap.call(f"save {form}", store.save(save_args(c, form)))
-        got = await cap.call(f"get {form}", store.get(res["id"]))
+        res = await cap.call(f"save {form}", store.memories.save(save_args(c, form)))
+        got = await cap.call(f"get {form}", store.memories.get(res["id"]))
         assert REDACTED in got["content"] and REDACTED in got["realm"]
         # A field that is private as a whole is refused, and the refusal says nothing of it.
         whole = c.mint(f"save.content (all private) | {form}")
         await cap.refused(f"save all-private {form}",
-                          store.save({"content": FORMS[form].format(c=whole).replace(" rest", "")}))
+                          store.memories.save({"content": FORMS[form].format(c=whole).replace(" rest", "")}))
         # Identity keys are refused rather than rewritten (two would merge as [redacted]).
-        await cap.refused(f"save private topic_key {form}", store.save(
+        await cap.refused(f"save private topic_key {form}", store.memories.save(
             {"content": "c", "topic_key": c.wrap("save.topic_key (refused)", form)}))
-        await cap.refused(f"save private references {form}", store.save(
+        await cap.refused(f"save private references {form}", store.memories.save(
             {"content": "c", "references": [c.wrap("save.references[0] (refused)", form)]}))
 
 
@@ -208,7 +209,7 @@ async def scenario_save_many(store: Store, c: Canaries, cap: Capture) -> None:
     items.append({"content": f"<private>{bad}</private>"})
     items.append({"content": c.wrap("save_many.content (bad importance)", "plain"),
                   "importance": c.wrap("save_many.importance", "plain")})
-    res = await cap.call("save_many", store.save_many(items))
+    res = await cap.call("save_many", store.memories.save_many(items))
     assert res["count"] == len(FORMS) and len(res["errors"]) == 2
 
 
@@ -216,17 +217,17 @@ async def scenario_mutations(store: Store, c: Canaries, cap: Capture) -> None:
     for form in FORMS:
         ids = []
         for n in range(4):
-            res = await cap.call(f"save {form} #{n}", store.save(
+            res = await cap.call(f"save {form} #{n}", store.memories.save(
                 {"content": c.wrap(f"mutate#{n}.content", form),
                  "title": c.wrap(f"mutate#{n}.title", form),
                  "tags": [c.wrap(f"mutate#{n}.tags[0]", form)]}))
             ids.append(res["id"])
-        await cap.call("update_status", store.update_status(ids[0], "archived"))
-        await cap.call("update_status", store.update_status(ids[1], "background"))
-        await cap.call("update_importance", store.update_importance(ids[1], 0.9))
-        await cap.call("delete soft", store.delete(ids[2], hard=False))
-        await cap.call("delete hard", store.delete(ids[3], hard=True))
-        await cap.refused("update_status bad", store.update_status(
+        await cap.call("update_status", store.memories.update_status(ids[0], "archived"))
+        await cap.call("update_status", store.memories.update_status(ids[1], "background"))
+        await cap.call("update_importance", store.memories.update_importance(ids[1], 0.9))
+        await cap.call("delete soft", store.memories.delete(ids[2], hard=False))
+        await cap.call("delete hard", store.memories.delete(ids[3], hard=True))
+        await cap.refused("update_status bad", store.memories.update_status(
             ids[1], c.wrap("update_status.status", form)))
 
 
@@ -234,32 +235,32 @@ async def scenario_judge(store: Store, c: Canaries, cap: Capture) -> None:
     for form in FORMS:
         ids = []
         for n in range(4):
-            res = await cap.call("save", store.save(
+            res = await cap.call("save", store.memories.save(
                 {"content": c.wrap(f"judge#{n}.content", form)}))
             ids.append(res["id"])
-        await cap.call("judge custom", store.judge(
+        await cap.call("judge custom", store.graph.judge(
             ids[0], ids[1], c.wrap("judge.verdict", form), c.wrap("judge.reason", form)))
-        await cap.call("judge supersedes", store.judge(
+        await cap.call("judge supersedes", store.graph.judge(
             ids[0], ids[2], "supersedes", c.wrap("judge.reason (supersedes)", form)))
-        await cap.call("judge merged", store.judge(
+        await cap.call("judge merged", store.graph.judge(
             ids[0], ids[3], "merged", c.wrap("judge.reason (merged)", form)))
 
 
 async def scenario_entity(store: Store, c: Canaries, cap: Capture) -> None:
-    target = await cap.call("save target", store.save({"content": "link target"}))
+    target = await cap.call("save target", store.memories.save({"content": "link target"}))
     for form in FORMS:
         def w(field: str, form: str = form) -> str:
             return c.wrap(f"entity.{field}", form)
 
         for key in ("name", "kind"):  # the entity's identity: refused rather than rewritten
-            await cap.refused(f"ingest_entity private {key} {form}", store.ingest_entity(
+            await cap.refused(f"ingest_entity private {key} {form}", store.graph.ingest_entity(
                 {"name": "n", "kind": "k", key: w(f"{key} (refused)")}))
-        await cap.refused(f"ingest_entity private link {form}", store.ingest_entity(
+        await cap.refused(f"ingest_entity private link {form}", store.graph.ingest_entity(
             {"name": "n", "links": [{"target_node_id": w("links[0].target_node_id (refused)")}]}))
-        await cap.refused(f"ingest_entity private link type {form}", store.ingest_entity(
+        await cap.refused(f"ingest_entity private link type {form}", store.graph.ingest_entity(
             {"name": "n", "links": [{"target_node_id": target["node_id"],
                                      "relationship_type": w("links[0].type (refused)")}]}))
-        await cap.call(f"ingest_entity {form}", store.ingest_entity({
+        await cap.call(f"ingest_entity {form}", store.graph.ingest_entity({
             "name": f"entity {form}", "kind": f"kind-{form}", "type": w("type"), "icon": w("icon"),
             "realm": w("realm"),
             "properties": {"role": w("properties.value"), w("properties.key"): "v",
@@ -277,13 +278,13 @@ async def scenario_entity(store: Store, c: Canaries, cap: Capture) -> None:
 
 async def scenario_link(store: Store, c: Canaries, cap: Capture) -> None:
     for form in FORMS:
-        res = await cap.call("save", store.save({"content": c.wrap("link.memory.content", form)}))
-        await cap.refused(f"link private target {form}", store.link({
+        res = await cap.call("save", store.memories.save({"content": c.wrap("link.memory.content", form)}))
+        await cap.refused(f"link private target {form}", store.graph.link({
             "memory_id": res["id"], "target_node_id": c.wrap("link.target_node_id", form)}))
-        await cap.refused(f"link private type {form}", store.link({
+        await cap.refused(f"link private type {form}", store.graph.link({
             "memory_id": res["id"], "target_node_id": "x",
             "relationship_type": c.wrap("link.relationship_type", form)}))
-        await cap.call(f"link {form}", store.link({
+        await cap.call(f"link {form}", store.graph.link({
             "memory_id": res["id"], "target_node_id": f"entity::{form}",
             "relationship_type": f"USES_{form}",
             "target_namespace": c.wrap("link.target_namespace", form),
@@ -295,7 +296,7 @@ async def scenario_summary(store: Store, c: Canaries, cap: Capture) -> None:
         def w(field: str, form: str = form) -> str:
             return c.wrap(f"session_summary.{field}", form)
 
-        await cap.call(f"session_summary {form}", store.session_summary({
+        await cap.call(f"session_summary {form}", store.memories.session_summary({
             "goal": w("goal"), "instructions": w("instructions"),
             "discoveries": w("discoveries"), "accomplished": w("accomplished"),
             "next_steps": w("next_steps"), "files": [w("files[0]"), w("files[1]")],
@@ -336,7 +337,7 @@ def remote_rows(c: Canaries, tag: str = "") -> tuple[list[NodeRow], list[EdgeRow
 
 async def scenario_apply(store: Store, c: Canaries, cap: Capture) -> None:
     nodes, edges = remote_rows(c)
-    first = await cap.call("apply", store.apply(nodes, edges, model=MODEL))
+    first = await cap.call("apply", store.replication.apply(nodes, edges, model=MODEL))
     # Edge endpoints and types are identity: one holding a private span is refused (never
     # rewritten), and the report names the field without echoing the value.
     assert first.applied_nodes == len(nodes)
@@ -344,7 +345,7 @@ async def scenario_apply(store: Store, c: Canaries, cap: Capture) -> None:
     assert sorted(p.field or "" for p in first.problems) == sorted(
         ["dst", "src"] * len(FORMS))
     assert all(p.message == "must not contain <private> content" for p in first.problems)
-    await cap.call("re-apply", store.apply(nodes, edges, model=MODEL))
+    await cap.call("re-apply", store.replication.apply(nodes, edges, model=MODEL))
     # Rows the store refuses: the per-row problems are a response too.
     version = stamp(100)
     refused_nodes = [
@@ -361,44 +362,44 @@ async def scenario_apply(store: Store, c: Canaries, cap: Capture) -> None:
         EdgeRow(src="memory:x", dst="memory:y", type="Z",
                 props=c.wrap("apply.refused edge (no version).props", "plain")),
     ]
-    res = await cap.call("apply refused", store.apply(refused_nodes, refused_edges, model=MODEL))
+    res = await cap.call("apply refused", store.replication.apply(refused_nodes, refused_edges, model=MODEL))
     assert len(res.problems) == 4
 
 
 async def scenario_json_text(store: Store, c: Canaries, cap: Capture) -> None:
     """Private tags that only appear once a JSON-text field is decoded."""
-    res = await cap.call("save", store.save({
+    res = await cap.call("save", store.memories.save({
         "content": "json text fields",
         "provenance": '{"note": "' + c.escaped("save.provenance (JSON string)") + '"}',
         "source_uris": '["' + c.escaped("save.source_uris (JSON string)") + '"]',
         "mentions": '["' + c.escaped("save.mentions (JSON string)") + '"]'}))
-    await cap.call("get", store.get(res["id"]))
+    await cap.call("get", store.memories.get(res["id"]))
     version = stamp()
     mid = "memory:00000000-0000-4000-8000-200000000000"
     node = NodeRow(id=mid, content="remote json text", updated_at=version,
                    provenance='{"note": "' + c.escaped("apply.node.provenance") + '"}')
     edge = EdgeRow(src=mid, dst=res["node_id"], type="RELATES_TO", created_at=version,
                    props='{"reason": "' + c.escaped("apply.edge.props") + '"}')
-    await cap.call("apply", store.apply([node], [edge], model=MODEL))
-    await cap.call("get remote", store.get(mid))
+    await cap.call("apply", store.replication.apply([node], [edge], model=MODEL))
+    await cap.call("get remote", store.memories.get(mid))
 
 
 async def scenario_ids(store: Store, c: Canaries, cap: Capture) -> None:
     """Ids are string fields too (P1): a private span in an id must not be kept or echoed."""
-    res = await cap.call("save", store.save({"content": "an ordinary memory"}))
+    res = await cap.call("save", store.memories.save({"content": "an ordinary memory"}))
     # Everything below is refused, so one redacted save keeps the "[redacted] is in the db"
     # non-vacuity check meaningful for this scenario too.
-    await cap.call("save private", store.save({"content": c.wrap("ids.content", "plain")}))
+    await cap.call("save private", store.memories.save({"content": c.wrap("ids.content", "plain")}))
     version = stamp()
     for i, form in enumerate(FORMS):
-        await cap.refused(f"get {form}", store.get(c.wrap("get.memory_id", form)))
-        await cap.refused(f"update_status {form}", store.update_status(
+        await cap.refused(f"get {form}", store.memories.get(c.wrap("get.memory_id", form)))
+        await cap.refused(f"update_status {form}", store.memories.update_status(
             c.wrap("update_status.memory_id", form), "archived"))
-        await cap.refused(f"judge {form}", store.judge(
+        await cap.refused(f"judge {form}", store.graph.judge(
             res["id"], c.wrap("judge.target_id", form), "related"))
-        await cap.refused(f"link {form}", store.link(
+        await cap.refused(f"link {form}", store.graph.link(
             {"memory_id": c.wrap("link.memory_id", form), "target_node_id": "memory:x"}))
-        await cap.call(f"apply {form}", store.apply(
+        await cap.call(f"apply {form}", store.replication.apply(
             [NodeRow(id=c.wrap("apply.node.id", form), content=f"remote {i}",
                      updated_at=version)],
             [EdgeRow(id=c.wrap("apply.edge.id", form), src="memory:s", dst="memory:d",
@@ -408,18 +409,18 @@ async def scenario_ids(store: Store, c: Canaries, cap: Capture) -> None:
 async def scenario_read_args(store: Store, c: Canaries, cap: Capture) -> None:
     """Read calls are inputs too: their arguments reach SQL parameters, embeddings and logs."""
     for form in FORMS:
-        await cap.call("save", store.save({"content": c.wrap("read_args.save.content", form),
+        await cap.call("save", store.memories.save({"content": c.wrap("read_args.save.content", form),
                                            "tags": [f"visible-{form}"]}))
     for form in FORMS:
-        await cap.call(f"list filtered {form}", store.list_memories({
+        await cap.call(f"list filtered {form}", store.memories.list_memories({
             "realm": c.wrap("list.realm", form), "tags": [c.wrap("list.tags[0]", form)],
             "memory_type": c.wrap("list.memory_type", form)}))
-        await cap.attempt(f"recall filtered {form}", store.recall({
+        await cap.attempt(f"recall filtered {form}", store.recall.query({
             "query": c.wrap("recall.query", form), "realms": [c.wrap("recall.realms[0]", form)],
             "tags": [c.wrap("recall.tags[0]", form)],
             "memory_type": c.wrap("recall.memory_type", form),
             "space_agent": c.wrap("recall.space_agent", form), "mode": "agentic"}))
-        await cap.attempt(f"recall {form}", store.recall(
+        await cap.attempt(f"recall {form}", store.recall.query(
             {"query": c.wrap("recall.query (no filters)", form)}))
 
 
@@ -440,20 +441,20 @@ SCENARIOS: dict[str, Scenario] = {
 
 async def read_everything(store: Store, c: Canaries, cap: Capture) -> None:
     for model in (None, MODEL):
-        await cap.call("export", store.export(model=model))
-        await cap.call("export deleted", store.export(model=model, include_deleted=True))
-        await cap.call("changes", store.changes(0, limit=100_000, model=model))
-    nodes, _ = await store.export(include_deleted=True)
+        await cap.call("export", store.feed.read(model=model))
+        await cap.call("export deleted", store.feed.read(model=model, include_deleted=True))
+        await cap.call("changes", store.feed.page(0, limit=100_000, model=model))
+    nodes, _ = await store.feed.read(include_deleted=True)
     for node in nodes:
         if not node.deleted:
-            await cap.attempt(f"get {node.id}", store.get(node.id))
+            await cap.attempt(f"get {node.id}", store.memories.get(node.id))
     for status in (None, "active", "background", "archived"):
-        await cap.call(f"list {status}", store.list_memories({"limit": 500, "status": status}))
-    await cap.call("recall", store.recall({"query": "keep tail rest", "limit": 100}))
-    await cap.call("stats", store.stats())
-    await cap.call("outbox", store.outbox())
-    await cap.call("dump", store.dump())
-    assert await store.integrity_check() == "ok"
+        await cap.call(f"list {status}", store.memories.list_memories({"limit": 500, "status": status}))
+    await cap.call("recall", store.recall.query({"query": "keep tail rest", "limit": 100}))
+    await cap.call("stats", store.maintenance.stats())
+    await cap.call("outbox", outbox_items(store))
+    await cap.call("dump", dump_tables(store))
+    assert await integrity_check(store) == "ok"
 
 
 async def run_scenario(data_dir: Path, scenario: Scenario,
@@ -463,8 +464,8 @@ async def run_scenario(data_dir: Path, scenario: Scenario,
     sources: dict[str, bytes] = {}
     store = await Store.open(data_dir, embedder=HashingEmbedder())
     try:
-        control = await store.save({"content": f"control {c.control} visible"})
-        await cap.call("get control", store.get(control["id"]))
+        control = await store.memories.save({"content": f"control {c.control} visible"})
+        await cap.call("get control", store.memories.get(control["id"]))
         await scenario(store, c, cap)
         await read_everything(store, c, cap)
         sources.update(await asyncio.to_thread(data_files, data_dir, "open"))
@@ -551,8 +552,8 @@ def test_random_private_content_never_reaches_the_db(case: tuple[str, str]) -> N
             store = await Store.open(data_dir, embedder=HashingEmbedder())
             try:
                 try:
-                    res = await store.save({"content": content})
-                    response = repr(await store.get(res["id"]))
+                    res = await store.memories.save({"content": content})
+                    response = repr(await store.memories.get(res["id"]))
                 except StoreError as exc:  # wholly private content is refused
                     response = repr(exc)
                 raw = b"".join((await asyncio.to_thread(data_files, data_dir, "open")).values())

@@ -9,6 +9,7 @@ from pathlib import Path
 from local_store import Store
 from protocol.rows import NodeRow
 from protocol.timestamp import format_ns
+from tests.store_probe import integrity_check
 
 T0 = 1_780_000_000_000_000_000
 
@@ -32,36 +33,36 @@ def db_size(data: Path) -> int:
 async def test_a_burst_is_copied_and_the_wal_restarts_without_an_explicit_checkpoint(
         tmp_path: Path) -> None:
     async with await Store.open(tmp_path) as store:
-        await store.apply(rows(0, 3000), [], model="m")
+        await store.replication.apply(rows(0, 3000), [], model="m")
         await store.checkpointer.wait_idle()
         first = wal_size(tmp_path)
         assert first > 1_000_000
         assert db_size(tmp_path) > first // 2  # the burst's pages were copied into the database
         for start in range(3000, 15000, 3000):  # four more bursts of the same size
-            await store.apply(rows(start, 3000), [], model="m")
+            await store.replication.apply(rows(start, 3000), [], model="m")
             await store.checkpointer.wait_idle()
         # Each burst restarted the WAL from its beginning: without that it would hold all five.
         assert wal_size(tmp_path) < 2 * first
         assert db_size(tmp_path) > 4 * first
         assert store.checkpointer.last_error is None
-        assert (await store.stats())["memories"] == 15000
-        assert await store.integrity_check() == "ok"
+        assert (await store.maintenance.stats())["memories"] == 15000
+        assert await integrity_check(store) == "ok"
 
 
 async def test_explicit_truncate_never_collides_with_a_background_pass(tmp_path: Path) -> None:
     async with await Store.open(tmp_path) as store:
         for i in range(20):
-            await store.apply(rows(i * 200, 200), [], model="m")
-            busy, _, _ = await store.checkpoint()
+            await store.replication.apply(rows(i * 200, 200), [], model="m")
+            busy, _, _ = await store.maintenance.checkpoint()
             assert busy == 0
-        assert wal_size(tmp_path) == 0 or (await store.checkpoint())[0] == 0
+        assert wal_size(tmp_path) == 0 or (await store.maintenance.checkpoint())[0] == 0
 
 
 async def test_closing_during_a_checkpoint_keeps_every_row(tmp_path: Path) -> None:
     store = await Store.open(tmp_path)
-    await store.apply(rows(0, 5000), [], model="m")
+    await store.replication.apply(rows(0, 5000), [], model="m")
     await store.close()  # a background pass is running or due right now
     assert not (tmp_path / "memory.db-wal").exists() or wal_size(tmp_path) == 0
     async with await Store.open(tmp_path) as again:
-        assert (await again.stats())["memories"] == 5000
-        assert await again.integrity_check() == "ok"
+        assert (await again.maintenance.stats())["memories"] == 5000
+        assert await integrity_check(again) == "ok"

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from local_store import HashingEmbedder, Store
+from tests.store_probe import integrity_check
 
 WRITERS = int(os.environ.get("SYNCD_CONCURRENT_WRITERS", "50"))
 SAVES_PER_WRITER = 20
@@ -139,7 +140,7 @@ async def test_concurrent_writers_reader_and_backup_never_see_locked(
             nonlocal acked
             ids = []
             for i in range(SAVES_PER_WRITER):
-                res = await store.save({
+                res = await store.memories.save({
                     "content": f"concurrent writer {w} save {i} run {run}",
                     "realm": "concurrency", "tags": [f"writer-{w}"]})
                 ids.append(res["id"])
@@ -160,7 +161,7 @@ async def test_concurrent_writers_reader_and_backup_never_see_locked(
         elapsed = time.monotonic() - started
     finally:
         code, out, err = finish_reader(reader, stop_file)
-        final = (await store.stats())["memories"]
+        final = (await store.maintenance.stats())["memories"]
         await store.close()
 
     failures = [r for r in results if isinstance(r, BaseException)]
@@ -184,8 +185,8 @@ async def test_concurrent_writers_reader_and_backup_never_see_locked(
     shutil.copyfile(backup_path, restored_dir / "memory.db")
     restored = await Store.open(restored_dir, embedder=HashingEmbedder())
     try:
-        assert await restored.integrity_check() == "ok"
-        count = (await restored.stats())["memories"]
+        assert await integrity_check(restored) == "ok"
+        count = (await restored.maintenance.stats())["memories"]
     finally:
         await restored.close()
     assert 0 <= count <= final
@@ -201,7 +202,7 @@ async def test_concurrent_batches_and_updates_take_unique_commit_ordered_seqs(
     run = secrets.token_hex(4)
     store = await Store.open(tmp_path / "data", embedder=HashingEmbedder())
     try:
-        base = [(await store.save({"content": f"base {i} run {run}", "realm": "seq"}))["id"]
+        base = [(await store.memories.save({"content": f"base {i} run {run}", "realm": "seq"}))["id"]
                 for i in range(updates)]
 
         def batch(b: int) -> list[dict[str, object]]:
@@ -211,9 +212,9 @@ async def test_concurrent_batches_and_updates_take_unique_commit_ordered_seqs(
         calls = []
         for k in range(max(batches, updates)):
             if k < batches:
-                calls.append(store.save_many(batch(k)))
+                calls.append(store.memories.save_many(batch(k)))
             if k < updates:
-                calls.append(store.update_importance(base[k], (k + 1) / 32))
+                calls.append(store.memories.update_importance(base[k], (k + 1) / 32))
         results = await asyncio.gather(*calls, return_exceptions=True)
         failures = [r for r in results if isinstance(r, BaseException)]
         assert failures == [], failures
@@ -226,10 +227,10 @@ async def test_concurrent_batches_and_updates_take_unique_commit_ordered_seqs(
             else:
                 assert r["ok"] is True
         for k, mid in enumerate(base):
-            assert (await store.get(mid))["importance"] == (k + 1) / 32
+            assert (await store.memories.get(mid))["importance"] == (k + 1) / 32
 
         writes = updates + batches * batch_size + updates  # each write takes one local_seq
-        nodes, edges, cursor = await store.changes(0, limit=10_000)
+        nodes, edges, cursor = (await store.feed.page(0, limit=10_000))[:3]
         assert edges == []
         assert len(nodes) == updates + batches * batch_size
         assert len({n.id for n in nodes}) == len(nodes)
@@ -239,7 +240,7 @@ async def test_concurrent_batches_and_updates_take_unique_commit_ordered_seqs(
         seq_of: dict[str, int] = {}
         since = 0
         while True:
-            page, page_edges, nxt = await store.changes(since, limit=1)
+            page, page_edges, nxt = (await store.feed.page(since, limit=1))[:3]
             if not page and not page_edges:
                 break
             assert len(page) == 1 and page_edges == [] and nxt > since

@@ -154,18 +154,18 @@ async def test_an_off_topic_question_gets_a_ranked_answer_with_nothing_confident
         corpus_store: tuple[Store, dict[str, str]]) -> None:
     store, _ = corpus_store
     query = "chocolate chip cookies recipe without brown sugar"
-    found = await store.recall({"query": query, "limit": 5})
+    found = await store.recall.query({"query": query, "limit": 5})
     assert found.fallback is None and found.memories  # explicit search: ranked, not fallback
     assert found.matched is False and not any(m.confident for m in found.memories)
     assert found.context.startswith(UNCONFIDENT_HEADING)
-    injected = await store.recall({"query": query, "limit": 5, "confident_only": True})
+    injected = await store.recall.query({"query": query, "limit": 5, "confident_only": True})
     assert injected.memories == [] and injected.context == "" and injected.matched is False
 
 
 async def test_a_paraphrase_and_an_identifier_are_answered_with_confidence(
         corpus_store: tuple[Store, dict[str, str]]) -> None:
     store, ids = corpus_store
-    found = await store.recall({"query": "how do we put a new version of the payments "
+    found = await store.recall.query({"query": "how do we put a new version of the payments "
                                          "backend live?", "limit": 5, "confident_only": True})
     assert found.matched is True
     assert {ids["billing-deploy"], ids["billing-continuous-delivery"]} & {
@@ -173,7 +173,7 @@ async def test_a_paraphrase_and_an_identifier_are_answered_with_confidence(
     assert all(m.confident and not m.fallback for m in found.memories)
     # Its best cosine is low and MiniLM does not know the word: the strict keyword hit on a
     # word common English does not use is the evidence.
-    found = await store.recall({"query": "useDebouncedValue", "limit": 5})
+    found = await store.recall.query({"query": "useDebouncedValue", "limit": 5})
     assert found.memories[0].id == ids["web-search-debounce"] and found.memories[0].confident
 
 
@@ -184,7 +184,7 @@ async def injected(store: Store, ids: dict[str, str],
     flags: dict[tuple[str, str], bool] = {}
     answered = set()
     for q in queries:
-        found = await store.recall({"query": q["query"], "realms": q["realms"], "limit": 10})
+        found = await store.recall.query({"query": q["query"], "realms": q["realms"], "limit": 10})
         flags.update(((q["id"], m.id), m.confident) for m in found.memories)
         confident = [m.id for m in found.memories if m.confident]
         if {ids[k] for k in q["relevant"]} & set(confident[:2]):
@@ -194,7 +194,7 @@ async def injected(store: Store, ids: dict[str, str],
 
 async def assert_off_topic_is_never_confident(store: Store) -> None:
     for prompt in OFF_TOPIC:
-        found = await store.recall({"query": prompt, "confident_only": True})
+        found = await store.recall.query({"query": prompt, "confident_only": True})
         assert found.memories == [], (prompt, [m.content_preview for m in found.memories])
 
 
@@ -264,10 +264,10 @@ async def test_a_question_in_common_words_a_memory_holds_whole_is_answered_with_
     no small talk are evidence together."""
     store = await Store.open(tmp_path / "store", embedder=embedder)
     try:
-        ids = {key: (await store.save({"content": text}))["node_id"]
+        ids = {key: (await store.memories.save({"content": text}))["node_id"]
                for key, text in PROJECT.items()}
         for query, key in COMMON_WORDS.items():
-            found = await store.recall({"query": query, "confident_only": True})
+            found = await store.recall.query({"query": query, "confident_only": True})
             assert [m.id for m in found.memories][:1] == [ids[key]], query
         await assert_off_topic_is_never_confident(store)
     finally:
@@ -277,18 +277,18 @@ async def test_a_question_in_common_words_a_memory_holds_whole_is_answered_with_
 async def test_a_placeholder_and_a_memory_only_the_graph_reached_are_never_confident(
         tmp_path: Path) -> None:
     async with await Store.open(tmp_path / "data", embedder=HashingEmbedder()) as store:
-        stub = await store.save({"content": "zorblatt-queue: (mentioned by billing)",
+        stub = await store.memories.save({"content": "zorblatt-queue: (mentioned by billing)",
                                  "title": "zorblatt-queue", "memory_type": "entity",
                                  "tags": ["kind:service", "placeholder"]})
-        real = await store.save({"content": "zorblatt-queue carries the invoice events"})
-        linked = await store.save({"content": "the nightly report runs at 02:00"})
-        await store.link({"memory_id": real["node_id"], "target_node_id": linked["node_id"],
+        real = await store.memories.save({"content": "zorblatt-queue carries the invoice events"})
+        linked = await store.memories.save({"content": "the nightly report runs at 02:00"})
+        await store.graph.link({"memory_id": real["node_id"], "target_node_id": linked["node_id"],
                           "relationship_type": "RELATES_TO"})
-        found = await store.recall({"query": "zorblatt-queue", "limit": 10})
+        found = await store.recall.query({"query": "zorblatt-queue", "limit": 10})
         by_id = {m.id: m for m in found.memories}
         assert by_id[real["node_id"]].confident  # every word, one of them rare
         assert not by_id[stub["node_id"]].confident
         assert by_id[linked["node_id"]].via is not None
         assert not by_id[linked["node_id"]].confident
-        injected = await store.recall({"query": "zorblatt-queue", "confident_only": True})
+        injected = await store.recall.query({"query": "zorblatt-queue", "confident_only": True})
         assert [m.id for m in injected.memories] == [real["node_id"]]

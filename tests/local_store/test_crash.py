@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from local_store import HashingEmbedder, NotFoundError, Store, StoreLockedError
+from tests.store_probe import integrity_check
 
 ITERATIONS = int(os.environ.get("SYNCD_CRASH_ITERATIONS", "20"))
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -187,11 +188,11 @@ async def test_kill9_loop_keeps_every_acked_write_whole(tmp_path: Path) -> None:
         # between, so the loop stays linear for `make soak`).
         store = await Store.open(data_dir, embedder=HashingEmbedder())
         try:
-            assert await store.integrity_check() == "ok", where
+            assert await integrity_check(store) == "ok", where
             missing = []
             for node_id in acks.ids if last else acks.ids[first_new:]:
                 try:
-                    got = await store.get(node_id)
+                    got = await store.memories.get(node_id)
                 except NotFoundError:
                     missing.append(node_id)
                 else:
@@ -214,7 +215,7 @@ async def test_kill9_loop_keeps_every_acked_write_whole(tmp_path: Path) -> None:
         store = await Store.open(data_dir, embedder=HashingEmbedder())
         try:
             for name in raw.per_batch if last else set(raw.per_batch) - listed_batches:
-                listed = await store.list_memories(
+                listed = await store.memories.list_memories(
                     {"realm": "crash", "tags": [f"batch-{name}"], "limit": 500})
                 ids = sorted(row["id"] for row in listed["rows"])
                 assert len(ids) == BATCH_SIZE, f"{where}: batch {name} has {ids}"
@@ -247,6 +248,6 @@ async def test_second_process_cannot_open_a_data_dir_in_use(tmp_path: Path) -> N
     # The flock dies with its holder: the dir opens again, and is intact.
     store = await Store.open(data_dir, embedder=HashingEmbedder())
     try:
-        assert await store.integrity_check() == "ok"
+        assert await integrity_check(store) == "ok"
     finally:
         await store.close()

@@ -13,79 +13,80 @@ import pytest
 
 from local_store import NotFoundError, Store, StoreError, ValidationError
 from local_store.records import MAX_CONTENT_CHARS
+from tests.store_probe import dump_tables
 
 Case = Callable[[Store, dict[str, str]], Awaitable[Any]]
 
 CASES: dict[str, tuple[Case, type[StoreError], str | None]] = {
-    "save without content": (lambda s, ids: s.save({"title": "t"}), ValidationError, "content"),
-    "save private only": (lambda s, ids: s.save({"content": "<private>x"}), ValidationError,
+    "save without content": (lambda s, ids: s.memories.save({"title": "t"}), ValidationError, "content"),
+    "save private only": (lambda s, ids: s.memories.save({"content": "<private>x"}), ValidationError,
                           "content"),
-    "save bad tags": (lambda s, ids: s.save({"content": "x", "tags": [1]}), ValidationError,
+    "save bad tags": (lambda s, ids: s.memories.save({"content": "x", "tags": [1]}), ValidationError,
                       "tags[0]"),
-    "save bad valid_at": (lambda s, ids: s.save({"content": "x", "valid_at": "soon"}),
+    "save bad valid_at": (lambda s, ids: s.memories.save({"content": "x", "valid_at": "soon"}),
                           ValidationError, "valid_at"),
-    "save bad provenance": (lambda s, ids: s.save({"content": "x", "provenance": 5}),
+    "save bad provenance": (lambda s, ids: s.memories.save({"content": "x", "provenance": 5}),
                             ValidationError, "provenance"),
-    "save_many not a list": (lambda s, ids: s.save_many("x"),  # type: ignore[arg-type]
+    "save_many not a list": (lambda s, ids: s.memories.save_many("x"),  # type: ignore[arg-type]
                              ValidationError, "memories"),
-    "save_many all bad": (lambda s, ids: s.save_many([{"content": 1}]), None, None),  # type: ignore[dict-item]
-    "status unknown": (lambda s, ids: s.update_status(ids["a"], "done"), ValidationError,
+    "save_many all bad": (lambda s, ids: s.memories.save_many([{"content": 1}]), None, None),  # type: ignore[dict-item]
+    "status unknown": (lambda s, ids: s.memories.update_status(ids["a"], "done"), ValidationError,
                        "status"),
-    "status missing id": (lambda s, ids: s.update_status("memory:none", "active"), NotFoundError,
+    "status missing id": (lambda s, ids: s.memories.update_status("memory:none", "active"), NotFoundError,
                           None),
-    "status empty id": (lambda s, ids: s.update_status("", "active"), ValidationError,
+    "status empty id": (lambda s, ids: s.memories.update_status("", "active"), ValidationError,
                         "memory_id"),
-    "importance NaN": (lambda s, ids: s.update_importance(ids["a"], float("nan")),
+    "importance NaN": (lambda s, ids: s.memories.update_importance(ids["a"], float("nan")),
                        ValidationError, "importance"),
-    "importance string": (lambda s, ids: s.update_importance(ids["a"], "1"), ValidationError,
+    "importance string": (lambda s, ids: s.memories.update_importance(ids["a"], "1"), ValidationError,
                           "importance"),
-    "importance missing": (lambda s, ids: s.update_importance(ids["a"], None), ValidationError,
+    "importance missing": (lambda s, ids: s.memories.update_importance(ids["a"], None), ValidationError,
                            "importance"),
-    "judge self": (lambda s, ids: s.judge(ids["a"], ids["a"], "supersedes"), ValidationError,
+    "judge self": (lambda s, ids: s.graph.judge(ids["a"], ids["a"], "supersedes"), ValidationError,
                    "target_id"),
-    "judge missing target": (lambda s, ids: s.judge(ids["a"], "memory:x", "supersedes"),
+    "judge missing target": (lambda s, ids: s.graph.judge(ids["a"], "memory:x", "supersedes"),
                              NotFoundError, None),
-    "judge missing source": (lambda s, ids: s.judge("memory:x", ids["a"], "merged"),
+    "judge missing source": (lambda s, ids: s.graph.judge("memory:x", ids["a"], "merged"),
                              NotFoundError, None),
-    "judge no verdict": (lambda s, ids: s.judge(ids["a"], ids["b"], ""), ValidationError,
+    "judge no verdict": (lambda s, ids: s.graph.judge(ids["a"], ids["b"], ""), ValidationError,
                          "verdict"),
-    "entity no name": (lambda s, ids: s.ingest_entity({"kind": "service"}), ValidationError,
+    "entity no name": (lambda s, ids: s.graph.ingest_entity({"kind": "service"}), ValidationError,
                        "name"),
-    "entity bad properties": (lambda s, ids: s.ingest_entity({"name": "n", "properties": [1]}),
+    "entity bad properties": (lambda s, ids: s.graph.ingest_entity({"name": "n", "properties": [1]}),
                               ValidationError, "properties"),
-    "entity bad link": (lambda s, ids: s.ingest_entity({"name": "n", "links": [{"x": 1}]}),
+    "entity bad link": (lambda s, ids: s.graph.ingest_entity({"name": "n", "links": [{"x": 1}]}),
                         ValidationError, "links[0].target_node_id"),
-    "link missing memory": (lambda s, ids: s.link({"memory_id": "memory:x",
+    "link missing memory": (lambda s, ids: s.graph.link({"memory_id": "memory:x",
                                                     "target_node_id": "t"}), NotFoundError, None),
-    "link no target": (lambda s, ids: s.link({"memory_id": ids["a"]}), ValidationError,
+    "link no target": (lambda s, ids: s.graph.link({"memory_id": ids["a"]}), ValidationError,
                        "target_node_id"),
-    "summary empty": (lambda s, ids: s.session_summary({"goal": "  "}), ValidationError, "goal"),
-    "delete missing": (lambda s, ids: s.delete("memory:nope", hard=True), NotFoundError, None),
-    "get missing": (lambda s, ids: s.get("memory:nope"), NotFoundError, None),
-    "list bad status": (lambda s, ids: s.list_memories({"status": "x"}), ValidationError,
+    "summary empty": (lambda s, ids: s.memories.session_summary({"goal": "  "}), ValidationError, "goal"),
+    "delete missing": (lambda s, ids: s.memories.delete("memory:nope", hard=True), NotFoundError, None),
+    "get missing": (lambda s, ids: s.memories.get("memory:nope"), NotFoundError, None),
+    "list bad status": (lambda s, ids: s.memories.list_memories({"status": "x"}), ValidationError,
                         "status"),
-    "list falsy tags": (lambda s, ids: s.list_memories({"tags": ""}), ValidationError, "tags"),
-    "importance beyond float": (lambda s, ids: s.update_importance(ids["a"], 10**400),
+    "list falsy tags": (lambda s, ids: s.memories.list_memories({"tags": ""}), ValidationError, "tags"),
+    "importance beyond float": (lambda s, ids: s.memories.update_importance(ids["a"], 10**400),
                                 ValidationError, "importance"),
-    "save importance beyond float": (lambda s, ids: s.save({"content": "x", "importance": 10**400}),
+    "save importance beyond float": (lambda s, ids: s.memories.save({"content": "x", "importance": 10**400}),
                                      ValidationError, "importance"),
-    "save deep provenance": (lambda s, ids: s.save({"content": "x", "provenance": nested(100)}),
+    "save deep provenance": (lambda s, ids: s.memories.save({"content": "x", "provenance": nested(100)}),
                              ValidationError, "provenance"),
     "save deep provenance text": (
-        lambda s, ids: s.save({"content": "x", "provenance": "[" * 5000 + "]" * 5000}),
+        lambda s, ids: s.memories.save({"content": "x", "provenance": "[" * 5000 + "]" * 5000}),
         ValidationError, "provenance"),
     "save deep source_uris text": (
-        lambda s, ids: s.save({"content": "x", "source_uris": "[" * 5000 + '"\\u0041"'
+        lambda s, ids: s.memories.save({"content": "x", "source_uris": "[" * 5000 + '"\\u0041"'
                                + "]" * 5000}), ValidationError, "source_uris"),
-    "entity kind with comma": (lambda s, ids: s.ingest_entity({"name": "n", "kind": "a,b"}),
+    "entity kind with comma": (lambda s, ids: s.graph.ingest_entity({"name": "n", "kind": "a,b"}),
                                ValidationError, "kind"),
-    "entity kind too long": (lambda s, ids: s.ingest_entity({"name": "n", "kind": "k" * 300}),
+    "entity kind too long": (lambda s, ids: s.graph.ingest_entity({"name": "n", "kind": "k" * 300}),
                              ValidationError, "kind"),
     "entity over the content limit": (
-        lambda s, ids: s.ingest_entity({"name": "n", "properties": {"p": "x" * MAX_CONTENT_CHARS}}),
+        lambda s, ids: s.graph.ingest_entity({"name": "n", "properties": {"p": "x" * MAX_CONTENT_CHARS}}),
         ValidationError, "properties"),
     "summary over the content limit": (
-        lambda s, ids: s.session_summary({"goal": "g" * 60_000, "instructions": "i" * 60_000,
+        lambda s, ids: s.memories.session_summary({"goal": "g" * 60_000, "instructions": "i" * 60_000,
                                           "discoveries": "d" * 60_000,
                                           "accomplished": "a" * 65_000,
                                           "next_steps": "n" * 60_000}),
@@ -103,11 +104,11 @@ def nested(depth: int) -> object:
 
 @pytest.mark.parametrize("name", sorted(CASES))
 async def test_error_leaves_store_unchanged(store: Store, name: str) -> None:
-    a = await store.save({"content": "alpha", "references": ["x::y"]})
-    b = await store.save({"content": "beta"})
+    a = await store.memories.save({"content": "alpha", "references": ["x::y"]})
+    b = await store.memories.save({"content": "beta"})
     ids = {"a": a["id"], "b": b["id"]}
     call, error, field = CASES[name]
-    before = await store.dump()
+    before = await dump_tables(store)
     if error is None:
         result = await call(store, ids)
         assert result["count"] == 0 and result["errors"]
@@ -116,4 +117,4 @@ async def test_error_leaves_store_unchanged(store: Store, name: str) -> None:
             await call(store, ids)
         if field is not None:
             assert isinstance(exc.value, ValidationError) and exc.value.field == field
-    assert await store.dump() == before
+    assert await dump_tables(store) == before

@@ -40,7 +40,7 @@ async def store(tmp_path: Path) -> AsyncIterator[Store]:
 
 async def stored_bytes(store: Store) -> bytes:
     """Every file of the data directory after a checkpoint (the .db and whatever WAL is left)."""
-    await store.checkpoint()
+    await store.maintenance.checkpoint()
     return await asyncio.to_thread(lambda: b"".join(
         p.read_bytes() for p in store.data_dir.iterdir() if p.is_file()))
 
@@ -64,14 +64,14 @@ def test_a_repeated_key_cannot_hide_an_escaped_span() -> None:
 async def test_repeated_keys_in_saved_and_pulled_json_text_keep_no_secret(store: Store) -> None:
     secrets_ = [canary() for _ in range(4)]
     text = ['{"u":"' + escaped_span(s) + '","u":"ok"}' for s in secrets_]
-    saved = await store.save({"content": "visible body", "source_uris": text[0],
+    saved = await store.memories.save({"content": "visible body", "source_uris": text[0],
                               "mentions": text[1]})
-    await store.apply([NodeRow(id="memory:pulled", content="remote body", updated_at=STAMP,
+    await store.replication.apply([NodeRow(id="memory:pulled", content="remote body", updated_at=STAMP,
                                created_at=STAMP, provenance=text[2])],
                       [EdgeRow(src="memory:pulled", dst="memory:other", type="RELATES_TO",
                                props=text[3], created_at=STAMP)], model="m")
-    shown = json.dumps(await store.get(saved["node_id"]))
-    nodes, edges = await store.export()
+    shown = json.dumps(await store.memories.get(saved["node_id"]))
+    nodes, edges = await store.feed.read()
     exported = msgspec.json.encode([nodes, edges]).decode()
     raw = await stored_bytes(store)
     for secret in secrets_:
@@ -91,13 +91,13 @@ async def test_repeated_keys_in_saved_and_pulled_json_text_keep_no_secret(store:
 async def test_pulled_json_text_is_judged_only_for_private_spans(store: Store, text: str) -> None:
     """Decoding JSON text to look for escaped tags must not refuse what was never refused:
     these applied before that check, and SQLite holds them (ASCII) as they came."""
-    result = await store.apply(
+    result = await store.replication.apply(
         [NodeRow(id="memory:json-text", content="remote body", updated_at=STAMP,
                  provenance=text)],
         [EdgeRow(src="memory:json-text", dst="memory:b", type="RELATES_TO", props=text,
                  created_at=STAMP)], model="m")
     assert (result.problems, result.applied_nodes, result.applied_edges) == ([], 1, 1)
-    nodes, edges = await store.export()
+    nodes, edges = await store.feed.read()
     assert [n.provenance for n in nodes] == [text] and [e.props for e in edges] == [text]
 
 
@@ -114,7 +114,7 @@ def test_the_id_guard_agrees_with_the_redactor(closer: str) -> None:
 async def test_ids_and_timestamps_with_a_folded_closer_are_refused_unechoed(
         store: Store, closer: str) -> None:
     secret = canary()
-    result = await store.apply(
+    result = await store.replication.apply(
         [NodeRow(id=f"memory:{secret}{closer}", content="remote body", updated_at=STAMP),
          NodeRow(id="memory:stamp", content="x", updated_at=f"{secret}{closer}")],
         [EdgeRow(src="memory:a", dst=f"memory:{secret}{closer}", type="RELATES_TO",
@@ -124,7 +124,7 @@ async def test_ids_and_timestamps_with_a_folded_closer_are_refused_unechoed(
         ("node", "id"), ("node", "updated_at"), ("edge", "dst")]
     assert all(secret not in p.message and secret not in (p.id or "") for p in result.problems)
     with pytest.raises((NotFoundError, ValidationError)) as refused:
-        await store.get(f"memory:{secret}{closer}")
+        await store.memories.get(f"memory:{secret}{closer}")
     assert secret not in str(refused.value)
     assert secret.encode() not in await stored_bytes(store)
 
@@ -133,14 +133,14 @@ async def test_ids_and_timestamps_with_a_folded_closer_are_refused_unechoed(
 
 async def test_settings_strings_are_redacted(store: Store) -> None:
     secret = canary()
-    merged = await store.put_settings({
+    merged = await store.settings.put({
         "dreaming": {"realm_scope": [f"work <private>{secret}</private>"]},
         "embedding_model": f"<private>{secret}</private>"})
     assert secret not in msgspec.json.encode(merged).decode()
     assert merged.dreaming.realm_scope == ["work [redacted]"]
     # A mode is one of the plane's: a private one is refused, and the refusal never quotes it.
     with pytest.raises(ValidationError) as refused:
-        await store.put_settings({"dreaming": {"mode": f"<private>{secret}</private>"}})
+        await store.settings.put({"dreaming": {"mode": f"<private>{secret}</private>"}})
     assert refused.value.field == "dreaming.mode" and secret not in str(refused.value)
     assert secret.encode() not in await stored_bytes(store)
 

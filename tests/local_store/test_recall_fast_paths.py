@@ -110,7 +110,7 @@ async def fill(store: Store, rng: random.Random, n: int) -> np.ndarray:
             embedding=vectors[i].tolist(), created_at=stamp, updated_at=stamp))
     edges = [EdgeRow(src=rng.choice(ids), dst=rng.choice([*rng.sample(ids, 3), "trace:1"]),
                      type="RELATES", created_at=format_ns(NOW)) for _ in range(n // 2)]
-    result = await store.apply(nodes, edges, model=store.embedder.model_id)
+    result = await store.replication.apply(nodes, edges, model=store.embedder.model_id)
     assert not result.problems
     return vectors
 
@@ -153,12 +153,12 @@ async def test_shortcuts_answer_as_the_straightforward_computation(tmp_path: Pat
             semantic = Semantic(*store.index.snapshot(vector), vector=vector,
                                 index=store.index)
             for mode in ("syncd", "plane", "vector", "keyword"):
-                fast = run(Recall(fetch, semantic, store.settings, lambda: NOW), request, mode)
+                fast = run(Recall(fetch, semantic, store.settings.current, lambda: NOW), request, mode)
                 ranked = statements["ranked by FTS5"]
-                slow = run(Straightforward(reader.fetch, semantic, store.settings, lambda: NOW),
+                slow = run(Straightforward(reader.fetch, semantic, store.settings.current, lambda: NOW),
                            request, mode)
                 assert fast == slow, (request, mode)
-                remembered = run(Recall(reader.fetch, semantic, store.settings, lambda: NOW,
+                remembered = run(Recall(reader.fetch, semantic, store.settings.current, lambda: NOW,
                                         memo=memo), request, mode)
                 assert remembered == slow, ("memo", request, mode)
                 statements["ranked by FTS5"] = ranked  # count the fast path's fallbacks only

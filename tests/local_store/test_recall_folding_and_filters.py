@@ -52,17 +52,17 @@ def test_coverage_compares_words_folded(tokens: list[str], text: str, expected: 
 async def test_diacritic_folded_keyword_match_is_not_a_fallback(store: Store) -> None:
     """FTS5 (remove_diacritics 2) finds "creme brulee" in "Crème brûlée": the match must score
     as one, not fall under the floor and come back as the fallback."""
-    hit = await store.save({"content": "Crème brûlée recipe from the café downstairs"})
+    hit = await store.memories.save({"content": "Crème brûlée recipe from the café downstairs"})
     assert await ids(store, "creme brulee", mode="keyword") == [hit["node_id"]]
-    res = await store.recall({"query": "creme brulee"})
+    res = await store.recall.query({"query": "creme brulee"})
     assert res.fallback is None
     assert [m.id for m in res.memories if not m.fallback] == [hit["node_id"]]
     assert res.memories[0].kw_score and res.memories[0].kw_score > 0
 
 
 async def test_both_words_matched_with_an_accent_is_full_coverage(store: Store) -> None:
-    await store.save({"content": "Crème brûlée recipe from the café downstairs"})
-    res = await store.recall({"query": "cafe downstairs"})
+    await store.memories.save({"content": "Crème brûlée recipe from the café downstairs"})
+    res = await store.recall.query({"query": "cafe downstairs"})
     assert res.memories[0].components is not None
     assert res.memories[0].components.keyword == pytest.approx(1.0)
 
@@ -73,11 +73,11 @@ async def test_memory_current_at_as_of_is_not_penalised(tmp_path: Path) -> None:
     store = await Store.open(tmp_path, wall=clock, embedder=HashingEmbedder())
     try:
         old, _, between = await mysql_then_postgres(store, clock)
-        res = await store.recall({"query": "mysql billing", "as_of": between})
+        res = await store.recall.query({"query": "mysql billing", "as_of": between})
         assert [m.id for m in res.memories] == [old["node_id"]]
         assert res.memories[0].components is not None
         assert res.memories[0].components.penalty == 0.0
-        now = await store.recall({"query": "mysql billing", "include_invalidated": True})
+        now = await store.recall.query({"query": "mysql billing", "include_invalidated": True})
         by_id = {m.id: m for m in now.memories}
         assert by_id[old["node_id"]].components is not None
         assert by_id[old["node_id"]].components.penalty > 0  # without as_of: superseded
@@ -86,14 +86,14 @@ async def test_memory_current_at_as_of_is_not_penalised(tmp_path: Path) -> None:
 
 
 async def test_fallback_keeps_one_memory_per_dedupe_key(store: Store) -> None:
-    a = await store.save({"content": "never force push to main", "importance": 0.9})
-    await store.update_status(a["node_id"], "archived")  # so the second save is a new memory
-    b = await store.save({"content": "never force push to main", "importance": 0.9})
+    a = await store.memories.save({"content": "never force push to main", "importance": 0.9})
+    await store.memories.update_status(a["node_id"], "archived")  # so the second save is a new memory
+    b = await store.memories.save({"content": "never force push to main", "importance": 0.9})
     assert b["node_id"] != a["node_id"]
-    await store.update_status(a["node_id"], "active")
-    low = await store.save({"content": "weekly standup is on tuesdays", "importance": 0.1})
+    await store.memories.update_status(a["node_id"], "active")
+    low = await store.memories.save({"content": "weekly standup is on tuesdays", "importance": 0.1})
     assert len(await ids(store, "never force push")) == 1  # a match collapses them
-    res = await store.recall({"query": "qwzx plorf", "limit": 2})
+    res = await store.recall.query({"query": "qwzx plorf", "limit": 2})
     assert res.fallback is True
     got = [m.id for m in res.memories]
     assert len(got) == 2 and got[1] == low["node_id"], got  # limit filled past the duplicate
@@ -103,9 +103,9 @@ async def test_fallback_keeps_one_memory_per_dedupe_key(store: Store) -> None:
 async def test_an_empty_realm_name_matches_no_realm(store: Store) -> None:
     """``realms: []`` is every realm; ``[""]`` is ``realm IN ('')``: nothing (a blank realm is
     saved as ``default``), neither as a match nor as the fallback."""
-    await store.save({"content": "deploy billing with make release", "realm": "p"})
-    await store.save({"content": "deploy billing with helm", "realm": ""})
-    res = await store.recall({"query": "deploy billing", "realms": [""]})
+    await store.memories.save({"content": "deploy billing with make release", "realm": "p"})
+    await store.memories.save({"content": "deploy billing with helm", "realm": ""})
+    res = await store.recall.query({"query": "deploy billing", "realms": [""]})
     assert res.memories == []
     assert len(await ids(store, "deploy billing", realms=[])) == 2
     assert len(await ids(store, "deploy billing", realms=["", "default"])) == 1
@@ -113,14 +113,14 @@ async def test_an_empty_realm_name_matches_no_realm(store: Store) -> None:
 
 async def test_more_tag_or_realm_filters_than_a_memory_can_hold_are_refused(
         store: Store) -> None:
-    await store.save({"content": "deploy billing with make release", "tags": ["t1"]})
+    await store.memories.save({"content": "deploy billing with make release", "tags": ["t1"]})
     for name, cap in (("tags", MAX_TAGS), ("realms", MAX_REALMS)):
         values = [f"t{i}" for i in range(1000)]
         with pytest.raises(ValidationError) as exc:
-            await store.recall({"query": "deploy billing", name: values})
+            await store.recall.query({"query": "deploy billing", name: values})
         assert exc.value.field == name
         values[0] = "t1"
-        res = await store.recall({"query": "deploy billing", name: values[:cap]})
+        res = await store.recall.query({"query": "deploy billing", name: values[:cap]})
         assert isinstance(res.took_ms, int)
 
 
@@ -130,8 +130,8 @@ async def test_more_tag_or_realm_filters_than_a_memory_can_hold_are_refused(
 ])
 async def test_plane_mode_query_of_many_distinct_words_never_errors(store: Store,
                                                                    query: str) -> None:
-    await store.save({"content": "deploy billing with make release"})
-    res = await store.recall({"query": query}, mode="plane")
+    await store.memories.save({"content": "deploy billing with make release"})
+    res = await store.recall.query({"query": query}, mode="plane")
     assert isinstance(res.took_ms, int)
     assert res.memories  # the plane has no floor: the semantic leg still answers
 
@@ -154,8 +154,8 @@ async def test_plane_semantic_leg_ranks_every_row_by_the_blend(store: Store) -> 
             for i in range(150)]
     rows.append(NodeRow(id="memory:x", content="important", importance=1.0,
                         updated_at=STAMP, created_at=STAMP, embedding=vec(0.5)))
-    await store.apply(rows, [], model=emb.model_id)
-    res = await store.recall({"query": "alpha beta gamma", "limit": 100, "expand_hops": 0},
+    await store.replication.apply(rows, [], model=emb.model_id)
+    res = await store.recall.query({"query": "alpha beta gamma", "limit": 100, "expand_hops": 0},
                              mode="plane")
     by_id = {m.id: m for m in res.memories}
     assert "memory:x" in by_id
@@ -163,8 +163,8 @@ async def test_plane_semantic_leg_ranks_every_row_by_the_blend(store: Store) -> 
 
 
 async def test_plane_keyword_leg_lowercases_unicode_like_the_plane(store: Store) -> None:
-    hit = await store.save({"content": "Ärger über Zölle"})
-    res = await store.recall({"query": "ärger zölle", "expand_hops": 0}, mode="plane")
+    hit = await store.memories.save({"content": "Ärger über Zölle"})
+    res = await store.recall.query({"query": "ärger zölle", "expand_hops": 0}, mode="plane")
     by_id = {m.id: m for m in res.memories}
     assert by_id[hit["node_id"]].kw_score == 2.0
 

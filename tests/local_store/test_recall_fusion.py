@@ -54,11 +54,11 @@ async def planted_store(tmp_path: Path) -> AsyncIterator[tuple[Store, PlantedEmb
 async def save_at(store: Store, embedder: PlantedEmbedder, content: str, cosine: float,
                   axis: int, **fields: Any) -> str:
     embedder.vectors[content] = planted(cosine, axis)
-    return str((await store.save({"content": content, **fields}))["node_id"])
+    return str((await store.memories.save({"content": content, **fields}))["node_id"])
 
 
 async def ranked(store: Store, **kw: Any) -> list[str]:
-    res = await store.recall({"query": QUERY, "expand_hops": 1, **kw})
+    res = await store.recall.query({"query": QUERY, "expand_hops": 1, **kw})
     return [m.id for m in res.memories if not m.fallback]
 
 
@@ -78,12 +78,12 @@ async def test_importance_reorders_close_matches_but_does_not_lift_a_weak_one(
 async def test_a_superseded_memory_never_ranks_above_the_memory_that_superseded_it(
         planted_store: tuple[Store, PlantedEmbedder]) -> None:
     store, _ = planted_store
-    oldest = await store.save({"content": "billing runs on mysql five"})
-    middle = await store.save({"content": "billing moved to mariadb"})
-    newest = await store.save({"content": "the ledger now lives in postgres"})
-    await store.judge(middle["id"], oldest["id"], "supersedes")
-    await store.judge(newest["id"], middle["id"], "supersedes")
-    res = await store.recall({"query": "billing runs on mysql five", "include_invalidated": True})
+    oldest = await store.memories.save({"content": "billing runs on mysql five"})
+    middle = await store.memories.save({"content": "billing moved to mariadb"})
+    newest = await store.memories.save({"content": "the ledger now lives in postgres"})
+    await store.graph.judge(middle["id"], oldest["id"], "supersedes")
+    await store.graph.judge(newest["id"], middle["id"], "supersedes")
+    res = await store.recall.query({"query": "billing runs on mysql five", "include_invalidated": True})
     order = [m.id for m in res.memories]
     # the oldest holds every word of the query (a strict keyword hit, far ahead on evidence)
     assert order[:3] == [newest["node_id"], middle["node_id"], oldest["node_id"]]
@@ -92,7 +92,7 @@ async def test_a_superseded_memory_never_ranks_above_the_memory_that_superseded_
     by_id = {m.id: m for m in res.memories}
     assert by_id[oldest["node_id"]].superseded_by == middle["node_id"]
     # without invalidated memories the current one is all there is of the chain
-    current = await store.recall({"query": "billing runs on mysql five"})
+    current = await store.recall.query({"query": "billing runs on mysql five"})
     assert newest["node_id"] in [m.id for m in current.memories]
     assert oldest["node_id"] not in [m.id for m in current.memories]
 
@@ -105,9 +105,9 @@ async def test_only_the_best_matchs_links_count_as_graph_evidence(
     of_best = await save_at(store, embedder, "foxtrot linked to the best", 0.30, 4)
     of_weaker = await save_at(store, embedder, "golf linked to the weaker", 0.30, 5)
     for src, dst in ((best, of_best), (weaker, of_weaker)):
-        await store.link({"memory_id": src, "target_node_id": dst,
+        await store.graph.link({"memory_id": src, "target_node_id": dst,
                           "relationship_type": "RELATES_TO"})
-    res = await store.recall({"query": QUERY, "expand_hops": 1})
+    res = await store.recall.query({"query": QUERY, "expand_hops": 1})
     parts = {m.id: m.components for m in res.memories}
     linked_to_best, linked_to_weaker = parts[of_best], parts[of_weaker]
     assert linked_to_best is not None and linked_to_best.graph > 0
@@ -119,7 +119,7 @@ async def test_only_the_best_matchs_links_count_as_graph_evidence(
 async def entity_at(store: Store, embedder: PlantedEmbedder, name: str, cosine: float,
                     axis: int) -> str:
     embedder.vectors[name] = planted(cosine, axis)  # an entity with no kind: its name is its text
-    return str((await store.ingest_entity({"name": name}))["node_id"])
+    return str((await store.graph.ingest_entity({"name": name}))["node_id"])
 
 
 async def test_when_an_entity_is_the_best_match_the_best_statements_links_count_too(
@@ -132,8 +132,8 @@ async def test_when_an_entity_is_the_best_match_the_best_statements_links_count_
     of_weaker = await save_at(store, embedder, "mike linked to the weaker", 0.30, 6)
     for src, dst, kind in ((about, repo, "REFERENCES"), (about, pitfall, "RELATES_TO"),
                            (weaker, of_weaker, "RELATES_TO")):
-        await store.link({"memory_id": src, "target_node_id": dst, "relationship_type": kind})
-    res = await store.recall({"query": QUERY, "expand_hops": 1})
+        await store.graph.link({"memory_id": src, "target_node_id": dst, "relationship_type": kind})
+    res = await store.recall.query({"query": QUERY, "expand_hops": 1})
     parts = {m.id: m.components for m in res.memories}
     of_statement, of_weak = parts[pitfall], parts[of_weaker]
     assert of_statement is not None and of_statement.graph > 0
@@ -148,9 +148,9 @@ async def test_an_entity_takes_neither_a_graph_term_nor_recency(
     best = await save_at(store, embedder, "november best statement", 0.80, 2)
     named = await entity_at(store, embedder, "oscar-service", 0.50, 3)
     equal = await save_at(store, embedder, "papa as near as the name", 0.50, 4)
-    await store.link({"memory_id": best, "target_node_id": named,
+    await store.graph.link({"memory_id": best, "target_node_id": named,
                       "relationship_type": "REFERENCES"})
-    res = await store.recall({"query": QUERY, "expand_hops": 1})
+    res = await store.recall.query({"query": QUERY, "expand_hops": 1})
     parts = {m.id: m.components for m in res.memories}
     of_name, of_statement = parts[named], parts[equal]
     assert of_name is not None and of_name.graph == 0 and of_name.recency == 0

@@ -24,25 +24,25 @@ TEXT = "rotate the signing keys every ninety days"
 
 
 async def recalled(store: Store, **request: object) -> dict[str, Any]:
-    res = await store.recall({"query": TEXT, **request})
+    res = await store.recall.query({"query": TEXT, **request})
     return {m.id: m for m in res.memories if not m.fallback}
 
 
 Change = Callable[[Store, str], Awaitable[object]]
 CHANGES: dict[str, tuple[Change, Callable[[dict[str, Any], str], bool]]] = {
-    "archived": (lambda s, mid: s.update_status(mid, "archived"),
+    "archived": (lambda s, mid: s.memories.update_status(mid, "archived"),
                  lambda got, mid: mid not in got),
-    "soft-deleted": (lambda s, mid: s.delete(mid), lambda got, mid: mid not in got),
-    "hard-deleted": (lambda s, mid: s.delete(mid, hard=True), lambda got, mid: mid not in got),
-    "importance": (lambda s, mid: s.update_importance(mid, 0.93),
+    "soft-deleted": (lambda s, mid: s.memories.delete(mid), lambda got, mid: mid not in got),
+    "hard-deleted": (lambda s, mid: s.memories.delete(mid, hard=True), lambda got, mid: mid not in got),
+    "importance": (lambda s, mid: s.memories.update_importance(mid, 0.93),
                    lambda got, mid: got[mid].importance == pytest.approx(0.93)),
 }
 
 
 @pytest.mark.parametrize("change", sorted(CHANGES))
 async def test_a_write_between_two_recalls_shows_in_the_second(store: Store, change: str) -> None:
-    mid = (await store.save({"content": TEXT, "importance": 0.2}))["node_id"]
-    await store.save({"content": "the release train leaves on thursdays"})
+    mid = (await store.memories.save({"content": TEXT, "importance": 0.2}))["node_id"]
+    await store.memories.save({"content": "the release train leaves on thursdays"})
     assert (await recalled(store))[mid].importance == pytest.approx(0.2)
     assert store._recall_reader.memo.held > 0  # the row came through the memo
     act, holds = CHANGES[change]
@@ -51,10 +51,10 @@ async def test_a_write_between_two_recalls_shows_in_the_second(store: Store, cha
 
 
 async def test_a_superseding_judgement_shows_as_invalidated(store: Store) -> None:
-    old = (await store.save({"content": TEXT}))["node_id"]
+    old = (await store.memories.save({"content": TEXT}))["node_id"]
     assert old in await recalled(store)
-    new = (await store.save({"content": TEXT + " via the vault"}))["node_id"]
-    await store.judge(new, old, "supersedes")
+    new = (await store.memories.save({"content": TEXT + " via the vault"}))["node_id"]
+    await store.graph.judge(new, old, "supersedes")
     assert old not in await recalled(store)
     assert (await recalled(store, include_invalidated=True))[old].superseded_by == new
 
@@ -63,7 +63,7 @@ async def test_a_repeated_recall_reads_its_rows_from_the_memo(store: Store,
                                                               tmp_path: Path) -> None:
     """Across writes too: a write costs the memo the rows of the memories it wrote, no more —
     and those rows are read again, so the next answer shows the write."""
-    ids = [(await store.save({"content": f"{TEXT} note {i}"}))["node_id"] for i in range(30)]
+    ids = [(await store.memories.save({"content": f"{TEXT} note {i}"}))["node_id"] for i in range(30)]
     reader = SyncReader(tmp_path / "data" / db.DB_FILENAME)
     reads: list[set[str]] = []  # the memory ids of each row read
 
@@ -78,7 +78,7 @@ async def test_a_repeated_recall_reads_its_rows_from_the_memo(store: Store,
 
     def answer() -> Any:
         semantic = Semantic(*store.index.snapshot(vector))
-        return Recall(fetch, semantic, store.settings, memo=memo).run(request)
+        return Recall(fetch, semantic, store.settings.current, memo=memo).run(request)
 
     async def read_by_next_answer() -> tuple[set[str], Any]:
         reads.clear()
@@ -91,16 +91,16 @@ async def test_a_repeated_recall_reads_its_rows_from_the_memo(store: Store,
         read, second = await read_by_next_answer()
         assert read == set()  # nothing read again
         assert [m.id for m in second.memories] == [m.id for m in first.memories]
-        unrelated = (await store.save({"content": "an unrelated write"}))["node_id"]
+        unrelated = (await store.memories.save({"content": "an unrelated write"}))["node_id"]
         read, again = await read_by_next_answer()
         assert read <= {unrelated}  # the rows already held stay held
         assert [m.id for m in again.memories] == [m.id for m in first.memories]
         changed = first.memories[0].id
-        await store.update_importance(changed, 0.91)
+        await store.memories.update_importance(changed, 0.91)
         read, after = await read_by_next_answer()
         assert read == {changed}  # exactly the written memory's row is read again
         assert {m.id: m.importance for m in after.memories}[changed] == pytest.approx(0.91)
-        await store.delete(changed)  # (it leaves the index: no leg asks for its row)
+        await store.memories.delete(changed)  # (it leaves the index: no leg asks for its row)
         read, gone = await read_by_next_answer()
         assert changed not in {m.id for m in gone.memories} and read <= {changed}
     finally:
@@ -111,7 +111,7 @@ async def test_fresh_forgets_the_written_memories_or_past_a_bound_all(
         store: Store, tmp_path: Path) -> None:
     """``fresh`` drops the rows of the memories written since (up to ``MEMO_CHANGED`` of
     them), all rows past that, and then keeps following the writes."""
-    ids = [(await store.save({"content": f"{TEXT} note {i}"}))["node_id"] for i in range(8)]
+    ids = [(await store.memories.save({"content": f"{TEXT} note {i}"}))["node_id"] for i in range(8)]
     reader = SyncReader(tmp_path / "data" / db.DB_FILENAME)
 
     async def on_reader(call: Callable[[], Any]) -> Any:
@@ -127,19 +127,19 @@ async def test_fresh_forgets_the_written_memories_or_past_a_bound_all(
         hold(memo, ids)
         await on_reader(memo.fresh)  # nothing written: everything stays
         assert set(memo.rows("w", ())) == set(ids) and memo.held == len(ids)
-        await store.update_importance(ids[0], 0.5)
-        await store.delete(ids[1])
+        await store.memories.update_importance(ids[0], 0.5)
+        await store.memories.delete(ids[1])
         await on_reader(memo.fresh)
         assert set(memo.rows("w", ())) == set(ids[2:]) and memo.held == len(ids) - 2
-        await store.save_many([{"content": f"filler {i}"} for i in range(MEMO_CHANGED - 1)])
-        await store.update_importance(ids[2], 0.5)  # MEMO_CHANGED written: still one by one
+        await store.memories.save_many([{"content": f"filler {i}"} for i in range(MEMO_CHANGED - 1)])
+        await store.memories.update_importance(ids[2], 0.5)  # MEMO_CHANGED written: still one by one
         await on_reader(memo.fresh)
         assert set(memo.rows("w", ())) == set(ids[3:])
-        await store.save_many([{"content": f"more {i}"} for i in range(MEMO_CHANGED + 1)])
+        await store.memories.save_many([{"content": f"more {i}"} for i in range(MEMO_CHANGED + 1)])
         await on_reader(memo.fresh)
         assert memo.rows("w", ()) == {} and memo.held == 0
         hold(memo, ids[3:])
-        await store.update_importance(ids[3], 0.5)  # followed again after starting over
+        await store.memories.update_importance(ids[3], 0.5)  # followed again after starting over
         await on_reader(memo.fresh)
         assert set(memo.rows("w", ())) == set(ids[4:])
     finally:
@@ -153,18 +153,18 @@ async def test_recalls_racing_writes_end_on_the_written_state(store: Store,
     writes stop, the next recall shows every memory as last written (no row the memo kept
     from before a write survives it). With batches, some writes are more than
     ``MEMO_CHANGED`` memories at once, so the memo also starts over while recalls run."""
-    ids = [(await store.save({"content": f"{TEXT} note {i}", "importance": 0.1}))["node_id"]
+    ids = [(await store.memories.save({"content": f"{TEXT} note {i}", "importance": 0.1}))["node_id"]
            for i in range(12)]
     last: dict[str, float] = {}
 
     async def writes() -> None:
         for step in range(ROUNDS):
             if batch_every and step % batch_every == 0:
-                await store.save_many([{"content": f"filler {step} {i}"}
+                await store.memories.save_many([{"content": f"filler {step} {i}"}
                                        for i in range(MEMO_CHANGED + 1)])
             mid = ids[step * 7 % len(ids)]
             last[mid] = round(0.2 + (step % 70) / 100, 2)
-            await store.update_importance(mid, last[mid])
+            await store.memories.update_importance(mid, last[mid])
 
     async def recalls() -> None:
         for _ in range(ROUNDS):

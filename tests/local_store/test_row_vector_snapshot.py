@@ -26,7 +26,7 @@ async def test_a_write_between_rows_and_vectors_does_not_reach_the_page(tmp_path
         row = NodeRow(id="memory:one", labels="Memory", content="the release checklist",
                       status="active", embedding=[float(x) for x in old], created_at=stamp,
                       updated_at=stamp)
-        result = await store.apply([row], [], model=embedder.model_id)
+        result = await store.replication.apply([row], [], model=embedder.model_id)
         assert result.applied_nodes == 1 and not result.problems
 
         # Another connection replaces the vector right after the page's rows were read.
@@ -47,7 +47,7 @@ async def test_a_write_between_rows_and_vectors_does_not_reach_the_page(tmp_path
             return rows
 
         store._recall_reader.fetch = racing_fetch  # type: ignore[method-assign]
-        nodes, _, _, _ = await store.feed(None)
+        nodes, _, _, _ = await store.feed.page(None)
         assert wrote, "the feed's node read was not seen"
         (node,) = nodes
         assert node.embedding is not None
@@ -62,7 +62,7 @@ async def test_a_write_after_staging_does_not_reach_the_pushed_vector(tmp_path: 
     embedder = HashingEmbedder()
     store = await Store.open(tmp_path, embedder=embedder)
     try:
-        saved = await store.save({"content": "the release checklist"})
+        saved = await store.memories.save({"content": "the release checklist"})
         old = embedder.embed(["the release checklist"])[0]
         newer = to_blob(np.roll(old, 1))
         fetch = store._reader.fetch
@@ -78,7 +78,7 @@ async def test_a_write_after_staging_does_not_reach_the_pushed_vector(tmp_path: 
             return fetch(sql, params)
 
         store._reader.fetch = racing_fetch  # type: ignore[method-assign]
-        _, nodes, _ = await store.stage_push(10, model=embedder.model_id, dim=embedder.dim)
+        _, nodes, _ = await store.replication.stage_push(10, model=embedder.model_id, dim=embedder.dim)
         (node,) = nodes
         assert node.id == saved["node_id"] and node.embedding is not None
         assert np.allclose(node.embedding, old)

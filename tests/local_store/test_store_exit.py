@@ -21,14 +21,14 @@ SCRIPT = textwrap.dedent("""
 
     async def main(data_dir):
         store = await Store.open(data_dir, embedder=HashingEmbedder())
-        await store.save({"content": "deploy billing with make release"})
+        await store.memories.save({"content": "deploy billing with make release"})
         stamp = format_ns(1_700_000_000_000_000_000)
         rows = [NodeRow(id=f"memory:{i:04d}", labels="Memory", content=f"pulled {i}",
                         status="active", created_at=stamp, updated_at=stamp)
                 for i in range(300)]
-        await store.apply(rows, [], model=store.embedder.model_id)
-        await store.recall({"query": "deploy billing"})
-        await store.list_memories({})
+        await store.replication.apply(rows, [], model=store.embedder.model_id)
+        await store.recall.query({"query": "deploy billing"})
+        await store.memories.list_memories({})
         raise RuntimeError("boom before close")
 
     asyncio.run(main(sys.argv[1]))

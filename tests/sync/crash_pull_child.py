@@ -8,7 +8,7 @@ wrapped call still runs the real code up to the crash point):
   after_fetch                PlaneClient.changes returned the page; nothing applied yet
   mid_apply                  Writer.apply_nodes ran its executemany's; the transaction is open
   after_apply_before_cursor  replica.set_state is about to write the pulled cursor (same tx)
-  after_commit               Store.pull returned: rows and cursor are committed
+  after_commit               store.replication.pull returned: rows and cursor are committed
 
 If the pass ends without reaching the stage the child exits 3 (the parent then fails: a crash
 that never fired proves nothing).
@@ -29,7 +29,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:  # run as a script: sys.path[0] is tests/sync
     sys.path.insert(0, str(REPO_ROOT))
 
-from local_store import Store, replica  # noqa: E402
+from local_store import replica  # noqa: E402
+from local_store.services.replication import Replication  # noqa: E402
 from local_store.writes import Writer  # noqa: E402
 from syncd.sync.plane import PlaneClient  # noqa: E402
 from tests.sync.harness import start_laptop  # noqa: E402
@@ -73,14 +74,14 @@ def install(stage: str) -> None:
 
         replica.set_state = set_state
     elif stage == "after_commit":
-        real_pull = Store.pull
+        real_pull = Replication.pull
 
         @functools.wraps(real_pull)
-        async def pull(self: Store, *args: Any, **kwargs: Any) -> Any:
+        async def pull(self: Replication, *args: Any, **kwargs: Any) -> Any:
             await real_pull(self, *args, **kwargs)
             die()
 
-        Store.pull = pull  # type: ignore[method-assign]
+        Replication.pull = pull  # type: ignore[method-assign]
     else:
         raise SystemExit(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")
 

@@ -38,8 +38,8 @@ async def run_op(laptop: Laptop, op: dict[str, Any]) -> dict[str, Any]:
                 "pulled_nodes": report.pulled_nodes,
                 "offset_ms": laptop.engine.status.clock_offset_ms}
     if op["op"] == "save":
-        saved = await laptop.store.save({"content": op["content"], "topic_key": op["topic_key"]})
-        row = await laptop.store.get(saved["node_id"])
+        saved = await laptop.store.memories.save({"content": op["content"], "topic_key": op["topic_key"]})
+        row = await laptop.store.memories.get(saved["node_id"])
         return {"op": "save", "id": saved["node_id"], "updated_at": row["updated_at"]}
     raise ValueError(f"unknown op {op!r}")
 

@@ -30,34 +30,34 @@ async def test_a_bad_row_holds_the_cursor_then_is_skipped_and_reported(
     a = await start_laptop("a", tmp_path / "a", hub.url, hub.token)
     b = await start_laptop("b", tmp_path / "b", hub.url, hub.token)
     try:
-        ids = [(await a.store.save({"content": f"note {i} about the release train"}))["node_id"]
+        ids = [(await a.store.memories.save({"content": f"note {i} about the release train"}))["node_id"]
                for i in range(3)]
         assert (await a.sync()).ok
         await asyncio.to_thread(corrupt, hub.store.db_path, ids[1])
         for attempt in range(1, BAD_ROW_PASSES):
             if writing:
-                await b.store.save({"content": f"b writes during pass {attempt}"})
+                await b.store.memories.save({"content": f"b writes during pass {attempt}"})
             report = await b.sync()
             assert report.pull_problems >= 1, report
-            assert "cursor" not in await b.store.sync_state(), f"pass {attempt}"
+            assert "cursor" not in await b.store.replication.sync_state(), f"pass {attempt}"
             assert b.engine.status.skipped_rows == []
-        held = {r["id"] for r in (await b.store.list_memories())["rows"]}
+        held = {r["id"] for r in (await b.store.memories.list_memories())["rows"]}
         assert held & set(ids) == {ids[0], ids[2]}
         report = await b.sync()
         assert report.pull_problems == 1
-        assert "cursor" in await b.store.sync_state()
+        assert "cursor" in await b.store.replication.sync_state()
         assert [ids[1] in line and "updated_at" in line
                 for line in b.engine.status.skipped_rows] == [True]
-        later = (await a.store.save({"content": "the train leaves on Thursdays"}))["node_id"]
+        later = (await a.store.memories.save({"content": "the train leaves on Thursdays"}))["node_id"]
         assert (await a.sync()).ok
         report = await b.sync()  # past the skipped row: sync makes progress again
         assert report.ok, report
-        assert (await b.store.get(later))["content"] == "the train leaves on Thursdays"
-        before = (await b.store.sync_state())["cursor"]
-        await a.store.save({"content": "and returns on Fridays"})
+        assert (await b.store.memories.get(later))["content"] == "the train leaves on Thursdays"
+        before = (await b.store.replication.sync_state())["cursor"]
+        await a.store.memories.save({"content": "and returns on Fridays"})
         assert (await a.sync()).ok
         assert (await b.sync()).ok
-        assert (await b.store.sync_state())["cursor"] > before  # the skipped row holds nothing
+        assert (await b.store.replication.sync_state())["cursor"] > before  # the skipped row holds nothing
         assert len(b.engine.status.skipped_rows) == 1  # reported once
     finally:
         await a.close()

@@ -107,7 +107,7 @@ async def run_history(root: Path, mode: str, steps: list[tuple[object, ...]]) ->
         model = Model()
         first = 0.001
         model.writes[first] = (0,) * LAPTOPS
-        mid = str((await laps[0].store.save({"content": "causal", "importance": first}))
+        mid = str((await laps[0].store.memories.save({"content": "causal", "importance": first}))
                   ["node_id"])
         for lap in laps:
             assert (await lap.sync()).ok
@@ -118,7 +118,7 @@ async def run_history(root: Path, mode: str, steps: list[tuple[object, ...]]) ->
                 (i,) = args
                 v = n / 1000
                 model.saw(int(i), await value(laps[int(i)], mid))
-                await laps[int(i)].store.update_importance(mid, v)
+                await laps[int(i)].store.memories.update_importance(mid, v)
                 model.wrote(int(i), v)
             elif kind == "sync":
                 i, drop = int(args[0]), bool(args[1])

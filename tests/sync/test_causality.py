@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import FakeWall
+from tests.store_probe import integrity_check, outbox_items
 from tests.sync.crash_push_child import NO_CRASH_EXIT
 from tests.sync.harness import Hub, Laptop, live_contents, run_script, start_laptop
 from tests.sync.test_clocks import start_world_hub
@@ -51,7 +52,7 @@ async def end_with_ys_edit(hub: Hub, x: Laptop, y: Laptop, wall: FakeWall, mid: 
     and X sync; Y's edit, made after it received X's, must be everywhere."""
     assert (await y.sync()).ok
     assert await importance(y, mid) == 0.9
-    await y.store.update_importance(mid, 0.1)  # made after Y received 0.9
+    await y.store.memories.update_importance(mid, 0.1)  # made after Y received 0.9
 
     wall.advance(OVERLAP_SECS / 2 + 1)  # X's queued 0.9 is now old enough to be re-stamped
     for lap in (x, y, x):
@@ -60,7 +61,7 @@ async def end_with_ys_edit(hub: Hub, x: Laptop, y: Laptop, wall: FakeWall, mid: 
         assert await importance(holder, mid) == 0.1
     assert await live_contents(x.store) == await live_contents(hub.store) \
         == await live_contents(y.store)
-    assert await x.store.outbox() == [] and await y.store.outbox() == []
+    assert await outbox_items(x.store) == [] and await outbox_items(y.store) == []
 
 
 async def test_lost_reply_then_restamp_does_not_beat_a_later_edit(
@@ -72,16 +73,16 @@ async def test_lost_reply_then_restamp_does_not_beat_a_later_edit(
     y = await start_laptop("y", tmp_path / "y", hub.url, hub.token, wall=wall,
                            overlap_secs=OVERLAP_SECS)
     try:
-        mid = str((await x.store.save({"content": "causal note", "importance": 0.5}))["node_id"])
+        mid = str((await x.store.memories.save({"content": "causal note", "importance": 0.5}))["node_id"])
         assert (await x.sync()).ok and (await y.sync()).ok
         assert await importance(y, mid) == 0.5
 
-        await x.store.update_importance(mid, 0.9)
+        await x.store.memories.update_importance(mid, 0.9)
         proxy.inject(Fault("drop_after_commit", method="POST", path=IMPORT))
         report = await x.sync()
         assert not report.ok and report.error_kind == "transient", report
         assert await importance(hub, mid) == 0.9  # the hub committed
-        assert [item for _, item, _ in await x.store.outbox()] == [mid]  # ... unacknowledged
+        assert [item for _, item, _ in await outbox_items(x.store)] == [mid]  # ... unacknowledged
 
         await end_with_ys_edit(hub, x, y, wall, mid)
     finally:
@@ -106,9 +107,9 @@ async def test_kill_9_after_the_hub_committed_then_restamp_does_not_beat_a_later
     y = await start_laptop("y", tmp_path / "y", hub.url, hub.token, wall=wall,
                            overlap_secs=OVERLAP_SECS)
     try:
-        mid = str((await x.store.save({"content": "causal note", "importance": 0.5}))["node_id"])
+        mid = str((await x.store.memories.save({"content": "causal note", "importance": 0.5}))["node_id"])
         assert (await x.sync()).ok and (await y.sync()).ok
-        await x.store.update_importance(mid, 0.9)
+        await x.store.memories.update_importance(mid, 0.9)
         await x.close()
 
         code, output = await run_child(x_dir, hub, wall.now_ns)
@@ -118,8 +119,8 @@ async def test_kill_9_after_the_hub_committed_then_restamp_does_not_beat_a_later
 
         x = await start_laptop("x", x_dir, hub.url, hub.token, wall=wall,
                                overlap_secs=OVERLAP_SECS)
-        assert await x.store.integrity_check() == "ok"
-        assert [item for _, item, _ in await x.store.outbox()] == [mid]  # never cleared
+        assert await integrity_check(x.store) == "ok"
+        assert [item for _, item, _ in await outbox_items(x.store)] == [mid]  # never cleared
         await end_with_ys_edit(hub, x, y, wall, mid)
     finally:
         await y.close()
@@ -135,7 +136,7 @@ async def test_a_push_the_plane_refused_whole_is_restamped_when_old(
     x = await start_laptop("x", tmp_path / "x", proxy.url, hub.token, wall=wall,
                            overlap_secs=OVERLAP_SECS)
     try:
-        mid = str((await x.store.save({"content": "refused whole"}))["node_id"])
+        mid = str((await x.store.memories.save({"content": "refused whole"}))["node_id"])
         (written,) = await x.store._fetch("SELECT updated_at FROM memories WHERE id = ?",
                                           (mid,))
         proxy.inject(Fault("status", status=413, method="POST", path=IMPORT))
@@ -148,6 +149,6 @@ async def test_a_push_the_plane_refused_whole_is_restamped_when_old(
         (pushed,) = await hub.store._fetch("SELECT updated_at FROM memories WHERE id = ?",
                                            (mid,))
         assert pushed[0] > written[0]  # a fresh stamp, after the wait
-        assert await x.store.outbox() == []
+        assert await outbox_items(x.store) == []
     finally:
         await x.close()

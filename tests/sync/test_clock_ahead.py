@@ -61,7 +61,7 @@ async def test_an_edit_made_a_day_ahead_is_beaten_by_an_edit_made_after_the_sync
         shift[0] = 0  # the wall is right again before a syncs: no offset to correct
     report = ok(await a.sync())
     assert report.pushed_nodes == 1
-    pushed = parse_ns((await hub.store.get(x))["updated_at"])
+    pushed = parse_ns((await hub.store.memories.get(x))["updated_at"])
     assert abs(pushed - world()) <= 5 * SECOND_NS  # stamped again, at the plane's time
     ok(await b.sync())
     await assert_everywhere(x, "x edited on a (offline, clock a day ahead)", hub, a, b)
@@ -89,12 +89,12 @@ async def test_an_edit_a_day_ahead_still_beats_the_version_it_replaced(
     ok(await a.sync())
     shift[0] = DAY_NS
     world.advance(10)
-    await a.store.update_importance(x, 0.9)  # made after a saw the other's version
+    await a.store.memories.update_importance(x, 0.9)  # made after a saw the other's version
     world.advance(10)
     for _ in range(2):
         ok(await a.sync())
     for store in (hub.store, a.store):
-        assert (await store.get(x))["importance"] == 0.9
+        assert (await store.memories.get(x))["importance"] == 0.9
 
 
 async def test_an_offline_edit_a_day_ahead_with_no_concurrent_edit_still_lands(
@@ -110,7 +110,7 @@ async def test_an_offline_edit_a_day_ahead_with_no_concurrent_edit_still_lands(
     for lap in (a, b):
         ok(await lap.sync())
     await assert_everywhere(x, "x edited on a (offline, clock a day ahead)", hub, a, b)
-    stamp = parse_ns((await hub.store.get(x))["updated_at"])
+    stamp = parse_ns((await hub.store.memories.get(x))["updated_at"])
     assert abs(stamp - pushed_at) <= 5 * SECOND_NS
 
 
@@ -129,14 +129,14 @@ async def test_an_edit_over_a_far_future_version_keeps_its_stamp(
     far.write(x, "x, stamped two days ahead")
     await far.sync()
     ok(await a.sync())
-    await a.store.update_importance(x, 0.9)  # a's edit, made after it pulled the far version
-    edit = await a.store.get(x)
+    await a.store.memories.update_importance(x, 0.9)  # a's edit, made after it pulled the far version
+    edit = await a.store.memories.get(x)
     assert parse_ns(edit["updated_at"]) > world() + DAY_NS  # just after the far stamp
     world.advance(10)
     for lap in (a, b):
         ok(await lap.sync())
     for store in (hub.store, a.store, b.store):
-        held = await store.get(x)
+        held = await store.memories.get(x)
         assert (held["updated_at"], held["importance"]) == (edit["updated_at"], 0.9)
 
 
@@ -150,22 +150,22 @@ async def test_an_edit_made_while_its_predecessor_was_pushed_stays_after_it(
     s = await Store.open(tmp_path / "d", embedder=HashingEmbedder(),
                          wall=lambda: world() + shift[0])
     try:
-        x = (await s.save({"content": "x v0", "topic_key": "t"}))["node_id"]
-        entries, _, _ = await s.stage_push(100, model="m", dim=8)
-        await s.ack_push(entries)
-        assert await s.outbox_depth() == 0
+        x = (await s.memories.save({"content": "x v0", "topic_key": "t"}))["node_id"]
+        entries, _, _ = await s.replication.stage_push(100, model="m", dim=8)
+        await s.replication.ack_push(entries)
+        assert await s.replication.outbox_depth() == 0
 
         shift[0] = DAY_NS  # the wall jumps a day ahead; no offset known yet
         world.advance(10)
-        await s.update_importance(x, 0.7)  # V1, stamped a day ahead
-        entries, nodes, _ = await s.stage_push(100, model="m", dim=8)  # staged as it is
+        await s.memories.update_importance(x, 0.7)  # V1, stamped a day ahead
+        entries, nodes, _ = await s.replication.stage_push(100, model="m", dim=8)  # staged as it is
         pushed_v1 = nodes[0].updated_at
-        await s.update_importance(x, 0.9)  # V2, made while V1's push is in flight
-        await s.ack_push(entries)  # R7: the entry stays (seq bumped)
+        await s.memories.update_importance(x, 0.9)  # V2, made while V1's push is in flight
+        await s.replication.ack_push(entries)  # R7: the entry stays (seq bumped)
 
         shift[0] = 0  # NTP fixes the wall
         world.advance(10)
-        _, nodes, _ = await s.stage_push(100, model="m", dim=8)
+        _, nodes, _ = await s.replication.stage_push(100, model="m", dim=8)
         v2 = nodes[0].updated_at
         # the plane holds V1; V2 must beat it or the newest edit is lost everywhere
         assert v2 > pushed_v1, (v2, pushed_v1)

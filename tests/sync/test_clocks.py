@@ -116,12 +116,12 @@ def ok(report: PassReport) -> PassReport:
 
 async def put(lap: Laptop, topic: str, content: str) -> tuple[str, str]:
     """Save under ``topic`` (a new memory, or a new version of the one holding it): id, stamp."""
-    saved = await lap.store.save({"content": content, "topic_key": topic})
-    return saved["node_id"], (await lap.store.get(saved["node_id"]))["updated_at"]
+    saved = await lap.store.memories.save({"content": content, "topic_key": topic})
+    return saved["node_id"], (await lap.store.memories.get(saved["node_id"]))["updated_at"]
 
 
 async def content(store: Store, memory_id: str) -> str:
-    return str((await store.get(memory_id))["content"])
+    return str((await store.memories.get(memory_id))["content"])
 
 
 async def assert_everywhere(memory_id: str, expected: str, hub: Hub, *laptops: Laptop,
@@ -210,13 +210,13 @@ async def test_r9_edit_made_offline_for_48h_reaches_b_within_two_passes(
     _, offline_stamp = await put(a, "r9/x", "x: edited while offline")
     for step in range(OFFLINE_STEPS):
         world.advance(OFFLINE_HOURS * 3600 / OFFLINE_STEPS)
-        await b.store.save({"content": f"b keeps working, step {step}"})
+        await b.store.memories.save({"content": f"b keeps working, step {step}"})
         ok(await b.sync())
         assert not (await a.sync()).ok  # A tries, reaches nothing
     away = proxy.requests[seen_online:]
     assert away and all(c.fault == "offline" for c in away)
     # The hole a naive client falls into: A's edit is older than everything B has pulled.
-    b_cursor = (await b.store.sync_state())["cursor"]
+    b_cursor = (await b.store.replication.sync_state())["cursor"]
     assert parse_ns(offline_stamp) < parse_ns(b_cursor) - (OFFLINE_HOURS - 1) * HOUR_NS
 
     proxy.offline = False
@@ -269,7 +269,7 @@ async def test_r9_naive_kyma_client_misses_the_offline_edit_in_origin_mode(
         ok(await b.sync())
 
     assert await content(hub.store, nx) == "naive x: v2, offline"  # the push did land
-    stamped = parse_ns((await hub.store.get(nx))["updated_at"])
+    stamped = parse_ns((await hub.store.memories.get(nx))["updated_at"])
     assert stamped < parse_ns(naive_b.pull_wm) - (OFFLINE_HOURS - 1) * HOUR_NS
     naive_sees = naive_b.rows[nx]["content"]
     if cursor == "origin":  # stamped 48 h before B's `since`: never in any `changes` again
@@ -328,7 +328,7 @@ async def test_r10_a_laptop_a_day_behind_still_propagates_its_edits(
     ok(await b.sync())
     world.advance(60)
     y, y_stamp = await put(slow, "r10/y", "y: written a day in the past, never synced")
-    assert parse_ns(y_stamp) < parse_ns((await b.store.sync_state())["cursor"]) - 23 * HOUR_NS
+    assert parse_ns(y_stamp) < parse_ns((await b.store.replication.sync_state())["cursor"]) - 23 * HOUR_NS
 
     world.advance(60)
     report = ok(await slow.sync())
@@ -446,7 +446,7 @@ async def test_r10_a_day_off_in_a_real_process_with_a_shifted_clock(
     b = await laptop(stack, "b", tmp_path, hub.url, hub.token)
     x, _ = await put(b, "r10/x", "x: b's first")
     ok(await b.sync())
-    b_cursor = (await b.store.sync_state())["cursor"]
+    b_cursor = (await b.store.replication.sync_state())["cursor"]
 
     child_dir = tmp_path / "child"
     run = await run_child(child_dir, hub, shift_ns, [

@@ -20,23 +20,23 @@ COMMON, X_WORDS, Y_WORDS = "the cache lives in redis", "the cache lives in memca
 
 
 async def content(store: Store, mid: str) -> str:
-    return str((await store.get(mid))["content"])
+    return str((await store.memories.get(mid))["content"])
 
 
 async def conflicts_of(store: Store, mid: str) -> list[dict[str, Any]]:
-    return [v for v in (await store.versions(mid))["versions"] if v["reason"] == "conflict"]
+    return [v for v in (await store.versions.history(mid))["versions"] if v["reason"] == "conflict"]
 
 
 async def edit_apart(x: Laptop, y: Laptop, *, later: str) -> tuple[str, str, str]:
     """X and Y share a memory, then each edits it without syncing; ``later`` ("x" or "y")
     edits second, so its stamp is larger and it wins. Returns (id, winner, loser) texts."""
-    mid = (await x.store.save({"content": COMMON, "topic_key": "infra/cache"}))["node_id"]
+    mid = (await x.store.memories.save({"content": COMMON, "topic_key": "infra/cache"}))["node_id"]
     assert (await x.sync()).ok and (await y.sync()).ok
     assert await content(y.store, mid) == COMMON
     first, second = (y, x) if later == "x" else (x, y)
     words = {x.name: X_WORDS, y.name: Y_WORDS}
-    await first.store.save({"content": words[first.name], "topic_key": "infra/cache"})
-    await second.store.save({"content": words[second.name], "topic_key": "infra/cache"})
+    await first.store.memories.save({"content": words[first.name], "topic_key": "infra/cache"})
+    await second.store.memories.save({"content": words[second.name], "topic_key": "infra/cache"})
     return mid, words[second.name], words[first.name]
 
 
@@ -64,20 +64,20 @@ async def test_the_loser_is_kept_as_a_conflict_on_every_laptop_that_held_it(
             kept = await conflicts_of(laptop.store, mid)
             held = laptop in holders
             assert [v["content"] for v in kept] == ([loser] if held else []), laptop.name
-            assert (await laptop.store.conflicts())["count"] == int(held)
+            assert (await laptop.store.versions.conflicts())["count"] == int(held)
             history = [(v["reason"], v["content"]) for v in
-                       (await laptop.store.versions(mid))["versions"]]
+                       (await laptop.store.versions.history(mid))["versions"]]
             assert history[0] == ("current", winner) and ("replaced", COMMON) in history
             assert all(v["reviewed"] is False for v in kept)
             assert loser not in [text for reason, text in history if reason != "conflict"]
-        nodes, _, _ = await hub.store.changes(0)
+        nodes, _, _ = (await hub.store.feed.page(0))[:3]
         assert [n.content for n in nodes if n.id == mid] == [winner]  # the loser: not current
         hub_kept = [v["content"] for v in await conflicts_of(hub.store, mid)]
         assert hub_kept == ([loser] if later == "y" else [])  # the hub held it, or never did
         await sync_all(x, y)  # quiet passes keep what they kept, and push nothing new
         for laptop in (x, y):
             assert len(await conflicts_of(laptop.store, mid)) == int(laptop in holders)
-            assert await laptop.store.outbox_depth() == 0
+            assert await laptop.store.replication.outbox_depth() == 0
 
 
 @pytest.mark.parametrize("restorer", ["x", "y"])
@@ -89,14 +89,14 @@ async def test_restoring_the_conflict_makes_it_current_everywhere(
         await sync_all(x, y)
         laptop = x if restorer == "x" else y
         (kept,) = await conflicts_of(laptop.store, mid)
-        await laptop.store.restore_version(mid, kept["n"])
+        await laptop.store.versions.restore(mid, kept["n"])
         await sync_all(x, y)
         for store in (x.store, y.store, hub.store):
             assert await content(store, mid) == loser
         for each in (x, y):  # chosen on one laptop, settled on both
-            assert (await each.store.conflicts())["count"] == 0, each.name
+            assert (await each.store.versions.conflicts())["count"] == 0, each.name
             history = [(v["reason"], v["content"]) for v in
-                       (await each.store.versions(mid))["versions"]]
+                       (await each.store.versions.history(mid))["versions"]]
             assert history[0] == ("current", loser)
             assert ("replaced", winner) in history  # the restore replaced the winner
 
@@ -104,16 +104,16 @@ async def test_restoring_the_conflict_makes_it_current_everywhere(
 async def test_an_edit_made_after_seeing_the_other_is_no_conflict(
         hub: Hub, tmp_path: Path) -> None:
     async with two_laptops(tmp_path, hub.url, hub.token) as (x, y):
-        mid = (await x.store.save({"content": COMMON, "topic_key": "infra/cache"}))["node_id"]
+        mid = (await x.store.memories.save({"content": COMMON, "topic_key": "infra/cache"}))["node_id"]
         await sync_all(x, y)
-        await y.store.save({"content": Y_WORDS, "topic_key": "infra/cache"})
+        await y.store.memories.save({"content": Y_WORDS, "topic_key": "infra/cache"})
         await sync_all(x, y)
-        await x.store.save({"content": X_WORDS, "topic_key": "infra/cache"})
+        await x.store.memories.save({"content": X_WORDS, "topic_key": "infra/cache"})
         await sync_all(x, y)
         for laptop in (x, y):
             assert await content(laptop.store, mid) == X_WORDS
-            assert (await laptop.store.conflicts())["count"] == 0
-            reasons = [v["reason"] for v in (await laptop.store.versions(mid))["versions"]]
+            assert (await laptop.store.versions.conflicts())["count"] == 0
+            reasons = [v["reason"] for v in (await laptop.store.versions.history(mid))["versions"]]
             assert reasons == ["current", "replaced", "replaced"]
 
 
@@ -135,5 +135,5 @@ async def test_through_a_plane_that_drops_base_and_origin(
             assert await content(laptop.store, mid) == winner
         assert [v["content"] for v in await conflicts_of(y.store, mid)] == [loser]
         assert await conflicts_of(x.store, mid) == []
-        history = [(v["reason"], v["content"]) for v in (await x.store.versions(mid))["versions"]]
+        history = [(v["reason"], v["content"]) for v in (await x.store.versions.history(mid))["versions"]]
         assert ("replaced", loser) in history if later == "y" else loser not in str(history)

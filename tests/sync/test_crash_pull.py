@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from local_store import Store
+from tests.store_probe import integrity_check
 from tests.sync.crash_pull_child import NO_CRASH_EXIT, STAGES
 from tests.sync.harness import (
     Hub,
@@ -52,7 +53,7 @@ State = tuple[dict[str, tuple[Any, ...]], dict[str, tuple[Any, ...]], str | None
 
 async def state_of(store: Store) -> State:
     """Rows, edges and the pull cursor: what one pulled page must change all at once."""
-    cursor = (await store.sync_state()).get("cursor")
+    cursor = (await store.replication.sync_state()).get("cursor")
     return await live_contents(store), await edge_set(store), cursor
 
 
@@ -61,7 +62,7 @@ async def hub_cursor(hub: Hub) -> str | None:
     is written to the hub meanwhile); in origin mode the hub's clock, unknowable here."""
     if hub.cursor != "ingest":
         return None
-    _, _, until, _ = await hub.store.feed(None)
+    _, _, until, _ = await hub.store.feed.page(None)
     return until
 
 
@@ -75,19 +76,19 @@ class Filler:
 
     async def write(self) -> None:
         store, n = self.laptop.store, FIRST_BATCH if not self.batch else 30
-        saved = await store.save_many([
+        saved = await store.memories.save_many([
             {"content": f"batch {self.batch} note {i}: deploy step {self.rng.random()}",
              "tags": [f"b{self.batch}"], "importance": self.rng.choice([0.2, 0.5, 0.8])}
             for i in range(n)])
         fresh = [f"memory:{uuid}" for uuid in saved["ids"]]
         old, self.live = self.live, self.live + fresh
         for mid in self.rng.sample(fresh, 5 if old else 20):
-            await store.link({"memory_id": mid, "target_node_id": self.rng.choice(ENTITIES)})
+            await store.graph.link({"memory_id": mid, "target_node_id": self.rng.choice(ENTITIES)})
         if old:
             for mid in self.rng.sample(old, 10):
-                await store.update_importance(mid, self.rng.random())
+                await store.memories.update_importance(mid, self.rng.random())
             for k, mid in enumerate(self.rng.sample(old, 5)):
-                await store.delete(mid, hard=bool(k % 2))
+                await store.memories.delete(mid, hard=bool(k % 2))
                 self.live.remove(mid)
         self.batch += 1
         report = await self.laptop.sync()
@@ -135,7 +136,7 @@ async def test_kill_9_at_every_pull_stage_keeps_rows_and_cursor_together(
 
             laptop = await start_laptop("crash", data_dir, hub.url, hub.token)
             try:
-                assert await laptop.store.integrity_check() == "ok"
+                assert await integrity_check(laptop.store) == "ok"
                 after = await state_of(laptop.store)
                 got = outcome(after, before, page, exact_cursor=page[2] is not None)
                 assert got != "partial", (
@@ -149,7 +150,7 @@ async def test_kill_9_at_every_pull_stage_keeps_rows_and_cursor_together(
                 assert report.ok, report.error
                 assert await live_contents(laptop.store) == await live_contents(hub.store)
                 assert await edge_set(laptop.store) == await edge_set(hub.store)
-                assert (await laptop.store.stats())["outbox"] == 0
+                assert (await laptop.store.maintenance.stats())["outbox"] == 0
                 before = await state_of(laptop.store)
             finally:
                 await laptop.close()

@@ -28,6 +28,7 @@ from syncd.sync.plane import PlaneClient
 from syncd.sync.pull import BAD_ROW_PASSES
 from syncd.sync.status import BACKOFF_CAP_SECS
 from tests.entitlement.support import claims, pinned
+from tests.store_probe import outbox_items
 from tests.sync.harness import (
     MODEL,
     Hub,
@@ -46,7 +47,7 @@ assert CONFIG_DEFAULT_MODEL != MODEL
 
 
 async def save(store: Store, content: str) -> str:
-    return str((await store.save({"content": content}))["node_id"])
+    return str((await store.memories.save({"content": content}))["node_id"])
 
 
 async def wipe(hub: Hub) -> Hub:
@@ -74,7 +75,7 @@ async def test_a_reset_keeps_the_learnt_plane_model(tmp_path: Path) -> None:
         c: Laptop | None = None
         try:
             assert (await a.run_pass()).ok
-            assert (await store.sync_state())["plane_model"] == MODEL  # learnt from settings
+            assert (await store.replication.sync_state())["plane_model"] == MODEL  # learnt from settings
 
             hub = await wipe(hub)
             c = await start_laptop("c", tmp_path / "c", hub.url, hub.token)
@@ -85,13 +86,13 @@ async def test_a_reset_keeps_the_learnt_plane_model(tmp_path: Path) -> None:
             a = SyncEngine(store, PlaneClient(proxy.url, hub.token), options)
             report = await a.run_pass()
             assert report.ok and report.reset == "store_id changed", report
-            state = await store.sync_state()
+            state = await store.replication.sync_state()
             assert state["plane_model"] == MODEL and state["feed"] == "ingest"
             models = [r[0] for r in await store._fetch(
                 "SELECT model FROM vectors WHERE memory_id = ?", (m,))]
             assert models == [MODEL]
 
-            await store.update_importance(m, 0.9)
+            await store.memories.update_importance(m, 0.9)
             assert (await a.run_pass()).ok
             sent = [n for r in proxy.requests if r.method == "POST" and r.path == IMPORT
                     for n in json.loads(r.body)["memory_nodes"] if n["id"] == m]
@@ -170,7 +171,7 @@ async def test_a_row_too_large_even_alone_stays_queued_and_the_rest_go(
         first = await a.sync()
         on_hub = set(await live_contents(hub_store))
         assert set(small) <= on_hub and big not in on_hub
-        assert [item for _, item, _ in await a.store.outbox()] == [big]
+        assert [item for _, item, _ in await outbox_items(a.store)] == [big]
         for report in (first, await a.sync()):
             assert not report.ok and report.error_kind == "held_back", report
             assert report.push_too_large == [f"node {big}"], report
@@ -209,14 +210,14 @@ async def test_a_reset_survives_a_failed_pass(mode: str, failing: str, tmp_path:
             first = await a.sync()
             assert first.reset == "store_id changed" and not first.ok, first
             assert not first.anti_entropy
-            after_first = await a.store.sync_state()
+            after_first = await a.store.replication.sync_state()
 
             second = await a.sync()
             assert second.ok and second.anti_entropy, second
             assert {m1, m2} <= set(await live_contents(hub.store))
             assert "resync_pending" in after_first  # stored with the cleared cursor
             assert ("cursor" in after_first) == (failing == "import")
-            assert "resync_pending" not in await a.store.sync_state()
+            assert "resync_pending" not in await a.store.replication.sync_state()
             third = await a.sync()
             assert third.ok and not third.anti_entropy, third
         finally:
@@ -244,11 +245,11 @@ async def test_a_short_pull_holds_old_edits_so_a_stale_edit_cannot_beat_a_delete
     try:
         x = await save(b.store, "e: the deploy key lives in vault")
         assert (await b.sync()).ok and (await a.sync()).ok
-        await a.store.update_importance(x, 0.9)  # A's edit; A is offline from here
+        await a.store.memories.update_importance(x, 0.9)  # A's edit; A is offline from here
         notes = [await save(b.store, f"e: release note {i}") for i in range(300)]
         assert (await b.sync()).ok
         await asyncio.to_thread(corrupt, hub.store.db_path, notes[0])
-        await b.store.delete(x)  # after A's edit
+        await b.store.memories.delete(x)  # after A's edit
         assert (await b.sync()).ok and await is_deleted(hub.store, x)
         await asyncio.sleep(1.0)  # A's queued edit is now old enough to be re-stamped
 
@@ -257,7 +258,7 @@ async def test_a_short_pull_holds_old_edits_so_a_stale_edit_cannot_beat_a_delete
             assert report.pull_problems >= 1
             assert await is_deleted(hub.store, x), "A's stale edit resurrected x"
             assert report.pull_stopped and report.push_held == 1, report
-            assert report.push_requests == 0 and await a.store.outbox() != []
+            assert report.push_requests == 0 and await outbox_items(a.store) != []
             assert not report.ok and report.error_kind == "held_back", report
             assert a.engine.status.consecutive_failures == 0  # no backoff: the plane answered
         report = await a.sync()  # the bad row is skipped: the pull completes
@@ -298,7 +299,7 @@ async def test_a_licence_that_ends_mid_pass_stops_the_pass_before_its_push(
             assert (report.ok, report.error_kind, report.pushed_nodes) == (False, "gated", 0)
             assert engine.status.gated == "expired"
             assert engine.status.consecutive_failures == 0  # paused, not failed
-            assert await store.outbox_depth() == 1  # still queued for when it is entitled
+            assert await store.replication.outbox_depth() == 1  # still queued for when it is entitled
         finally:
             await engine.close()
             await store.close()
@@ -336,7 +337,7 @@ async def test_a_prefetched_page_that_failed_while_the_pull_stopped_is_not_left_
     loop.set_exception_handler(lambda _, context: unread.append(str(context.get("message"))))
     try:
         for batch in range(3):  # three imports: the hub's pages end on import boundaries
-            saved = await a.store.save_many([{"content": f"release note {batch}.{i}"}
+            saved = await a.store.memories.save_many([{"content": f"release note {batch}.{i}"}
                                              for i in range(150)])
             assert (await a.sync()).ok
             if batch == 0:

@@ -21,6 +21,7 @@ from protocol.timestamp import parse_ns
 from syncd.sync.engine import PassReport
 from syncd.sync.runner import SyncRunner
 from syncd.sync.status import BACKOFF_BASE_SECS, BACKOFF_CAP_SECS
+from tests.store_probe import dump_tables, integrity_check, outbox_items
 from tests.sync.harness import (
     Hub,
     Laptop,
@@ -86,11 +87,11 @@ async def laptop(tmp_path: Path) -> AsyncIterator[Opener]:
 
 
 async def save(store: Store, content: str, **extra: object) -> str:
-    return str((await store.save({"content": content, **extra}))["node_id"])
+    return str((await store.memories.save({"content": content, **extra}))["node_id"])
 
 
 async def outbox_keys(store: Store) -> set[tuple[str, str]]:
-    return {(kind, item) for kind, item, _ in await store.outbox()}
+    return {(kind, item) for kind, item, _ in await outbox_items(store)}
 
 
 async def content_view(store: Store) -> dict[str, list[tuple[Any, ...]]]:
@@ -108,7 +109,7 @@ async def content_view(store: Store) -> dict[str, list[tuple[Any, ...]]]:
 
 
 async def cursor(store: Store) -> str | None:
-    return (await store.sync_state()).get("cursor")
+    return (await store.replication.sync_state()).get("cursor")
 
 
 async def converged(hub: Hub, *laptops: Laptop) -> None:
@@ -116,12 +117,12 @@ async def converged(hub: Hub, *laptops: Laptop) -> None:
     for lap in laptops:
         assert await live_contents(lap.store) == want, lap.name
         assert await edge_set(lap.store) == edges, lap.name
-        assert (await lap.store.stats())["outbox"] == 0, lap.name
+        assert (await lap.store.maintenance.stats())["outbox"] == 0, lap.name
 
 
 async def assert_intact(*stores: Store) -> None:
     for store in stores:
-        assert await store.integrity_check() == "ok"
+        assert await integrity_check(store) == "ok"
 
 
 def backoff_bounds(n: int, retry_after: float | None = None) -> tuple[float, float]:
@@ -142,13 +143,13 @@ async def test_push_committed_then_dropped_is_retried_into_one_version(
     """R6: the plane commits a push then drops the connection → retry → one logical version."""
     a = await laptop("a", proxy.url, hub.token)
     ids = [await save(a.store, f"r6 note {i} about retries") for i in range(ROWS)]
-    await a.store.link({"memory_id": ids[0], "target_node_id": "repo:syncd"})
+    await a.store.graph.link({"memory_id": ids[0], "target_node_id": "repo:syncd"})
     proxy.inject(Fault(kind, method="POST", path=IMPORT))  # type: ignore[arg-type]
 
     report = await a.sync()
     assert not report.ok and report.error_kind == "transient", report
     assert set(await live_contents(hub.store)) == set(ids)  # the plane did commit
-    assert len(await a.store.outbox()) == ROWS + 1  # ... but nothing was acknowledged
+    assert len(await outbox_items(a.store)) == ROWS + 1  # ... but nothing was acknowledged
 
     report = await a.sync()
     assert report.ok, report.error
@@ -157,8 +158,8 @@ async def test_push_committed_then_dropped_is_retried_into_one_version(
     assert sorted(hub_rows) == sorted(ids) == sorted(mine)  # one row per id, no duplicates
     assert hub_rows == mine  # and it is the laptop's version
     assert await edge_set(hub.store) == await edge_set(a.store)
-    assert (await hub.store.stats())["memories"] == ROWS
-    assert await a.store.outbox() == []
+    assert (await hub.store.maintenance.stats())["memories"] == ROWS
+    assert await outbox_items(a.store) == []
     await assert_intact(a.store, hub.store)
 
 
@@ -179,12 +180,12 @@ async def test_write_during_an_inflight_push_is_pushed_later(
     report = await running
     assert report.ok and report.pushed_nodes == 1, report
     assert await outbox_keys(a.store) == {("node", x), ("node", y)}
-    assert (await hub.store.get(x))["content"] == "r7 first version of x"
+    assert (await hub.store.memories.get(x))["content"] == "r7 first version of x"
 
     report = await a.sync()
     assert report.ok and report.pushed_nodes == 2, report
-    assert (await hub.store.get(x))["content"] == "r7 second version of x"
-    assert (await hub.store.get(y))["content"] == "r7 a memory written during the push"
+    assert (await hub.store.memories.get(x))["content"] == "r7 second version of x"
+    assert (await hub.store.memories.get(y))["content"] == "r7 a memory written during the push"
     await converged(hub, a)
 
 
@@ -213,10 +214,10 @@ async def test_wiped_hub_is_detected_and_fully_resynced(
         b = await laptop("b", hub.url, hub.token)
         a1 = await save(a.store, "r16 wipe: a's first memory")
         await save(a.store, "r16 wipe: a's second memory")
-        await a.store.link({"memory_id": a1, "target_node_id": "repo:syncd"})
+        await a.store.graph.link({"memory_id": a1, "target_node_id": "repo:syncd"})
         b1 = await save(b.store, "r16 wipe: b's memory")
         b2 = await save(b.store, "r16 wipe: b's memory, deleted later")
-        await b.store.delete(b2)
+        await b.store.memories.delete(b2)
         for lap in (a, b, a):
             assert (await lap.sync()).ok
         had = await live_contents(a.store)
@@ -264,8 +265,8 @@ async def test_hub_restored_from_an_older_backup_is_detected_and_repaired(
         a1 = await save(a.store, "r16 restore: a's write after the backup")
         assert (await a.sync()).ok
         b1 = await save(b.store, "r16 restore: b's write after the backup")
-        await b.store.update_importance(a0, 0.9)
-        await b.store.link({"memory_id": b1, "target_node_id": "repo:syncd"})
+        await b.store.memories.update_importance(a0, 0.9)
+        await b.store.graph.link({"memory_id": b1, "target_node_id": "repo:syncd"})
         assert (await b.sync()).ok
         everything = set(await live_contents(b.store))
         assert everything == {a0, a1, b1}
@@ -281,7 +282,7 @@ async def test_hub_restored_from_an_older_backup_is_detected_and_repaired(
         reports += [await a.sync(), await b.sync()]
         assert all(r.ok for r in reports), [r.error for r in reports]
         assert set(await live_contents(hub.store)) == everything
-        assert (await hub.store.get(a0))["importance"] == 0.9
+        assert (await hub.store.memories.get(a0))["importance"] == 0.9
         await converged(hub, a, b)
         await assert_intact(a.store, b.store, hub.store)
     finally:
@@ -322,7 +323,7 @@ async def test_transient_faults_back_off_without_corruption_then_heal(
     a1 = await save(a.store, "r20 written by a while the plane misbehaves")
 
     for n, (fault, retry_after) in enumerate(_transient_faults(method, path), start=1):
-        dump, view = await a.store.dump(), await content_view(a.store)
+        dump, view = await dump_tables(a.store), await content_view(a.store)
         queued, before = await outbox_keys(a.store), await cursor(a.store)
         proxy.fail_always(fault)  # sticky: aiohttp silently retries a dropped GET once
         report = await a.sync()
@@ -338,7 +339,7 @@ async def test_transient_faults_back_off_without_corruption_then_heal(
         assert after is not None, where  # never reset
         assert parse_ns(after) >= parse_ns(before or ""), where  # never backwards
         if endpoint == "changes":  # the request that moves the cursor failed: nothing moved
-            assert await a.store.dump() == dump, where
+            assert await dump_tables(a.store) == dump, where
         else:
             assert await content_view(a.store) == view, where
             assert await outbox_keys(a.store) <= queued, where
@@ -356,7 +357,7 @@ async def test_transient_faults_back_off_without_corruption_then_heal(
     assert a.engine.status.consecutive_failures == 0
     assert a.engine.status.next_attempt_in_secs == 0.0
     assert (await b.sync()).ok
-    assert (await b.store.get(a1))["content"] == "r20 written by a while the plane misbehaves"
+    assert (await b.store.memories.get(a1))["content"] == "r20 written by a while the plane misbehaves"
     await converged(hub, a, b)
     await assert_intact(a.store, b.store, hub.store)
 
@@ -415,7 +416,7 @@ async def test_a_wrong_token_blocks_until_fixed(
     fixed = await laptop("a", proxy.url, hub.token)  # the token file fixed, daemon restarted
     report = await fixed.sync()
     assert report.ok and report.pushed_nodes == 1, report
-    assert (await hub.store.get(x))["content"] == "r21 pushed once the token is fixed"
+    assert (await hub.store.memories.get(x))["content"] == "r21 pushed once the token is fixed"
     await converged(hub, fixed)
 
 
@@ -439,7 +440,7 @@ async def test_push_batches_stay_under_the_byte_budget(
     """R21: pushes are packed into bodies no larger than ``push_batch_bytes``."""
     a = await laptop("a", proxy.url, hub.token)
     ids = {await save(a.store, f"r21 budget note {i}") for i in range(ROWS)}
-    nodes, _ = await a.store.export()
+    nodes, _ = await a.store.feed.read()
     row = max(len(msgspec.json.encode(node)) for node in nodes)
     budget = 64 + 2 * (row + 1) + row // 2  # room for two rows a batch, not three
     await a.close()
@@ -459,7 +460,7 @@ async def test_row_refused_by_the_hub_stays_queued(
     """R21: the real hub refuses one row of a push (200 with errors): only that row stays queued."""
     a = await laptop("a", proxy.url, hub.token)
     x = await save(a.store, "r21 a node the hub accepts")
-    await a.store.link({"memory_id": x, "target_node_id": "repo:syncd"})
+    await a.store.graph.link({"memory_id": x, "target_node_id": "repo:syncd"})
     eid = f"{x}->repo:syncd:REFERENCES"
     # a corrupted edge whose id no longer matches its endpoints: the hub's apply refuses it
     await tamper(a.store, "UPDATE edges SET src = ? WHERE id = ?", "not-" + x, eid)
@@ -529,7 +530,7 @@ async def test_200_with_errors_naming_no_row_acks_nothing_it_covers(
                                            "errors": ["nodes: boom"]})
     a = await laptop("a", plane.url, "token")
     ids = [await save(a.store, f"r21 refused note {i}") for i in range(3)]
-    await a.store.link({"memory_id": ids[0], "target_node_id": "repo:syncd"})
+    await a.store.graph.link({"memory_id": ids[0], "target_node_id": "repo:syncd"})
     queued = await outbox_keys(a.store)
 
     report = await a.sync()
@@ -555,7 +556,7 @@ async def test_200_with_a_row_error_keeps_only_that_entry(
         "row_errors": [{"kind": "node", "index": 0, "message": "boom"}]})
     a = await laptop("a", plane.url, "token")
     ids = [await save(a.store, f"r21 row error note {i}") for i in range(3)]
-    await a.store.link({"memory_id": ids[1], "target_node_id": "repo:syncd"})
+    await a.store.graph.link({"memory_id": ids[1], "target_node_id": "repo:syncd"})
 
     report = await a.sync()
     assert not report.ok and report.push_row_errors == 1, report
@@ -621,7 +622,7 @@ async def test_scheduled_and_manual_passes_never_overlap(
     finished = events[: len(events) - len(events) % 2]
     assert finished == ["start", "end"] * (len(finished) // 2)  # one after another
     assert peak == 1
-    assert (await a.store.stats())["outbox"] == 0
+    assert (await a.store.maintenance.stats())["outbox"] == 0
 
 
 async def test_concurrent_manual_passes_run_one_after_another(
@@ -636,7 +637,7 @@ async def test_concurrent_manual_passes_run_one_after_another(
     assert sum(r.pushed_nodes for r in reports) == 1  # one pass pushed, the others had nothing
     assert proxy.count("POST", IMPORT) == 1
     assert [c.status for c in proxy.requests if c.path == CHANGES] == [200] * 4
-    assert (await hub.store.get(x))["content"] == "r22 pushed exactly once"
+    assert (await hub.store.memories.get(x))["content"] == "r22 pushed exactly once"
 
 
 # ---------------------------------------------------------------------- P6

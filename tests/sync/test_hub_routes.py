@@ -15,6 +15,7 @@ from protocol.rows import NodeRow
 from protocol.timestamp import format_ns
 from syncd.hub.app import RefusalLog
 from syncd.hub.tokens import Unauthorized
+from tests.store_probe import dump_tables
 from tests.sync.harness import MODEL, Hub, start_hub, start_laptop
 
 
@@ -53,7 +54,7 @@ async def test_roles_gate_import_and_settings(hub: Hub) -> None:
     assert status == 401
     status, _ = await call(hub, "GET", "/v1/agent/memory/changes", "syncd_wrong")
     assert status == 401
-    assert (await hub.store.stats())["memories"] == 0
+    assert (await hub.store.maintenance.stats())["memories"] == 0
     status, result = await call(hub, "POST", "/v1/agent/memory/import", hub.token, json=body)
     assert status == 200 and result["applied_nodes"] == 1 and result["errors"] == []
     status, settings = await call(hub, "GET", "/v1/agent/memory/settings", hub.read_token)
@@ -103,7 +104,7 @@ async def test_export_pages_include_tombstones(hub: Hub) -> None:
     """Paged export (limit/next_cursor) returns every row once, deletes included."""
     await call(hub, "POST", "/v1/agent/memory/import", hub.token,
                json={"memory_nodes": [node(i) for i in range(7)]})
-    await hub.store.delete(node(3)["id"])
+    await hub.store.memories.delete(node(3)["id"])
     ids: list[str] = []
     cursor = None
     while True:
@@ -135,10 +136,10 @@ async def test_the_cursor_is_the_planes_until_byte_for_byte(tmp_path: Path,
     hub = await start_hub(tmp_path / "hub", cursor)
     laptop = await start_laptop("a", tmp_path / "a", hub.url, hub.token)
     try:
-        await hub.store.apply([NodeRow(**node(1))], [], model=MODEL)
+        await hub.store.replication.apply([NodeRow(**node(1))], [], model=MODEL)
         report = await laptop.sync()
         assert report.ok, report.error
-        state = await laptop.store.sync_state()
+        state = await laptop.store.replication.sync_state()
         async with aiohttp.ClientSession() as s, s.get(
                 hub.url + "/v1/agent/memory/changes", params={"since": state["cursor"]},
                 headers={"Authorization": f"Bearer {hub.token}"}) as resp:
@@ -213,10 +214,10 @@ async def test_bad_query_parameters_name_the_field_and_change_nothing(
     """One error shape naming the parameter; the hub's store is exactly as before."""
     await call(hub, "POST", "/v1/agent/memory/import", hub.token,
                json={"memory_nodes": [node(1)]})
-    before = await hub.store.dump()
+    before = await dump_tables(hub.store)
     status, body = await call(hub, "GET", path, hub.read_token, params=params)
     assert status == 422 and body["error"]["field"] == field, body
-    assert await hub.store.dump() == before
+    assert await dump_tables(hub.store) == before
 
 
 async def test_refused_requests_are_logged_once_per_address_and_reason_a_minute(

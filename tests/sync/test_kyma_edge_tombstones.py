@@ -49,14 +49,14 @@ async def test_an_edge_tombstone_reaches_the_other_laptop_through_kyma(
     """A soft delete's edge tombstone arrives as a tombstone, the edge's reason kept."""
     plane, url = kyma
     async with two_laptops(tmp_path, url, "token") as (a, b):
-        m = (await a.store.save({"content": "the deploy script lives in repo x",
+        m = (await a.store.memories.save({"content": "the deploy script lives in repo x",
                                  "references": [REPO]}))["node_id"]
-        other = (await a.store.save({"content": "deploys run from the ci box"}))["node_id"]
-        await a.store.judge(other, m, "conflicts", "they disagree")
+        other = (await a.store.memories.save({"content": "deploys run from the ci box"}))["node_id"]
+        await a.store.graph.judge(other, m, "conflicts", "they disagree")
         await sync_all(a, b, rounds=1)
         ref, judged = f"{m}->{REPO}:REFERENCES", f"{other}->{m}:RELATES_TO"
         assert {(await edge_rows(b.store))[e][0] for e in (ref, judged)} == {0}
-        await a.store.delete(m)
+        await a.store.memories.delete(m)
         await sync_all(a, b)
         assert all("deleted" not in e and "origin" not in e for e in plane.edges)
         held_a, held_b = await edge_rows(a.store), await edge_rows(b.store)
@@ -65,7 +65,7 @@ async def test_an_edge_tombstone_reaches_the_other_laptop_through_kyma(
         stamps = await edge_stamps(b.store)
         assert props_of(held_b[ref]) == {"deleted": True, "deleted_at": stamps[ref]}
         assert props_of(held_b[judged])["reason"] == "they disagree"  # a soft delete keeps it
-        assert (await b.store.get(other))["edges"] == []
+        assert (await b.store.memories.get(other))["edges"] == []
         for laptop in (a, b):  # quiet passes: nothing is pushed back and forth
             report = await laptop.sync()
             assert report.ok and (report.pushed_nodes, report.pushed_edges) == (0, 0), report
@@ -76,11 +76,11 @@ async def test_a_hard_deletes_edge_tombstone_holds_no_reason_through_kyma(
         kyma: tuple[KymaLike, str], tmp_path: Path) -> None:  # noqa: F811
     plane, url = kyma
     async with two_laptops(tmp_path, url, "token") as (a, b):
-        m = (await a.store.save({"content": "rotate the vault key"}))["node_id"]
-        other = (await a.store.save({"content": "the vault key rotates weekly"}))["node_id"]
-        await a.store.judge(other, m, "conflicts", "reason canary 5521")
+        m = (await a.store.memories.save({"content": "rotate the vault key"}))["node_id"]
+        other = (await a.store.memories.save({"content": "the vault key rotates weekly"}))["node_id"]
+        await a.store.graph.judge(other, m, "conflicts", "reason canary 5521")
         await sync_all(a, b, rounds=1)
-        await a.store.delete(m, hard=True)
+        await a.store.memories.delete(m, hard=True)
         await sync_all(a, b)
         eid = f"{other}->{m}:RELATES_TO"
         held = (await edge_rows(b.store))[eid]
@@ -94,13 +94,13 @@ async def test_edge_tombstones_are_the_same_row_on_every_replica_through_the_hub
     """Through the syncd hub (both cursors), with anti-entropy every pass: the replicas hold
     the same edge rows and repair nothing."""
     async with two_laptops(tmp_path, hub.url, hub.token, anti_entropy_secs=0) as (a, b):
-        m = (await a.store.save({"content": "the staging cluster is in eu-west-1",
+        m = (await a.store.memories.save({"content": "the staging cluster is in eu-west-1",
                                  "references": [REPO]}))["node_id"]
-        other = (await b.store.save({"content": "staging moved to eu-central-1"}))["node_id"]
+        other = (await b.store.memories.save({"content": "staging moved to eu-central-1"}))["node_id"]
         await sync_all(a, b, rounds=1)
-        await b.store.judge(other, m, "supersedes", "moved")
+        await b.store.graph.judge(other, m, "supersedes", "moved")
         await sync_all(a, b)  # a holds the edge b made before it deletes
-        await a.store.delete(m)
+        await a.store.memories.delete(m)
         await sync_all(a, b)
         held = await edge_rows(a.store)
         assert held == await edge_rows(b.store) == await edge_rows(hub.store)
@@ -112,23 +112,23 @@ async def test_edge_tombstones_are_the_same_row_on_every_replica_through_the_hub
 
 
 async def test_a_soft_delete_keeps_the_reason_and_a_hard_one_purges_it(store: Store) -> None:
-    victim = await store.save({"content": "plan b", "references": [REPO]})
-    other = await store.save({"content": "plan a"})
-    await store.judge(other["id"], victim["id"], "conflicts", "because purgecanary")
+    victim = await store.memories.save({"content": "plan b", "references": [REPO]})
+    other = await store.memories.save({"content": "plan a"})
+    await store.graph.judge(other["id"], victim["id"], "conflicts", "because purgecanary")
     judged = f"{other['node_id']}->{victim['node_id']}:RELATES_TO"
     ref = f"{victim['node_id']}->{REPO}:REFERENCES"
-    await store.delete(victim["id"])
+    await store.memories.delete(victim["id"])
     soft = await edge_rows(store)
     stamps = await edge_stamps(store)
     assert props_of(soft[ref]) == {"deleted": True, "deleted_at": stamps[ref]}
     assert props_of(soft[judged]) == {"verdict": "conflicts", "reason": "because purgecanary",
                                       "deleted": True, "deleted_at": stamps[judged]}
-    await store.delete(victim["id"], hard=True)
+    await store.memories.delete(victim["id"], hard=True)
     hard = await edge_rows(store)
     assert hard[ref] == soft[ref]  # nothing left to purge: no new version
     assert bare_tombstone(hard[judged][1]) and "purgecanary" not in hard[judged][1]
     with pytest.raises(NotFoundError):
-        await store.delete(victim["id"], hard=True)
+        await store.memories.delete(victim["id"], hard=True)
 
 
 @pytest.mark.parametrize(("props", "expected"), [

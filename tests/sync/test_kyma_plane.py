@@ -124,30 +124,30 @@ async def test_deletes_reach_the_other_laptop_through_a_plane_that_drops_extensi
     """A soft and a hard delete arrive as Kyma's soft delete; nothing comes back to life."""
     plane, url = kyma
     async with two_laptops(tmp_path, url, "token") as (a, b):
-        kept = (await a.store.save({"content": "the staging cluster is in eu-west-1"}))["node_id"]
-        soft = (await a.store.save({"content": "deploys freeze on Fridays"}))["node_id"]
-        hard = (await a.store.save({"content": "the old vault password rotates weekly"}))[
+        kept = (await a.store.memories.save({"content": "the staging cluster is in eu-west-1"}))["node_id"]
+        soft = (await a.store.memories.save({"content": "deploys freeze on Fridays"}))["node_id"]
+        hard = (await a.store.memories.save({"content": "the old vault password rotates weekly"}))[
             "node_id"]
         for laptop in (a, b):
             assert (await laptop.sync()).ok
-        assert {r["id"] for r in (await b.store.list_memories())["rows"]} == {kept, soft, hard}
-        await a.store.delete(soft)
-        await a.store.delete(hard, hard=True)
+        assert {r["id"] for r in (await b.store.memories.list_memories())["rows"]} == {kept, soft, hard}
+        await a.store.memories.delete(soft)
+        await a.store.memories.delete(hard, hard=True)
         for laptop in (a, b):
             report = await laptop.sync()
             assert report.ok, report.error
         assert all("deleted" not in n and "origin" not in n for n in plane.nodes)
-        assert {r["id"] for r in (await b.store.list_memories())["rows"]} == {kept}
+        assert {r["id"] for r in (await b.store.memories.list_memories())["rows"]} == {kept}
         for mid in (soft, hard):
-            row = await b.store.get(mid)
+            row = await b.store.memories.get(mid)
             assert row["status"] == "archived" and row["invalid_at"] is not None
-        assert (await b.store.get(hard))["content"] == ""
-        hits = await b.store.recall({"query": "deploys freeze Fridays vault password"})
+        assert (await b.store.memories.get(hard))["content"] == ""
+        hits = await b.store.recall.query({"query": "deploys freeze Fridays vault password"})
         assert {m.id for m in hits.memories} <= {kept}
         for laptop in (a, b):  # quiet passes change nothing on either side
             assert (await laptop.sync()).ok
-        assert {r["id"] for r in (await a.store.list_memories())["rows"]} == {kept}
-        assert {r["id"] for r in (await b.store.list_memories())["rows"]} == {kept}
+        assert {r["id"] for r in (await a.store.memories.list_memories())["rows"]} == {kept}
+        assert {r["id"] for r in (await b.store.memories.list_memories())["rows"]} == {kept}
 
 
 async def test_an_edge_the_plane_holds_several_rows_of_is_compared_by_its_latest(
@@ -158,12 +158,12 @@ async def test_an_edge_the_plane_holds_several_rows_of_is_compared_by_its_latest
     plane, url = kyma
     a = await start_laptop("a", tmp_path / "a", url, "token", anti_entropy_secs=0)
     try:
-        memory = (await a.store.save({"content": "the staging cluster is in eu-west-1"}))[
+        memory = (await a.store.memories.save({"content": "the staging cluster is in eu-west-1"}))[
             "node_id"]
-        await a.store.ingest_entity({"name": "staging", "kind": "service",
+        await a.store.graph.ingest_entity({"name": "staging", "kind": "service",
                                      "links": [{"target_node_id": memory}]})
         assert (await a.sync()).ok
-        await a.store.delete(memory)  # a new version of its edge: a tombstone
+        await a.store.memories.delete(memory)  # a new version of its edge: a tombstone
         assert (await a.sync()).ok
         assert len(plane.edges) == 2  # two rows of one edge
         plane.edges.reverse()  # the export lists the newest first
@@ -186,10 +186,10 @@ async def test_one_row_the_plane_refuses_naming_none_waits_alone(
     plane.max_content = 10_000
     a = await start_laptop("a", tmp_path / "a", url, "token", push_batch_bytes=64 << 20)
     try:
-        saved = await a.store.save_many([{"content": f"note {i} on the release train"}
+        saved = await a.store.memories.save_many([{"content": f"note {i} on the release train"}
                                          for i in range(250)])
-        bad = (await a.store.save({"content": "a pasted log " + "x" * 20_000}))["node_id"]
-        saved_after = await a.store.save_many([{"content": f"later note {i} on the train"}
+        bad = (await a.store.memories.save({"content": "a pasted log " + "x" * 20_000}))["node_id"]
+        saved_after = await a.store.memories.save_many([{"content": f"later note {i} on the train"}
                                                for i in range(249)])
         report = await a.sync()
         assert report.pushed_nodes == 499 and report.push_refused == [f"node {bad}"], report
@@ -205,7 +205,7 @@ async def test_one_row_the_plane_refuses_naming_none_waits_alone(
         plane.max_content = None  # the plane's limit is lifted: the row goes
         report = await a.sync()
         assert report.ok and report.pushed_nodes == 1, report
-        assert await a.store.outbox_depth() == 0
+        assert await a.store.replication.outbox_depth() == 0
     finally:
         await a.close()
 
@@ -256,17 +256,17 @@ async def test_memories_wait_for_a_plane_model_vector_and_never_take_unearned_ra
                         "importance": 0.5, "status": "active", "updated_at": "1"})
     store, engine = await laptop_on_another_model(tmp_path / "a", url)
     try:
-        mine = [(await store.save({"content": f"local note {i} about lunch"}))["node_id"]
+        mine = [(await store.memories.save({"content": f"local note {i} about lunch"}))["node_id"]
                 for i in range(3)]
-        gone = (await store.save({"content": "an old note"}))["node_id"]
-        await store.update_status(gone, "archived")
+        gone = (await store.memories.save({"content": "an old note"}))["node_id"]
+        await store.memories.update_status(gone, "archived")
         report = await engine.run_pass("manual")
         assert not report.ok and report.error_kind == "held_back", report
         assert report.push_awaiting_vector == 3 and report.pushed_nodes == 1, report
         assert PLANE_MODEL in (report.error or "") and "embedding.model" in (report.error or "")
         assert engine.status.awaiting_vector == 3
         assert {n["id"] for n in plane.nodes} == {"memory:theirs", gone}
-        assert await store.outbox_depth() == 3
+        assert await store.replication.outbox_depth() == 3
         for text in ("local note about lunch", "staging cluster", "anything at all"):
             assert plane.semantic_leg(query_vector(text))[0] == "memory:theirs"
         assert not set(mine) & {n["id"] for n in plane.nodes}
@@ -282,7 +282,7 @@ async def test_a_laptop_with_the_plane_model_pushes_vectors_the_plane_ranks_by_m
     try:
         texts = ["rotate the signing keys every quarter", "lunch is at noon on fridays",
                  "the billing database is postgres fifteen"]
-        ids = [(await store.save({"content": t}))["node_id"] for t in texts]
+        ids = [(await store.memories.save({"content": t}))["node_id"] for t in texts]
         report = await engine.run_pass("manual")
         assert report.ok and report.pushed_nodes == 3 and not report.push_awaiting_vector
         by_id = {n["id"]: n for n in plane.nodes}
@@ -291,7 +291,7 @@ async def test_a_laptop_with_the_plane_model_pushes_vectors_the_plane_ranks_by_m
         for mid, text in zip(ids, texts, strict=True):
             assert plane.semantic_leg(query_vector(text))[0] == mid
         # the laptop still ranks with its own model's vectors
-        assert (await store.recall({"query": texts[2]})).memories[0].id == ids[2]
+        assert (await store.recall.query({"query": texts[2]})).memories[0].id == ids[2]
     finally:
         await engine.close()
         await store.close()
@@ -312,7 +312,7 @@ async def test_missing_plane_model_files_hold_the_rows_with_an_error_that_names_
                         plane_embedder=lambda: FastEmbedBGE(empty))
     await engine.start()
     try:
-        await store.save({"content": "a note for the plane"})
+        await store.memories.save({"content": "a note for the plane"})
         report = await engine.run_pass("manual")
         assert report.push_awaiting_vector == 1 and not plane.nodes
         assert "bge-small-en-v1.5 is unavailable" in (report.error or "")
@@ -329,23 +329,23 @@ async def test_a_private_memory_stays_private_through_a_plane_that_drops_its_spa
     the laptop that holds it; the other memories go as always."""
     plane, url = kyma
     async with two_laptops(tmp_path, url, "token") as (a, b):
-        secret = (await a.store.save({"content": "alice's draft of the offer letter",
+        secret = (await a.store.memories.save({"content": "alice's draft of the offer letter",
                                       "space": "private:alice"}))["node_id"]
-        shared = (await a.store.save({"content": "the team offsite is in May"}))["node_id"]
+        shared = (await a.store.memories.save({"content": "the team offsite is in May"}))["node_id"]
         for laptop in (a, b):
             report = await laptop.sync()
             assert report.ok, report.error
         assert {n["id"] for n in plane.nodes} == {shared}
         first = await a.sync()
-        assert first.ok and await a.store.outbox_depth() == 0
-        assert {r["id"] for r in (await b.store.list_memories())["rows"]} == {shared}
-        assert (await a.store.get(secret))["space"] == "private:alice"
+        assert first.ok and await a.store.replication.outbox_depth() == 0
+        assert {r["id"] for r in (await b.store.memories.list_memories())["rows"]} == {shared}
+        assert (await a.store.memories.get(secret))["space"] == "private:alice"
         # an edit of the private memory stays local too; a delete goes, scrubbed
-        await a.store.update_importance(secret, 0.9)
+        await a.store.memories.update_importance(secret, 0.9)
         report = await a.sync()
         assert report.ok and report.push_kept_private == 1 and secret not in {
             n["id"] for n in plane.nodes}
-        await a.store.delete(secret, hard=True)
+        await a.store.memories.delete(secret, hard=True)
         assert (await a.sync()).ok
         gone = [n for n in plane.nodes if n["id"] == secret]
         assert gone and all(n["content"] == "" for n in gone)
@@ -360,17 +360,17 @@ async def test_a_pulled_row_without_the_columns_kyma_drops_keeps_the_replicas_va
     async with two_laptops(tmp_path, url, "token") as (a, b):
         for laptop in (a, b):
             laptop.engine.options.private_memories = "push"
-        mine = (await a.store.save({"content": "alice's notes on the reorg",
+        mine = (await a.store.memories.save({"content": "alice's notes on the reorg",
                                     "space": "private:alice"}))["node_id"]
         for laptop in (a, b):
             assert (await laptop.sync()).ok
         assert all("space" not in n for n in plane.nodes)
-        assert (await a.store.get(mine))["space"] == "private:alice"
-        await b.store.update_importance(mine, 0.95)  # B holds it with no space: the plane's
+        assert (await a.store.memories.get(mine))["space"] == "private:alice"
+        await b.store.memories.update_importance(mine, 0.95)  # B holds it with no space: the plane's
         assert (await b.sync()).ok
         report = await a.sync()
         assert report.ok and report.pulled_nodes >= 1
-        held = await a.store.get(mine)
+        held = await a.store.memories.get(mine)
         assert held["importance"] == pytest.approx(0.95) and held["space"] == "private:alice"
 
 
@@ -393,24 +393,24 @@ async def test_a_whole_feed_in_one_body_is_applied_from_disk_a_batch_at_a_time(
     try:
         saved = {"ids": []}
         for start in range(0, 2500, 1000):  # save_many takes at most 1000
-            saved["ids"] += (await a.store.save_many([
+            saved["ids"] += (await a.store.memories.save_many([
                 {"content": f"note {i} on the release train"}
                 for i in range(start, min(start + 1000, 2500))]))["ids"]
-        first = (await a.store.save({"content": "the first of a linked pair"}))["node_id"]
-        await a.store.link({"memory_id": first, "target_node_id": f"memory:{saved['ids'][0]}",
+        first = (await a.store.memories.save({"content": "the first of a linked pair"}))["node_id"]
+        await a.store.graph.link({"memory_id": first, "target_node_id": f"memory:{saved['ids'][0]}",
                             "relationship_type": "RELATES_TO"})
         assert (await a.sync()).ok
         report = await engine.run_pass("manual")
         assert report.ok and report.pulled_nodes == 2501 and report.pulled_edges == 1, report
         assert engine.client.spooled >= 1
-        assert (await store.stats())["memories"] == 2501
+        assert (await store.maintenance.stats())["memories"] == 2501
         assert store.index.capacity == 2501  # grown once, to the rows the spool counted
-        assert (await store.sync_state())["cursor"] is not None
+        assert (await store.replication.sync_state())["cursor"] is not None
         engine.options.anti_entropy_secs = 0  # the next pass walks the export, spooled too
         spooled = engine.client.spooled
         report = await engine.run_pass("manual")
         assert report.ok and report.anti_entropy and engine.client.spooled >= spooled + 2
-        assert await store.outbox_depth() == 0
+        assert await store.replication.outbox_depth() == 0
     finally:
         await engine.close()
         await store.close()
@@ -434,13 +434,13 @@ async def test_a_spooled_body_costs_only_its_bad_rows_and_a_broken_one_applies_n
         report = await engine.run_pass("manual")
         assert engine.client.spooled == 1
         assert report.pulled_nodes == 1499 and report.pull_problems == 1, report
-        assert "cursor" not in await store.sync_state()  # R5: the bad row holds it
+        assert "cursor" not in await store.replication.sync_state()  # R5: the bad row holds it
         truncated = json.dumps({**body, "until": "2026-11-03T00:00:00+00:00"}).encode()
         plane.raw_changes = truncated[: len(truncated) // 2]
-        before = (await store.stats())["memories"]
+        before = (await store.maintenance.stats())["memories"]
         report = await engine.run_pass("manual")
         assert not report.ok and "malformed response" in (report.error or ""), report
-        assert report.pulled_nodes == 0 and (await store.stats())["memories"] == before
+        assert report.pulled_nodes == 0 and (await store.maintenance.stats())["memories"] == before
     finally:
         await engine.close()
         await store.close()

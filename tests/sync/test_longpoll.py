@@ -37,7 +37,7 @@ async def until_true(check: Callable[[], Any], what: str) -> None:
 
 async def holds(store: Store, memory_id: str) -> bool:
     try:
-        await store.get(memory_id)
+        await store.memories.get(memory_id)
     except NotFoundError:
         return False
     return True
@@ -109,7 +109,7 @@ async def test_a_save_on_a_reaches_b_through_the_long_poll_without_a_tick(
     await until_true(both_held, "A and B each hold a poll after their first pass")
     assert (await runner_b.status())["long_poll_held"] is True
     assert (await runner_b.status())["long_poll_secs"] == 25.0
-    saved = await store_a.save({"content": "the deploy key moved to the vault on Tuesday"})
+    saved = await store_a.memories.save({"content": "the deploy key moved to the vault on Tuesday"})
 
     async def on_b() -> bool:
         return await holds(store_b, saved["node_id"])
@@ -152,7 +152,7 @@ async def test_a_hub_with_long_poll_off_is_polled_on_the_interval(
     try:
         store_a, _ = await laptops.start("a", tmp_path / "a", url, token, interval=0.2)
         store_b, runner_b = await laptops.start("b", tmp_path / "b", url, token, interval=0.2)
-        saved = await store_a.save({"content": "interval polling still carries this"})
+        saved = await store_a.memories.save({"content": "interval polling still carries this"})
 
         async def on_b() -> bool:
             return await holds(store_b, saved["node_id"])
@@ -186,7 +186,7 @@ async def test_against_kyma_the_laptop_keeps_interval_polling_and_sends_no_wait(
     try:
         store_a, _ = await laptops.start("a", tmp_path / "a", url, "t", interval=0.2)
         store_b, runner_b = await laptops.start("b", tmp_path / "b", url, "t", interval=0.2)
-        saved = await store_a.save({"content": "Kyma has no long-poll; the schedule carries it"})
+        saved = await store_a.memories.save({"content": "Kyma has no long-poll; the schedule carries it"})
 
         async def on_b() -> bool:
             return await holds(store_b, saved["node_id"])
@@ -266,7 +266,7 @@ async def test_a_row_that_holds_the_cursor_does_not_loop_the_long_poll(
         assert not (await sync.status())["long_poll_held"]
         report = sync.engine.status.last_pass
         assert report is not None and report["pull_problems"] == 1
-        assert (await sync.engine.store.sync_state())["cursor"] == StuckHub.FIRST
+        assert (await sync.engine.store.replication.sync_state())["cursor"] == StuckHub.FIRST
         assert plane.polls == 1
         assert laptops.passes["b"] == ["schedule", "live"]
     finally:

@@ -101,7 +101,7 @@ def serving(plane: Plane) -> contextlib.AbstractAsyncContextManager[str]:
 
 
 async def held_ids(store: Any) -> set[str]:
-    return {r["id"] for r in (await store.list_memories())["rows"]}
+    return {r["id"] for r in (await store.memories.list_memories())["rows"]}
 
 
 async def test_changes_with_an_until_that_does_not_advance_ends_the_pass(
@@ -145,7 +145,7 @@ async def test_an_until_that_is_no_timestamp_keeps_the_cursor(tmp_path: Path,
             answer.update(until=until, rows=[second])
             report = await laptop.sync()
             assert report.cursor_kept == until
-            assert (await laptop.store.sync_state())["cursor"] == UNTIL
+            assert (await laptop.store.replication.sync_state())["cursor"] == UNTIL
             assert second["id"] in await held_ids(laptop.store)
             answer["has_more"] = True
             calls = plane.calls.count("changes")
@@ -153,7 +153,7 @@ async def test_an_until_that_is_no_timestamp_keeps_the_cursor(tmp_path: Path,
             assert not report.ok and report.error is not None
             assert "does not advance" in report.error, report.error
             assert plane.calls.count("changes") - calls == 1
-            assert (await laptop.store.sync_state())["cursor"] == UNTIL
+            assert (await laptop.store.replication.sync_state())["cursor"] == UNTIL
         finally:
             await laptop.close()
 
@@ -191,19 +191,19 @@ async def test_one_row_of_a_wrong_type_does_not_stall_pull_and_push(
     async with serving(plane) as url:
         laptop = await start_laptop("a", tmp_path / "a", url, "tok")
         try:
-            await laptop.store.save({"content": "written on the laptop"})
+            await laptop.store.memories.save({"content": "written on the laptop"})
             first = await laptop.sync()
             assert first.pull_stopped and first.pull_problems, first.error
             assert good["id"] in await held_ids(laptop.store)
             assert plane.imports, "the local edit was never pushed"
-            assert (await laptop.store.sync_state()).get("cursor") is None  # held
+            assert (await laptop.store.replication.sync_state()).get("cursor") is None  # held
             for _ in range(BAD_ROW_PASSES - 1):
                 await laptop.sync()
-            assert (await laptop.store.sync_state()).get("cursor") == UNTIL
+            assert (await laptop.store.replication.sync_state()).get("cursor") == UNTIL
             skipped = laptop.engine.status.skipped_rows
             assert len(skipped) == 1 and poisoned["id"] in skipped[0], skipped
             assert poisoned["id"] not in await held_ids(laptop.store)
-            assert await laptop.store.outbox_depth() == 0
+            assert await laptop.store.replication.outbox_depth() == 0
             assert (await laptop.sync()).ok
         finally:
             await laptop.close()
@@ -222,7 +222,7 @@ async def test_an_export_row_of_a_wrong_type_costs_only_itself(tmp_path: Path) -
         laptop = await start_laptop("a", tmp_path / "a", url, "tok", anti_entropy_secs=0)
         try:
             mine = node(2, ts="2025-01-01T00:00:00+00:00", content="the laptop's older copy")
-            await laptop.store.apply([msgspec.convert(mine, NodeRow)], [], model="m")
+            await laptop.store.replication.apply([msgspec.convert(mine, NodeRow)], [], model="m")
             for _ in range(2):
                 report = await asyncio.wait_for(laptop.sync(), PASS_LIMIT_SECS)
                 assert report.ok and report.anti_entropy, report.error
@@ -253,19 +253,19 @@ async def test_a_date_header_in_year_9999_is_refused_and_local_writes_keep_worki
             assert laptop.engine.status.clock_offset_refused == report.clock_refused
             assert laptop.store.clock.offset_ns == 0
             assert laptop.engine.status.clock_offset_ms == 0
-            saved = await laptop.store.save({"content": "a note after the pass"})
-            assert (await laptop.store.get(saved["node_id"]))["updated_at"] < "2200"
+            saved = await laptop.store.memories.save({"content": "a note after the pass"})
+            assert (await laptop.store.memories.get(saved["node_id"]))["updated_at"] < "2200"
             # as an earlier version left it: the absurd offset stored, restored at start
-            await laptop.store.set_sync_state({"clock_offset_ns": str(8000 * YEAR_NS)})
+            await laptop.store.replication.set_sync_state({"clock_offset_ns": str(8000 * YEAR_NS)})
         finally:
             await laptop.close()
         again = await start_laptop("a", tmp_path / "a", url, "tok")
         try:
             assert again.store.clock.offset_ns == 0
             assert again.engine.status.clock_offset_refused is not None
-            saved = await again.store.save({"content": "a note after the restart"})
-            assert (await again.store.get(saved["node_id"]))["updated_at"] < "2200"
-            assert (await again.store.sync_state())["clock_offset_ns"] == "0"
+            saved = await again.store.memories.save({"content": "a note after the restart"})
+            assert (await again.store.memories.get(saved["node_id"]))["updated_at"] < "2200"
+            assert (await again.store.replication.sync_state())["clock_offset_ns"] == "0"
         finally:
             await again.close()
 
@@ -344,9 +344,9 @@ async def test_import_row_errors_that_match_no_row_keep_every_entry(
     async with serving(plane) as url:
         laptop = await start_laptop("a", tmp_path / "a", url, "tok")
         try:
-            await laptop.store.save({"content": "must not be lost"})
+            await laptop.store.memories.save({"content": "must not be lost"})
             report = await laptop.sync()
-            assert await laptop.store.outbox_depth() == 1, "a refused push was acknowledged"
+            assert await laptop.store.replication.outbox_depth() == 1, "a refused push was acknowledged"
             assert not report.ok
             assert report.error is not None and "nothing acknowledged" in report.error
         finally:
@@ -384,14 +384,14 @@ async def test_a_row_refused_first_in_the_outbox_does_not_hold_back_the_rest(
     async with serving(plane) as url:
         laptop = await start_laptop("a", tmp_path / "a", url, "tok", push_batch_bytes=4000)
         try:
-            await laptop.store.save({"content": refused_content})
+            await laptop.store.memories.save({"content": refused_content})
             for i in range(12):
-                await laptop.store.save({"content": f"a note the plane takes {i}"})
+                await laptop.store.memories.save({"content": f"a note the plane takes {i}"})
             report = await laptop.sync()
             assert not report.ok and report.error_kind == "held_back", report.error
             assert len(plane.imports) > 1  # more than one batch
             assert report.pushed_nodes == 12 and report.push_refused, report
-            assert await laptop.store.outbox_depth() == 1
+            assert await laptop.store.replication.outbox_depth() == 1
             assert laptop.engine.status.next_attempt_in_secs == 0  # no backoff
             assert "refused 1 queued rows" in (report.error or ""), report.error
             sent = len(plane.imports)

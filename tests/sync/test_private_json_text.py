@@ -50,11 +50,11 @@ async def test_save_redacts_json_text_provenance_source_uris_and_mentions(tmp_pa
     cs = [canary() for _ in range(3)]
     store = await Store.open(tmp_path / "d", embedder=HashingEmbedder())
     try:
-        res = await store.save({"content": "visible text",
+        res = await store.memories.save({"content": "visible text",
                                 "provenance": json_text(cs[0]),
                                 "source_uris": '[' + json_text(cs[1]) + ']',
                                 "mentions": json_text(cs[2])})
-        got = repr(await store.get(res["id"]))
+        got = repr(await store.memories.get(res["id"]))
     finally:
         await store.close()
     assert kept(cs, got, tmp_path / "d") == [], got
@@ -66,12 +66,12 @@ async def test_apply_redacts_json_text_provenance_and_edge_props(tmp_path: Path)
     try:
         v = format_ns(1_780_000_000_000_000_000)
         mid = "memory:00000000-0000-4000-8000-000000000001"
-        res = await store.apply(
+        res = await store.replication.apply(
             [NodeRow(id=mid, content="remote", updated_at=v, provenance=json_text(cs[0]))],
             [EdgeRow(src=mid, dst="entity:x", type="RELATES_TO", created_at=v,
                      props=json_text(cs[1]))], model="m")
         assert res.applied_nodes == 1 and res.applied_edges == 1, res
-        got = repr(await store.get(mid))
+        got = repr(await store.memories.get(mid))
     finally:
         await store.close()
     assert kept(cs, got, tmp_path / "d") == [], got
@@ -89,12 +89,12 @@ async def test_a_kyma_edge_tombstone_with_a_stray_closer_in_props_stays_deleted(
         mid = "memory:00000000-0000-4000-8000-000000000001"
         props = json.dumps({"reason": "old note</private>", "deleted": True,
                             "deleted_at": v})
-        res = await store.apply(
+        res = await store.replication.apply(
             [NodeRow(id=mid, content="remote", updated_at=v)],
             [EdgeRow(src=mid, dst="entity:x", type="RELATES_TO", created_at=v, props=props)],
             model="m")
         assert res.applied_edges == 1, res
-        got = await store.get(mid)
+        got = await store.memories.get(mid)
     finally:
         await store.close()
     assert got["edges"] == [], got["edges"]  # a tombstone: no live edge
@@ -133,9 +133,9 @@ async def test_a_hub_and_a_replica_keep_one_text_and_hash_for_one_version(
     for name, provenance in (("hub", not_json_until_redacted(canary())), ("replica", None)):
         store = await Store.open(tmp_path / name, embedder=HashingEmbedder())
         try:
-            await store.apply([NodeRow(id=mid, content="remote", updated_at=v,
+            await store.replication.apply([NodeRow(id=mid, content="remote", updated_at=v,
                                        provenance=provenance or held[0])], [], model="m")
-            nodes, _ = await store.export()
+            nodes, _ = await store.feed.read()
             held.append(nodes[0].provenance)  # the content hash is of these values
         finally:
             await store.close()

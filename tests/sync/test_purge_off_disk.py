@@ -15,6 +15,7 @@ import pytest
 
 from local_store import HashingEmbedder, Store
 from protocol.timestamp import format_ns, parse_ns
+from tests.store_probe import dump_tables
 from tests.sync.harness import Hub, two_laptops
 from tests.syncd.test_purge_off_disk import new_marker, on_disk
 
@@ -24,22 +25,22 @@ async def test_a_hard_delete_leaves_no_text_on_the_hub_or_another_laptop(
         hub: Hub, tmp_path: Path, soft_first: bool) -> None:
     marker = new_marker()
     async with two_laptops(tmp_path, hub.url, hub.token) as (a, b):
-        victim = await a.store.save({"content": f"the deploy key is {marker}",
+        victim = await a.store.memories.save({"content": f"the deploy key is {marker}",
                                      "title": f"key {marker}", "tags": [marker],
                                      "topic_key": f"project/{marker}"})
         for n in range(30):
-            await a.store.save({"content": f"unrelated memory number {n} about builds"})
-        other = await a.store.save({"content": "the old deploy key"})
-        await a.store.judge(other["id"], victim["id"], "conflicts", f"because {marker}")
+            await a.store.memories.save({"content": f"unrelated memory number {n} about builds"})
+        other = await a.store.memories.save({"content": "the old deploy key"})
+        await a.store.graph.judge(other["id"], victim["id"], "conflicts", f"because {marker}")
         await a.sync()
         await b.sync()
         if soft_first:
-            await a.store.delete(victim["id"])
+            await a.store.memories.delete(victim["id"])
             await a.sync()
             await b.sync()
         for where in (hub.data_dir, b.data_dir):  # non-vacuity: the text reached them
             assert await on_disk(where, marker), where
-        await a.store.delete(victim["id"], hard=True)
+        await a.store.memories.delete(victim["id"], hard=True)
         assert await on_disk(a.data_dir, marker) == []
         report = await a.sync()
         assert report.pushed_nodes >= 1, report
@@ -47,7 +48,7 @@ async def test_a_hard_delete_leaves_no_text_on_the_hub_or_another_laptop(
         assert not hub.store.checkpointer.scrub_owed
         await b.sync()
         assert await on_disk(b.data_dir, marker) == []
-        nodes, _, _ = await b.store.changes(0)
+        nodes, _, _ = (await b.store.feed.page(0))[:3]
         assert [n.content for n in nodes if n.id == victim["node_id"]] == [""]
 
 
@@ -57,23 +58,23 @@ async def test_a_hard_delete_purges_the_versions_on_the_hub_and_another_laptop(
     pulled or imported hard-delete tombstone deletes them, and the scrub takes them off disk."""
     first, second = new_marker(), new_marker()
     async with two_laptops(tmp_path, hub.url, hub.token) as (a, b):
-        victim = await a.store.save({"content": f"key {first}", "topic_key": "project/key"})
+        victim = await a.store.memories.save({"content": f"key {first}", "topic_key": "project/key"})
         await a.sync()
         await b.sync()
-        await a.store.save({"content": f"key {second}", "topic_key": "project/key"})
-        await a.store.delete(victim["id"])
+        await a.store.memories.save({"content": f"key {second}", "topic_key": "project/key"})
+        await a.store.memories.delete(victim["id"])
         await a.sync()
         await b.sync()
         for store in (a.store, hub.store, b.store):  # non-vacuity: each kept the old text
-            kept = (await store.versions(victim["id"]))["versions"][1:]
+            kept = (await store.versions.history(victim["id"]))["versions"][1:]
             assert f"key {first}" in [v["content"] for v in kept], kept
         for where in (a.data_dir, hub.data_dir, b.data_dir):
             assert await on_disk(where, first), where
-        await a.store.delete(victim["id"], hard=True)
+        await a.store.memories.delete(victim["id"], hard=True)
         await a.sync()
         await b.sync()
         for store in (a.store, hub.store, b.store):
-            assert (await store.dump())["memory_versions"] == []
+            assert (await dump_tables(store))["memory_versions"] == []
         for where in (a.data_dir, hub.data_dir, b.data_dir):
             assert await on_disk(where, first) == [], where
             assert await on_disk(where, second) == [], where
@@ -85,10 +86,10 @@ async def test_an_edge_tombstone_alone_scrubs_the_reason_it_replaces(tmp_path: P
     marker = new_marker()
     store = await Store.open(tmp_path / "data", embedder=HashingEmbedder())
     try:
-        x = await store.save({"content": "the deploy key"})
-        y = await store.save({"content": "the old deploy key"})
-        await store.judge(y["id"], x["id"], "conflicts", f"because {marker}")
-        _, edges, _ = await store.changes(0)
+        x = await store.memories.save({"content": "the deploy key"})
+        y = await store.memories.save({"content": "the old deploy key"})
+        await store.graph.judge(y["id"], x["id"], "conflicts", f"because {marker}")
+        _, edges, _ = (await store.feed.page(0))[:3]
         (edge,) = [e for e in edges if not e.deleted]
         assert marker in (edge.props or "")
         assert await on_disk(store.data_dir, marker)
@@ -96,7 +97,7 @@ async def test_an_edge_tombstone_alone_scrubs_the_reason_it_replaces(tmp_path: P
         tomb = msgspec.structs.replace(
             edge, props=f'{{"deleted":true,"deleted_at":"{later}"}}', deleted=True,
             updated_at=later, origin="another-laptop")
-        result = await store.apply([], [tomb], model=store.embedder.model_id)
+        result = await store.replication.apply([], [tomb], model=store.embedder.model_id)
         assert result.applied_edges == 1, result
         assert await on_disk(store.data_dir, marker) == []
         assert not store.checkpointer.scrub_owed

@@ -15,6 +15,7 @@ import pytest
 
 from local_store import HashingEmbedder, Store, db
 from tests.conftest import FakeWall
+from tests.store_probe import outbox_items
 from tests.sync.harness import MODEL, Hub, Laptop, start_hub, start_laptop
 
 OVERLAP_SECS = 0.2  # queued local edits older than 0.1 s are re-stamped when pushed
@@ -34,7 +35,7 @@ async def laptop(name: str, tmp_path: Path, hub: Hub, wall: FakeWall) -> Laptop:
 
 
 async def content(store: Store, memory_id: str) -> str:
-    return str((await store.get(memory_id))["content"])
+    return str((await store.memories.get(memory_id))["content"])
 
 
 @pytest.mark.parametrize("mode", ["ingest", "origin"])
@@ -47,10 +48,10 @@ async def test_a_repair_after_a_wipe_does_not_overwrite_an_unpushed_edit(
     a = await laptop("a", tmp_path, hub, wall)
     b = await laptop("b", tmp_path, hub, wall)
     try:
-        x = (await a.store.save({"content": "x v0", "topic_key": "x"}))["node_id"]
+        x = (await a.store.memories.save({"content": "x v0", "topic_key": "x"}))["node_id"]
         for lap in (a, b):
             assert (await lap.sync()).ok
-        v0 = await a.store.get(x)
+        v0 = await a.store.memories.get(x)
 
         hub = await wipe(hub)
         for lap in (a, b):
@@ -58,11 +59,11 @@ async def test_a_repair_after_a_wipe_does_not_overwrite_an_unpushed_edit(
         a = await laptop("a", tmp_path, hub, wall)
         b = await laptop("b", tmp_path, hub, wall)
 
-        await b.store.save({"content": "x v1, b's later edit", "topic_key": "x"})
+        await b.store.memories.save({"content": "x v1, b's later edit", "topic_key": "x"})
         wall.advance(PAST_OVERLAP_SECS)
         ra = await a.sync()
         assert ra.ok and ra.anti_entropy and ra.requeued, ra
-        repaired = await hub.store.get(x)  # sent as it was written, not re-stamped
+        repaired = await hub.store.memories.get(x)  # sent as it was written, not re-stamped
         assert (repaired["updated_at"], repaired["origin"]) == (v0["updated_at"], v0["origin"])
         assert (await b.sync()).ok
         assert (await a.sync()).ok
@@ -83,10 +84,10 @@ async def test_a_repaired_version_of_another_laptop_keeps_its_origin(mode: str,
     a = await laptop("a", tmp_path, hub, wall)
     b = await laptop("b", tmp_path, hub, wall)
     try:
-        y = (await b.store.save({"content": "y, written by b"}))["node_id"]
+        y = (await b.store.memories.save({"content": "y, written by b"}))["node_id"]
         assert (await b.sync()).ok
         assert (await a.sync()).ok
-        written = await a.store.get(y)
+        written = await a.store.memories.get(y)
         assert written["origin"] == b.store.replica_id
 
         hub = await wipe(hub)
@@ -95,7 +96,7 @@ async def test_a_repaired_version_of_another_laptop_keeps_its_origin(mode: str,
         wall.advance(PAST_OVERLAP_SECS)
         report = await a.sync()
         assert report.ok and report.anti_entropy, report
-        held = await hub.store.get(y)
+        held = await hub.store.memories.get(y)
         assert (held["updated_at"], held["origin"]) == (written["updated_at"], written["origin"])
     finally:
         await a.close()
@@ -109,32 +110,32 @@ async def test_staging_keeps_a_repair_and_re_stamps_a_local_edit(tmp_path: Path)
     wall = FakeWall(time.time_ns())
     store = await Store.open(tmp_path / "data", embedder=HashingEmbedder(), wall=wall)
     try:
-        old = (await store.save({"content": "old, pushed long ago", "topic_key": "old"})
+        old = (await store.memories.save({"content": "old, pushed long ago", "topic_key": "old"})
                )["node_id"]
-        await store.ack_push(await store.outbox())
-        pending = (await store.save({"content": "pending local edit"}))["node_id"]
+        await store.replication.ack_push(await outbox_items(store))
+        pending = (await store.memories.save({"content": "pending local edit"}))["node_id"]
         wall.advance(10)
-        stamps = {m: (await store.get(m))["updated_at"] for m in (old, pending)}
+        stamps = {m: (await store.memories.get(m))["updated_at"] for m in (old, pending)}
 
-        await store.requeue_unseen({}, {})  # the plane holds neither
+        await store.replication.requeue_unseen({}, {})  # the plane holds neither
         await stage_all(store)
-        assert (await store.get(old))["updated_at"] == stamps[old]
-        assert (await store.get(pending))["updated_at"] > stamps[pending]
+        assert (await store.memories.get(old))["updated_at"] == stamps[old]
+        assert (await store.memories.get(pending))["updated_at"] > stamps[pending]
 
-        await store.requeue_unseen({}, {})
-        await store.save({"content": "edited after the repair was queued", "topic_key": "old"})
-        edited = (await store.get(old))["updated_at"]
+        await store.replication.requeue_unseen({}, {})
+        await store.memories.save({"content": "edited after the repair was queued", "topic_key": "old"})
+        edited = (await store.memories.get(old))["updated_at"]
         wall.advance(10)
         await stage_all(store)
-        assert (await store.get(old))["updated_at"] > edited
+        assert (await store.memories.get(old))["updated_at"] > edited
     finally:
         await store.close()
 
 
 async def stage_all(store: Store) -> None:
-    entries, _, _ = await store.stage_push(100, model=MODEL, dim=store.embedder.dim)
+    entries, _, _ = await store.replication.stage_push(100, model=MODEL, dim=store.embedder.dim)
     assert entries
-    await store.ack_push(entries)
+    await store.replication.ack_push(entries)
 
 
 def version_3_store(path: Path) -> None:

@@ -36,16 +36,16 @@ async def test_a_restored_laptop_catches_up_with_the_hub(tmp_path: Path) -> None
     b = await start_laptop("b", tmp_path / "b", hub.url, hub.token)
     try:
         a = await laptop_a()
-        await a.store.save({"content": "in the backup"})
+        await a.store.memories.save({"content": "in the backup"})
         assert (await a.sync()).ok  # the first pass runs anti-entropy too
         await a.close()
         assert await asyncio.to_thread(backup, a_dir, copy) == 1
 
         a = await laptop_a()
-        await a.store.save({"content": "A wrote it after the backup"})
+        await a.store.memories.save({"content": "A wrote it after the backup"})
         assert (await a.sync()).ok
         await a.close()
-        await b.store.save({"content": "B wrote it after the backup"})
+        await b.store.memories.save({"content": "B wrote it after the backup"})
         assert (await b.sync()).ok
 
         await asyncio.to_thread(restore, a_dir, copy)

@@ -14,6 +14,7 @@ from pathlib import Path
 from local_store.backups import backup, restore
 from local_store.replica import RESTORED_OUTBOX
 from tests.conftest import FakeWall
+from tests.store_probe import outbox_items
 from tests.sync.harness import Hub, Laptop, start_laptop
 
 OVERLAP_SECS = 0.2  # queued versions older than 0.1 s are re-stamped when pushed
@@ -26,7 +27,7 @@ async def laptop_a(data_dir: Path, hub: Hub, wall: FakeWall) -> Laptop:
 
 
 async def content(laptop_or_hub: Laptop | Hub, memory_id: str) -> str:
-    return str((await laptop_or_hub.store.get(memory_id))["content"])
+    return str((await laptop_or_hub.store.memories.get(memory_id))["content"])
 
 
 async def test_a_restored_outbox_does_not_push_over_a_later_own_edit(
@@ -36,13 +37,13 @@ async def test_a_restored_outbox_does_not_push_over_a_later_own_edit(
     wall = FakeWall(time.time_ns())
     a_dir, copy = tmp_path / "a", tmp_path / "a-backup.db"
     a = await laptop_a(a_dir, hub, wall)
-    x = (await a.store.save({"content": "x v1", "topic_key": "x"}))["node_id"]
+    x = (await a.store.memories.save({"content": "x v1", "topic_key": "x"}))["node_id"]
     await a.close()
     assert await asyncio.to_thread(backup, a_dir, copy) == 1  # v1 still queued in it
 
     a = await laptop_a(a_dir, hub, wall)
     assert (await a.sync()).ok  # pushes v1
-    await a.store.save({"content": "x v2, the later edit", "topic_key": "x"})
+    await a.store.memories.save({"content": "x v2, the later edit", "topic_key": "x"})
     assert (await a.sync()).ok  # pushes v2
     assert await content(hub, x) == "x v2, the later edit"
     await a.close()
@@ -51,15 +52,15 @@ async def test_a_restored_outbox_does_not_push_over_a_later_own_edit(
     assert restored.resync
     a = await laptop_a(a_dir, hub, wall)
     try:
-        assert RESTORED_OUTBOX in await a.store.sync_state()
+        assert RESTORED_OUTBOX in await a.store.replication.sync_state()
         wall.advance(PAST_OVERLAP_SECS)  # the queued v1 would now be re-stamped to "now"
         report = await a.sync()
         assert report.ok, report.error
         assert await content(hub, x) == "x v2, the later edit"
         assert await content(a, x) == "x v2, the later edit"
         assert report.anti_entropy  # before the push (a hub's changes leave v2 out)
-        assert await a.store.outbox() == []
-        assert RESTORED_OUTBOX not in await a.store.sync_state()
+        assert await outbox_items(a.store) == []
+        assert RESTORED_OUTBOX not in await a.store.replication.sync_state()
         assert (await a.sync()).ok
         assert await content(hub, x) == "x v2, the later edit"
     finally:
@@ -77,21 +78,21 @@ async def test_a_restored_entry_the_plane_already_holds_is_dropped_not_stamped_a
     b = await start_laptop("b", tmp_path / "b", hub.url, hub.token, wall=wall,
                            overlap_secs=OVERLAP_SECS)
     try:
-        x = (await a.store.save({"content": "x v1", "topic_key": "x"}))["node_id"]
+        x = (await a.store.memories.save({"content": "x v1", "topic_key": "x"}))["node_id"]
         await a.close()
         await asyncio.to_thread(backup, a_dir, copy)  # x v1 still queued in it
         a = await laptop_a(a_dir, hub, wall)
         assert (await a.sync()).ok  # pushes v1
         assert (await b.sync()).ok
         wall.advance(PAST_OVERLAP_SECS)
-        await b.store.save({"content": "x v2, b's later edit", "topic_key": "x"})
+        await b.store.memories.save({"content": "x v2, b's later edit", "topic_key": "x"})
         wall.advance(PAST_OVERLAP_SECS)
         await a.close()
         assert (await asyncio.to_thread(restore, a_dir, copy)).resync
         a = await laptop_a(a_dir, hub, wall)
         report = await a.sync()
         assert report.ok and report.pushed_nodes == 0, report
-        assert await a.store.outbox() == []
+        assert await outbox_items(a.store) == []
         for lap in (b, a):
             assert (await lap.sync()).ok
         for holder in (hub, a, b):
@@ -107,7 +108,7 @@ async def test_a_restored_entry_the_plane_never_saw_is_pushed_in_the_first_pass(
     wall = FakeWall(time.time_ns())
     a_dir, copy = tmp_path / "a", tmp_path / "a-backup.db"
     a = await laptop_a(a_dir, hub, wall)
-    y = (await a.store.save({"content": "y, never pushed"}))["node_id"]
+    y = (await a.store.memories.save({"content": "y, never pushed"}))["node_id"]
     await a.close()
     await asyncio.to_thread(backup, a_dir, copy)
     assert (await asyncio.to_thread(restore, a_dir, copy)).resync
@@ -118,7 +119,7 @@ async def test_a_restored_entry_the_plane_never_saw_is_pushed_in_the_first_pass(
         report = await a.sync()
         assert report.ok and report.anti_entropy and report.pushed_nodes == 1, report
         assert await content(hub, y) == "y, never pushed"
-        assert await a.store.outbox() == []
+        assert await outbox_items(a.store) == []
     finally:
         await a.close()
 
@@ -129,7 +130,7 @@ async def test_a_backup_with_an_empty_outbox_is_not_marked(hub: Hub, tmp_path: P
     wall = FakeWall(time.time_ns())
     a_dir, copy = tmp_path / "a", tmp_path / "a-backup.db"
     a = await laptop_a(a_dir, hub, wall)
-    await a.store.save({"content": "pushed before the backup"})
+    await a.store.memories.save({"content": "pushed before the backup"})
     assert (await a.sync()).ok
     await a.close()
     await asyncio.to_thread(backup, a_dir, copy)
@@ -137,7 +138,7 @@ async def test_a_backup_with_an_empty_outbox_is_not_marked(hub: Hub, tmp_path: P
     assert not (await asyncio.to_thread(restore, a_dir, copy)).resync
     a = await laptop_a(a_dir, hub, wall)
     try:
-        assert RESTORED_OUTBOX not in await a.store.sync_state()
+        assert RESTORED_OUTBOX not in await a.store.replication.sync_state()
         report = await a.sync()
         assert report.ok and not report.anti_entropy, report
     finally:

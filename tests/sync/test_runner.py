@@ -23,7 +23,7 @@ async def test_a_fixed_token_file_is_read_again_by_the_manual_pass(tmp_path: Pat
                                options=SyncOptions(plane_model=MODEL), interval=3600,
                                jitter=0, token_file=token_file)
     try:
-        await store.save({"content": "the token was rotated on Monday"})
+        await store.memories.save({"content": "the token was rotated on Monday"})
         report = await runner.run_now()
         assert not report.ok and report.error_kind == "auth"
         assert (await runner.status())["auth_blocked"] is True

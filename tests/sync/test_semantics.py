@@ -31,6 +31,7 @@ from protocol.rows import EdgeRow, ImportRequest, NodeRow, edge_id, json_encoder
 from protocol.timestamp import format_ns, parse_ns
 from syncd.sync.engine import PassReport
 from syncd.sync.plane import PlaneClient
+from tests.store_probe import dump_tables, outbox_items, reconcile
 from tests.sync.harness import MODEL, Hub, Laptop, start_hub, start_laptop
 
 EXAMPLES = int(os.environ.get("SYNCD_PROPERTY_EXAMPLES", "30"))
@@ -154,13 +155,13 @@ def edge_row(src: str, dst: str, stamp: str, *, realm: str | None = "default",
 
 async def replicated(store: Store) -> tuple[list[NodeRow], list[EdgeRow]]:
     """Every replicated row a store holds (tombstones included), as wire rows, by id."""
-    nodes, edges = await store.export(include_deleted=True)
+    nodes, edges = await store.feed.read(include_deleted=True)
     return sorted(nodes, key=lambda n: n.id or ""), sorted(edges, key=lambda e: e.id or "")
 
 
 async def versions(store: Store) -> Versions:
     """id → the version a store holds and what it says: enough to tell two replicas apart."""
-    nodes, edges = await store.export(include_deleted=True)
+    nodes, edges = await store.feed.read(include_deleted=True)
     out: Versions = {f"node {n.id}": (n.updated_at, n.origin, bool(n.deleted), n.content,
                                       n.status, n.importance, n.invalid_at) for n in nodes}
     out.update({f"edge {e.id}": (e.updated_at, e.origin, bool(e.deleted), e.props)
@@ -170,18 +171,18 @@ async def versions(store: Store) -> Versions:
 
 async def dump_without(store: Store, keys: frozenset[str] = frozenset()) -> dict[str, Any]:
     """``store.dump()`` without the named ``meta`` keys."""
-    dump = await store.dump()
+    dump = await dump_tables(store)
     dump["meta"] = [row for row in dump["meta"] if row[0] not in keys]
     return dump
 
 
 async def node_of(store: Store, mid: str) -> NodeRow | None:
-    nodes, _ = await store.export(include_deleted=True)
+    nodes, _ = await store.feed.read(include_deleted=True)
     return next((n for n in nodes if n.id == mid), None)
 
 
 async def edges_with_id(store: Store, eid: str) -> list[EdgeRow]:
-    _, edges = await store.export(include_deleted=True)
+    _, edges = await store.feed.read(include_deleted=True)
     return [e for e in edges if e.id == eid]
 
 
@@ -194,15 +195,15 @@ async def fts_hits(store: Store, token: str) -> int:
 async def populate(lap: Laptop, tag: str) -> list[str]:
     """A small history on a laptop: saves, a link, a supersede, an archive, a soft and a hard
     delete (so a pulled delta holds live rows, tombstones and edges of both kinds)."""
-    ids = [(await lap.store.save({"content": f"{tag} note {i}: keep the build green",
+    ids = [(await lap.store.memories.save({"content": f"{tag} note {i}: keep the build green",
                                   "tags": [tag]}))["node_id"] for i in range(6)]
-    await lap.store.link({"memory_id": ids[0], "target_node_id": ids[1]})
-    await lap.store.link({"memory_id": ids[3], "target_node_id": ids[5]})
-    await lap.store.judge(ids[0], ids[2], "supersedes")
-    await lap.store.update_status(ids[1], "archived")
-    await lap.store.update_importance(ids[5], 0.9)
-    await lap.store.delete(ids[3])
-    await lap.store.delete(ids[4], hard=True)
+    await lap.store.graph.link({"memory_id": ids[0], "target_node_id": ids[1]})
+    await lap.store.graph.link({"memory_id": ids[3], "target_node_id": ids[5]})
+    await lap.store.graph.judge(ids[0], ids[2], "supersedes")
+    await lap.store.memories.update_status(ids[1], "archived")
+    await lap.store.memories.update_importance(ids[5], 0.9)
+    await lap.store.memories.delete(ids[3])
+    await lap.store.memories.delete(ids[4], hard=True)
     return ids
 
 
@@ -222,16 +223,16 @@ async def test_r1_repeated_passes_leave_the_store_unchanged(fleet: Fleet) -> Non
     # changed. The ingest feed's `until` is its last mark, so there nothing may move at all.
     moving = frozenset({"sync.cursor", "hlc_last"}) if fleet.mode == "origin" else frozenset()
     once = await dump_without(b.store, moving)
-    cursor = (await b.store.sync_state())["cursor"]
-    stats = await b.store.stats()
+    cursor = (await b.store.replication.sync_state())["cursor"]
+    stats = await b.store.maintenance.stats()
     for _ in range(PASSES):
         report = await sync_ok(b)
         # in origin mode the overlap window re-delivers a's and b's rows on every pass
         assert (report.pulled_nodes, report.pulled_edges, report.pushed_nodes,
                 report.pushed_edges) == (0, 0, 0, 0)
     assert await dump_without(b.store, moving) == once
-    assert await b.store.stats() == stats
-    again = (await b.store.sync_state())["cursor"]
+    assert await b.store.maintenance.stats() == stats
+    again = (await b.store.replication.sync_state())["cursor"]
     if fleet.mode == "ingest":
         assert again == cursor
     else:
@@ -253,7 +254,7 @@ async def test_r1_the_same_delta_or_export_applied_n_times(fleet: Fleet) -> None
                                     "plane_store_id": page.store_id}
 
     async def pull(s: Store) -> tuple[int, int]:
-        res = await s.pull(page.memory_nodes, page.memory_edges, model=MODEL, state=state,
+        res = await s.replication.pull(page.memory_nodes, page.memory_edges, model=MODEL, state=state,
                            until=page.until)
         assert not res.problems
         return res.applied_nodes, res.applied_edges
@@ -262,32 +263,32 @@ async def test_r1_the_same_delta_or_export_applied_n_times(fleet: Fleet) -> None
     first = await pull(once)
     assert first == (len(page.memory_nodes), len(page.memory_edges))
     assert await pull(many) == first
-    after_one = await many.dump()
+    after_one = await dump_tables(many)
     for _ in range(PASSES):
         assert await pull(many) == (0, 0)
-        applied = await many.apply(page.memory_nodes, page.memory_edges, model=MODEL)
+        applied = await many.replication.apply(page.memory_nodes, page.memory_edges, model=MODEL)
         assert (applied.applied_nodes, applied.applied_edges) == (0, 0)
     # The same store after 1 and after N applications: byte-for-byte the same, meta included
     # (the cursor, local_seq and hlc_last too).
-    assert await many.dump() == after_one
+    assert await dump_tables(many) == after_one
     # Two stores, one applied once and one N times: the same but for their identity.
     assert await dump_without(many, IDENTITY_META) == await dump_without(once, IDENTITY_META)
-    assert (await many.sync_state())["cursor"] == (await once.sync_state())["cursor"] == page.until
-    assert await many.stats() == await once.stats()
+    assert (await many.replication.sync_state())["cursor"] == (await once.replication.sync_state())["cursor"] == page.until
+    assert await many.maintenance.stats() == await once.maintenance.stats()
 
     # The same full export reconciled 1 or N times, on a fresh store and on one that pulled.
     fresh = await fleet.store("fresh")
     for s in (fresh, many):
-        done = await s.reconcile(export.memory_nodes, export.memory_edges, model=MODEL,
+        done = await reconcile(s, export.memory_nodes, export.memory_edges, model=MODEL,
                                  state={"anti_entropy_ns": "1"})
         assert done.requeued_nodes == done.requeued_edges == 0
-        reconciled = await s.dump()
+        reconciled = await dump_tables(s)
         for _ in range(PASSES):
-            done = await s.reconcile(export.memory_nodes, export.memory_edges, model=MODEL,
+            done = await reconcile(s, export.memory_nodes, export.memory_edges, model=MODEL,
                                      state={"anti_entropy_ns": "1"})
             assert (done.applied.applied_nodes, done.applied.applied_edges,
                     done.requeued_nodes, done.requeued_edges) == (0, 0, 0, 0)
-        assert await s.dump() == reconciled
+        assert await dump_tables(s) == reconciled
     assert await replicated(fresh) == await replicated(many) == await replicated(a.store)
 
 
@@ -316,7 +317,7 @@ async def _record_history(root: Path) -> History:
 
         async def capture() -> None:
             nonlocal seq
-            n, e, seq = await src.changes(seq, limit=1000)
+            n, e, seq = (await src.feed.page(seq, limit=1000))[:3]
             nodes.extend(n)
             edges.extend(e)
 
@@ -326,20 +327,20 @@ async def _record_history(root: Path) -> History:
                      "gamma: the old on-call rota lives in the wiki",
                      "delta: the vendor escalation phone number",
                      "epsilon: laptops sync every five minutes"):
-            ids.append((await src.save({"content": text, "topic_key": text[:5]}))["node_id"])
+            ids.append((await src.memories.save({"content": text, "topic_key": text[:5]}))["node_id"])
             await capture()
         a, b, c, d, e = ids
         steps: list[Any] = [
-            lambda: src.link({"memory_id": a, "target_node_id": b}),
-            lambda: src.link({"memory_id": d, "target_node_id": e}),
-            lambda: src.judge(a, c, "supersedes"),
-            lambda: src.update_status(a, "archived"),
-            lambda: src.update_importance(b, 0.9),
-            lambda: src.save({"content": "epsilon: laptops sync every minute",
+            lambda: src.graph.link({"memory_id": a, "target_node_id": b}),
+            lambda: src.graph.link({"memory_id": d, "target_node_id": e}),
+            lambda: src.graph.judge(a, c, "supersedes"),
+            lambda: src.memories.update_status(a, "archived"),
+            lambda: src.memories.update_importance(b, 0.9),
+            lambda: src.memories.save({"content": "epsilon: laptops sync every minute",
                               "topic_key": "epsil"}),
-            lambda: src.delete(b),
-            lambda: src.delete(d, hard=True),
-            lambda: src.update_status(a, "active"),
+            lambda: src.memories.delete(b),
+            lambda: src.memories.delete(d, hard=True),
+            lambda: src.memories.update_status(a, "active"),
         ]
         for step in steps:
             await step()
@@ -367,9 +368,9 @@ async def _apply_batches(root: Path, batches: list[list[NodeRow | EdgeRow]], via
             nodes = [r for r in batch if isinstance(r, NodeRow)]
             edges = [r for r in batch if isinstance(r, EdgeRow)]
             if via_pull:
-                res = await s.pull(nodes, edges, model=MODEL, state={"cursor": str(i)})
+                res = await s.replication.pull(nodes, edges, model=MODEL, state={"cursor": str(i)})
             else:
-                res = await s.apply(nodes, edges, model=MODEL)
+                res = await s.replication.apply(nodes, edges, model=MODEL)
             assert not res.problems
         return await replicated(s)
 
@@ -437,7 +438,7 @@ async def test_r2_any_delivery_order_converges_through_the_hub(tmp_path: Path) -
                 await sync_ok(lap)
                 assert await replicated(hub.store) == history.final, (mode, name)
                 assert await replicated(lap.store) == history.final, (mode, name)
-                assert (await lap.store.stats())["outbox"] == 0
+                assert (await lap.store.maintenance.stats())["outbox"] == 0
             finally:
                 await fleet.close()
                 await hub.close()
@@ -451,21 +452,21 @@ async def test_r8_late_rows_and_the_boundary_stamp_are_still_pulled(fleet: Fleet
     overlap window or exactly at the boundary — are still pulled; older ones only in ingest
     mode (origin mode leaves them to anti-entropy)."""
     a = await fleet.laptop("a")
-    seeded = (await a.store.save({"content": "seed: the hub knows this one"}))["node_id"]
+    seeded = (await a.store.memories.save({"content": "seed: the hub knows this one"}))["node_id"]
     await sync_ok(a)
     reader = await fleet.laptop("reader")
     await sync_ok(reader)
     assert await node_of(reader.store, seeded) is not None
-    until = (await reader.store.sync_state())["cursor"]
+    until = (await reader.store.replication.sync_state())["cursor"]
 
     within, boundary, old = new_id(), new_id(), new_id()
     # committed now, stamped in the past: the plane's `until` race / a slow writer's clock
-    applied = await fleet.hub.store.apply(
+    applied = await fleet.hub.store.replication.apply(
         [node_row(within, shift(until, -OVERLAP_SECS / 2), "within the overlap window")], [],
         model=MODEL)
     assert applied.applied_nodes == 1
     await fleet.push([node_row(boundary, until, "stamped exactly at the stored until")])
-    applied = await fleet.hub.store.apply(
+    applied = await fleet.hub.store.replication.apply(
         [node_row(old, shift(until, -5 * OVERLAP_SECS), "older than the overlap window")], [],
         model=MODEL)
     assert applied.applied_nodes == 1
@@ -545,8 +546,8 @@ async def test_r12_a_stale_update_never_resurrects_a_delete(fleet: Fleet) -> Non
         mid = new_id()
         rows = versions_of(mid)
         for name in order:
-            await s.apply([rows[name]], [], model=MODEL)
-        await s.apply([rows[name] for name in reversed(order)], [], model=MODEL)
+            await s.replication.apply([rows[name]], [], model=MODEL)
+        await s.replication.apply([rows[name] for name in reversed(order)], [], model=MODEL)
         got = await node_of(s, mid)
         assert got is not None and got.deleted and got.updated_at == tomb, order
 
@@ -590,11 +591,11 @@ async def test_r12_a_concurrent_edit_with_an_older_stamp_loses_to_the_delete(
     """R12: b edits X, then a deletes X (a later stamp, neither saw the other) → the delete
     wins on every replica whichever of them reaches the plane first."""
     a, b = await fleet.laptop("a"), await fleet.laptop("b")
-    mid = (await a.store.save({"content": "the build runs on ci"}))["node_id"]
+    mid = (await a.store.memories.save({"content": "the build runs on ci"}))["node_id"]
     await sync_ok(a)
     await sync_ok(b)
-    await b.store.update_importance(mid, 0.95)
-    await a.store.delete(mid)
+    await b.store.memories.update_importance(mid, 0.95)
+    await a.store.memories.delete(mid)
     edit, tomb = await node_of(b.store, mid), await node_of(a.store, mid)
     assert edit is not None and tomb is not None and edit.updated_at and tomb.updated_at
     assert edit.updated_at < tomb.updated_at  # "later HLC stamp wins" → the delete
@@ -604,7 +605,7 @@ async def test_r12_a_concurrent_edit_with_an_older_stamp_loses_to_the_delete(
         got = await node_of(store, mid)
         assert got is not None and got.deleted and got.importance != 0.95, first
     for lap in (a, b):
-        assert await lap.store.outbox() == []
+        assert await outbox_items(lap.store) == []
     assert await versions(a.store) == await versions(b.store) == await versions(fleet.hub.store)
 
 
@@ -619,10 +620,10 @@ async def test_r13_a_hard_delete_never_comes_back(fleet: Fleet) -> None:
     a, b = await fleet.laptop("a"), await fleet.laptop("b")
     # d will be offline during the delete, with the old version and anti-entropy on every pass
     d = await fleet.laptop("d", anti_entropy_secs=0)
-    mid = (await a.store.save({"content": f"the vendor pin is {token}", "title": token,
+    mid = (await a.store.memories.save({"content": f"the vendor pin is {token}", "title": token,
                                "tags": [token]}))["node_id"]
-    other = (await a.store.save({"content": "the vendor is acme"}))["node_id"]
-    await a.store.link({"memory_id": mid, "target_node_id": other})
+    other = (await a.store.memories.save({"content": "the vendor is acme"}))["node_id"]
+    await a.store.graph.link({"memory_id": mid, "target_node_id": other})
     await sync_ok(a)
     await sync_ok(b)
     await sync_ok(d)
@@ -630,10 +631,10 @@ async def test_r13_a_hard_delete_never_comes_back(fleet: Fleet) -> None:
     assert token in json_encoder.encode(old_export).decode()
     assert await fts_hits(b.store, token) == 1
 
-    await a.store.delete(mid, hard=True)
+    await a.store.memories.delete(mid, hard=True)
     local = await node_of(a.store, mid)
     assert local is not None and local.deleted and not local.content and local.title is None
-    assert ("node", mid) in {(k, i) for k, i, _ in await a.store.outbox()}
+    assert ("node", mid) in {(k, i) for k, i, _ in await outbox_items(a.store)}
     still = await node_of(fleet.hub.store, mid)
     assert still is not None and not still.deleted  # not at the plane yet
 
@@ -644,7 +645,7 @@ async def test_r13_a_hard_delete_never_comes_back(fleet: Fleet) -> None:
     assert at_hub.title is None and not at_hub.tags and at_hub.embedding == [0.0] * 384
     local = await node_of(a.store, mid)
     assert local is not None and local.deleted  # the tombstone itself stays
-    assert await a.store.outbox() == []
+    assert await outbox_items(a.store) == []
 
     # An old export imported again, overlapping re-pulls and anti-entropy: still deleted.
     await fleet.push(old_export.memory_nodes, old_export.memory_edges)
@@ -658,16 +659,16 @@ async def test_r13_a_hard_delete_never_comes_back(fleet: Fleet) -> None:
     for store in (fleet.hub.store, *(lap.store for lap in laptops)):
         got = await node_of(store, mid)
         assert got is not None and got.deleted and not got.content
-        assert token not in repr(await store.dump())
+        assert token not in repr(await dump_tables(store))
         assert await fts_hits(store, token) == 0
-        hits = await store.recall({"query": token})
+        hits = await store.recall.query({"query": token})
         assert mid not in [m.id for m in hits.memories]
         assert token not in json_encoder.encode(hits).decode()
     client = fleet.client()
     for body in (await client.export(None, None, None), await client.changes(None, None, None)):
         assert token not in json_encoder.encode(body).decode()
     for lap in laptops:
-        assert (await lap.store.stats())["outbox"] == 0
+        assert (await lap.store.maintenance.stats())["outbox"] == 0
     expected = await versions(fleet.hub.store)
     for lap in laptops:
         assert await versions(lap.store) == expected
@@ -690,12 +691,12 @@ async def test_r13_a_hard_delete_leaves_its_text_in_no_table(fleet: Fleet) -> No
     memory (the keyword index's shadow tables included) still holds its text."""
     token = f"canary{uuid.uuid4().hex}"
     a, b = await fleet.laptop("a"), await fleet.laptop("b")
-    mid = (await a.store.save({"content": f"the door code is {token}"}))["node_id"]
-    await a.store.save({"content": "the door is at the back"})
+    mid = (await a.store.memories.save({"content": f"the door code is {token}"}))["node_id"]
+    await a.store.memories.save({"content": "the door is at the back"})
     await sync_ok(a)
     await sync_ok(b)
     assert "memories" in await tables_holding(b.store, token)
-    await a.store.delete(mid, hard=True)
+    await a.store.memories.delete(mid, hard=True)
     await sync_ok(a)
     await sync_ok(b)
     for name, store in (("hub", fleet.hub.store), ("a", a.store), ("b", b.store)):
@@ -723,8 +724,8 @@ async def test_r14_identical_stamps_pick_one_winner_everywhere(fleet: Fleet) -> 
             continue
         s = await fleet.store(f"order-{n}")
         for i in order:
-            await s.apply([rivals(x1)[i]], [], model=MODEL)
-        await s.apply([rivals(x2)[i] for i in order], [], model=MODEL)  # one batch
+            await s.replication.apply([rivals(x1)[i]], [], model=MODEL)
+        await s.replication.apply([rivals(x2)[i] for i in order], [], model=MODEL)  # one batch
         winners.append({mid: await node_of(s, mid) for mid in (x1, x2)})
     assert all(w[x1] == winners[0][x1] and w[x2] == winners[0][x2] for w in winners)
     expected = winners[0][x1]
@@ -733,7 +734,7 @@ async def test_r14_identical_stamps_pick_one_winner_everywhere(fleet: Fleet) -> 
     # Laptops each hold one rival already; the hub gets them in opposite orders.
     laps = [await fleet.laptop(f"lap{i}") for i in range(3)]
     for i, lap in enumerate(laps):
-        await lap.store.apply([rivals(x1)[i], rivals(x2)[-1 - i]], [], model=MODEL)
+        await lap.store.replication.apply([rivals(x1)[i], rivals(x2)[-1 - i]], [], model=MODEL)
     for i in range(4):
         await fleet.push([rivals(x1)[i]])
         await fleet.push([rivals(x2)[3 - i]])
@@ -746,7 +747,7 @@ async def test_r14_identical_stamps_pick_one_winner_everywhere(fleet: Fleet) -> 
             assert got is not None
             assert (got.content, got.origin, got.updated_at) == (
                 expected.content, expected.origin, expected.updated_at)
-        assert (await store.stats())["outbox"] == 0
+        assert (await store.maintenance.stats())["outbox"] == 0
 
 
 # ---------------------------------------------------------------------- R15
@@ -757,15 +758,15 @@ async def test_r15_no_echo(fleet: Fleet) -> None:
     untouched, nothing is pushed, and each of B's idle passes is one request."""
     a, b = await fleet.laptop("a"), await fleet.laptop("b")
     c = await fleet.laptop("c", anti_entropy_secs=0)  # a full export diff on every pass
-    mid = (await a.store.save({"content": "x: the release checklist"}))["node_id"]
-    await a.store.link({"memory_id": mid, "target_node_id": "repo:syncd"})
+    mid = (await a.store.memories.save({"content": "x: the release checklist"}))["node_id"]
+    await a.store.graph.link({"memory_id": mid, "target_node_id": "repo:syncd"})
     await sync_ok(a)
 
     async def hub_state() -> tuple[Any, ...]:
         feed = await fleet.hub.store._fetch("SELECT seq, stamp FROM feed ORDER BY seq")
         row = await fleet.hub.store._fetch(
             "SELECT updated_at, origin, local_seq FROM memories WHERE id = ?", (mid,))
-        return await fleet.hub.store.dump(), [tuple(r) for r in feed], tuple(row[0])
+        return await dump_tables(fleet.hub.store), [tuple(r) for r in feed], tuple(row[0])
 
     before = await hub_state()
     first = await sync_ok(b)
@@ -782,7 +783,7 @@ async def test_r15_no_echo(fleet: Fleet) -> None:
             assert report.requeued == 0
     assert await hub_state() == before
     for lap in (a, b, c):
-        assert await lap.store.outbox() == []
+        assert await outbox_items(lap.store) == []
         assert await versions(lap.store) == await versions(fleet.hub.store)
 
 
@@ -793,7 +794,7 @@ async def _seed_hub(hub: Hub, count: int, chunk: int) -> list[str]:
     """``count`` memories saved at the hub itself, ``chunk`` per transaction (feed mark)."""
     ids: list[str] = []
     for start in range(0, count, chunk):
-        saved = await hub.store.save_many(
+        saved = await hub.store.memories.save_many(
             [{"content": f"seeded memory {i}: service {i % 17} owns queue {i}"}
              for i in range(start, min(count, start + chunk))])
         ids += [f"memory:{u}" if not str(u).startswith("memory:") else str(u)
@@ -814,10 +815,10 @@ async def test_r17_paged_bootstrap_has_no_gap_while_the_hub_takes_writes(fleet: 
 
     async def write_between_pages() -> None:
         nonlocal rounds
-        await writer.store.update_importance(seeded[rounds], 0.91)  # already paged
-        await writer.store.update_importance(seeded[-1 - rounds], 0.92)  # not paged yet
-        await writer.store.delete(seeded[20 + rounds])
-        await writer.store.save({"content": f"written during the bootstrap, round {rounds}"})
+        await writer.store.memories.update_importance(seeded[rounds], 0.91)  # already paged
+        await writer.store.memories.update_importance(seeded[-1 - rounds], 0.92)  # not paged yet
+        await writer.store.memories.delete(seeded[20 + rounds])
+        await writer.store.memories.save({"content": f"written during the bootstrap, round {rounds}"})
         await sync_ok(writer)
         rounds += 1
 
@@ -825,7 +826,7 @@ async def test_r17_paged_bootstrap_has_no_gap_while_the_hub_takes_writes(fleet: 
     pages = 0
     while True:
         page = await client.changes(since, None, 7)
-        res = await target.pull(page.memory_nodes, page.memory_edges, model=MODEL,
+        res = await target.replication.pull(page.memory_nodes, page.memory_edges, model=MODEL,
                                 state={"cursor": page.until}, until=page.until)
         assert not res.problems
         pages += 1
@@ -848,16 +849,16 @@ async def test_r17_laptop_bootstrap_while_another_laptop_pushes(fleet: Fleet) ->
     every row at the hub."""
     await _seed_hub(fleet.hub, BOOTSTRAP_ROWS, 100)
     writer = await fleet.laptop("writer")
-    own = [(await writer.store.save({"content": f"writer note {i}"}))["node_id"]
+    own = [(await writer.store.memories.save({"content": f"writer note {i}"}))["node_id"]
            for i in range(6)]
     await sync_ok(writer)
     fresh = await fleet.laptop("fresh")
 
     async def keep_writing() -> None:
         for i in range(4):
-            await writer.store.save({"content": f"written while fresh bootstraps {i}"})
-            await writer.store.update_importance(own[i], 0.7)
-            await writer.store.delete(own[-1 - i] if i < 2 else own[i])
+            await writer.store.memories.save({"content": f"written while fresh bootstraps {i}"})
+            await writer.store.memories.update_importance(own[i], 0.7)
+            await writer.store.memories.delete(own[-1 - i] if i < 2 else own[i])
             await sync_ok(writer)
 
     bootstrap, _ = await asyncio.gather(fresh.sync(), keep_writing())
@@ -880,22 +881,22 @@ async def test_r18_edges_early_repeated_or_from_another_realm_in_a_store(tmp_pat
         eid = edge_id(src, dst, "RELATES_TO")
         t = now_stamp(-10)
         early = edge_row(src, dst, t)
-        res = await s.pull([], [early, early, early], model=MODEL, state={"cursor": t}, until=t)
+        res = await s.replication.pull([], [early, early, early], model=MODEL, state={"cursor": t}, until=t)
         assert not res.problems and res.applied_edges == 1
         for again in ([early], [edge_row(src, dst, t, with_id=False)] * 3):
-            res = await s.apply([], again, model=MODEL)
+            res = await s.replication.apply([], again, model=MODEL)
             assert not res.problems and res.applied_edges == 0
         other_realm = edge_row(src, dst, shift(t, 1), realm="home", with_id=False)
-        res = await s.apply([], [other_realm, early, other_realm], model=MODEL)
+        res = await s.replication.apply([], [other_realm, early, other_realm], model=MODEL)
         assert not res.problems
         with pytest.raises(NotFoundError):
-            await s.get(src)  # the endpoint has not arrived yet
-        await s.apply([node_row(src, t, "the source"), node_row(dst, t, "the target")], [],
+            await s.memories.get(src)  # the endpoint has not arrived yet
+        await s.replication.apply([node_row(src, t, "the source"), node_row(dst, t, "the target")], [],
                       model=MODEL)
         got = await edges_with_id(s, eid)
         assert len(got) == 1 and got[0].realm == "home"
-        assert [e["id"] for e in (await s.get(src))["edges"]] == [eid]
-        assert (await s.stats())["edges"] == 1 and (await s.stats())["outbox"] == 0
+        assert [e["id"] for e in (await s.memories.get(src))["edges"]] == [eid]
+        assert (await s.maintenance.stats())["edges"] == 1 and (await s.maintenance.stats())["outbox"] == 0
 
 
 async def test_r18_edges_early_repeated_or_from_another_realm_through_the_hub(
@@ -908,7 +909,7 @@ async def test_r18_edges_early_repeated_or_from_another_realm_through_the_hub(
     edge = edge_row(home_src, home_dst, t, realm="home")
     everyone = await fleet.laptop("everyone")
     work = await fleet.laptop("work", realm="work")
-    await work.store.save({"content": "work: the standup is at ten", "realm": "work"})
+    await work.store.memories.save({"content": "work: the standup is at ten", "realm": "work"})
 
     await fleet.push([], [edge, edge, edge_row(home_src, home_dst, t, realm="home",
                                                 with_id=False)])
@@ -917,7 +918,7 @@ async def test_r18_edges_early_repeated_or_from_another_realm_through_the_hub(
         await sync_ok(lap)
         assert len(await edges_with_id(lap.store, eid)) == 1
     with pytest.raises(NotFoundError):
-        await everyone.store.get(home_src)
+        await everyone.store.memories.get(home_src)
 
     await fleet.push([node_row(home_src, t, "home: water the plants", realm="home"),
                       node_row(home_dst, t, "home: the plants", realm="home")], [edge])
@@ -926,11 +927,11 @@ async def test_r18_edges_early_repeated_or_from_another_realm_through_the_hub(
             report = await sync_ok(lap)
             assert report.pull_problems == 0 and report.pushed_edges == 0
     assert len(await edges_with_id(fleet.hub.store, eid)) == 1
-    assert [e["id"] for e in (await everyone.store.get(home_src))["edges"]] == [eid]
+    assert [e["id"] for e in (await everyone.store.memories.get(home_src))["edges"]] == [eid]
     for lap in (everyone, work):
         assert len(await edges_with_id(lap.store, eid)) == 1
-        assert await lap.store.outbox() == []
+        assert await outbox_items(lap.store) == []
     assert await node_of(work.store, home_src) is None  # the other realm's nodes stay away
-    work_nodes = (await work.store.export())[0]
+    work_nodes = (await work.store.feed.read())[0]
     assert [n.realm for n in work_nodes] == ["work"]
     assert await node_of(fleet.hub.store, work_nodes[0].id or "") is not None

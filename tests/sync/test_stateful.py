@@ -58,6 +58,7 @@ from hypothesis.stateful import (
 from local_store import NotFoundError, Store
 from local_store.writes import bare_tombstone, props_json, tombstone_props
 from protocol.rows import edge_id
+from tests.store_probe import outbox_items
 from tests.sync.harness import Hub, Laptop, edge_set, live_contents, start_hub, start_laptop
 from tests.syncd.faultproxy import Fault, FaultProxy
 
@@ -274,7 +275,7 @@ class ReplicationMachine(RuleBasedStateMachine):
                                    "title": f"note {n}", "tags": tags, "importance": importance}
         if topic is not None:
             args["topic_key"] = topic
-        result = self.run(store.save(args))
+        result = self.run(store.memories.save(args))
         mid = result["node_id"]
         if result.get("upserted"):
             assert mid in holders, f"{topic} upserted {mid}, not one of {list(holders)}"
@@ -292,8 +293,8 @@ class ReplicationMachine(RuleBasedStateMachine):
         """update_importance / update_status on one laptop."""
         store, mid = self.laptops[who].store, self.pick(pick)
         name, value = change
-        op = store.update_importance(mid, value) if name == "importance" else \
-            store.update_status(mid, value)
+        op = store.memories.update_importance(mid, value) if name == "importance" else \
+            store.memories.update_status(mid, value)
         self.mutate(who, mid, op, {name: value})
 
     @rule(who=LAPTOP, pick=PICK)
@@ -301,7 +302,7 @@ class ReplicationMachine(RuleBasedStateMachine):
     def archive(self, who: int, pick: int) -> None:
         """update_status archived."""
         mid = self.pick(pick)
-        self.mutate(who, mid, self.laptops[who].store.update_status(mid, "archived"),
+        self.mutate(who, mid, self.laptops[who].store.memories.update_status(mid, "archived"),
                     {"status": "archived"})
 
     def mutate(self, who: int, mid: str, op: Coroutine[Any, Any, object],
@@ -325,7 +326,7 @@ class ReplicationMachine(RuleBasedStateMachine):
         if src_id == dst_id:
             return
         eid = edge_id(src_id, dst_id, "INVALIDATES")
-        op = store.judge(src_id, dst_id, "supersedes", "newer note")
+        op = store.graph.judge(src_id, dst_id, "supersedes", "newer note")
         before = self.live(who, dst_id)
         if before is None or self.live(who, src_id) is None:
             self.refused(who, dst_id, op, ("node", src_id), ("node", dst_id), ("edge", eid))
@@ -349,7 +350,7 @@ class ReplicationMachine(RuleBasedStateMachine):
         A hard delete also purges a soft delete's tombstone (its text) and the reasons (props)
         on every edge of the memory, tombstones included."""
         store, mid = self.laptops[who].store, self.pick(pick)
-        op = store.delete(mid, hard=hard)
+        op = store.memories.delete(mid, hard=hard)
         before = self.live(who, mid)
         held = self.read(who, "node", mid)
         purge = hard and before is None and held is not None and bool(
@@ -386,7 +387,7 @@ class ReplicationMachine(RuleBasedStateMachine):
         """link_memory_to_entity: a live REFERENCES edge (revived if it was tombstoned)."""
         store, mid = self.laptops[who].store, self.pick(pick)
         eid = edge_id(mid, entity, "REFERENCES")
-        op = store.link({"memory_id": mid, "target_node_id": entity})
+        op = store.graph.link({"memory_id": mid, "target_node_id": entity})
         if self.live(who, mid) is None:
             self.refused(who, mid, op, ("edge", eid))
             return
@@ -457,7 +458,7 @@ class ReplicationMachine(RuleBasedStateMachine):
         assert nodes[first] == self.model.expected("node")
         assert edges[first] == self.model.expected("edge")
         for laptop in self.laptops:
-            assert self.run(laptop.store.outbox()) == [], f"{laptop.name} still has an outbox"
+            assert self.run(outbox_items(laptop.store)) == [], f"{laptop.name} still has an outbox"
 
     def close_all(self) -> None:
         try:

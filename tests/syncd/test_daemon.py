@@ -18,6 +18,7 @@ import pytest
 
 from local_store import Store
 from syncd.daemon import ProgressLog
+from tests.store_probe import integrity_check
 from tests.syncd.processes import env_for, finish, wait_ready
 
 
@@ -167,7 +168,7 @@ async def test_sigterm_under_write_load_loses_no_acked_write(tmp_path: Path) -> 
     assert code == 0, err
     store = await Store.open(data)
     try:
-        assert await store.integrity_check() == "ok"
+        assert await integrity_check(store) == "ok"
         missing = [mid for mid in acked if not await _exists(store, mid)]
         assert missing == [] and len(acked) >= 100
     finally:
@@ -176,7 +177,7 @@ async def test_sigterm_under_write_load_loses_no_acked_write(tmp_path: Path) -> 
 
 async def _exists(store: Store, memory_id: str) -> bool:
     try:
-        await store.get(memory_id)
+        await store.memories.get(memory_id)
     except Exception:
         return False
     return True
@@ -276,7 +277,7 @@ async def test_cli_round_trip_against_a_running_daemon(tmp_path: Path) -> None:
     (tmp_path / "copy.db").rename(restored / "memory.db")
     store = await Store.open(restored)
     try:
-        assert (await store.stats())["memories"] == 1
+        assert (await store.maintenance.stats())["memories"] == 1
     finally:
         await store.close()
 

@@ -13,6 +13,7 @@ import aiohttp
 
 from local_store import Store, ValidationError
 from syncd.token import read_token, token_path
+from tests.store_probe import dump_tables, outbox_items
 from tests.syncd.processes import cli, daemon
 
 
@@ -84,20 +85,20 @@ async def test_edit_in_the_editor_or_by_flags_keeps_the_id(tmp_path: Path) -> No
 
 async def test_an_edit_is_a_new_version_in_the_outbox(tmp_path: Path) -> None:
     async with await Store.open(tmp_path) as store:
-        saved = await store.save({"content": "the queue is SQS", "realm": "billing"})
-        before = await store.get(saved["id"])
-        await store.edit(saved["id"], {"content": "the queue is SQS with a DLQ"})
-        after = await store.get(saved["id"])
+        saved = await store.memories.save({"content": "the queue is SQS", "realm": "billing"})
+        before = await store.memories.get(saved["id"])
+        await store.memories.edit(saved["id"], {"content": "the queue is SQS with a DLQ"})
+        after = await store.memories.get(saved["id"])
         assert after["updated_at"] > before["updated_at"]
         assert after["created_at"] == before["created_at"] and after["realm"] == "billing"
-        assert [(kind, item) for kind, item, _ in await store.outbox()] == [
+        assert [(kind, item) for kind, item, _ in await outbox_items(store)] == [
             ("node", after["id"])]
-        found = await store.recall({"query": "DLQ"})
+        found = await store.recall.query({"query": "DLQ"})
         assert [m.id for m in found.memories][:1] == [after["id"]]
-        dump = await store.dump()
+        dump = await dump_tables(store)
         try:
-            await store.edit(saved["id"], {"tags": "a,b", "importance": 7, "memory_type": "x"})
+            await store.memories.edit(saved["id"], {"tags": "a,b", "importance": 7, "memory_type": "x"})
             raise AssertionError("an unknown field was taken")
         except ValidationError as exc:
             assert exc.field == "memory_type"
-        assert await store.dump() == dump
+        assert await dump_tables(store) == dump

@@ -47,7 +47,7 @@ async def test_the_hub_logs_an_unchanging_reembedding_failure_once(
     file)."""
     embedder = BrokenEmbedder()
     async with await Store.open(tmp_path / "hub", embedder=embedder) as store:
-        await store.save({"content": "deploy with make release"})  # saved without a vector
+        await store.memories.save({"content": "deploy with make release"})  # saved without a vector
         hub = Hub(data_dir=tmp_path / "hub", host="127.0.0.1", port=0, embedder=embedder,
                   config=HubConfig(reembed_secs=0.02))
         with caplog.at_level(logging.INFO):
@@ -98,8 +98,8 @@ async def test_memories_saved_while_the_embedder_failed_get_a_vector_once_it_wor
     fails) and gives them their vector once it works."""
     embedder = FlakyEmbedder()
     async with await Store.open(tmp_path / "data", embedder=embedder) as store:
-        await store.save({"content": "deploy with make release"})
-        await store.save({"content": "the cache lives in redis"})
+        await store.memories.save({"content": "deploy with make release"})
+        await store.memories.save({"content": "the cache lives in redis"})
         assert len(store.index) == 0  # saved, keyword-searchable, without a vector
         async with running(reembed_while_owed(store, tick=0.01, cap=0.08)):
             await asyncio.sleep(0.5)  # ~50 ticks while it fails
@@ -136,9 +136,9 @@ async def test_memories_are_owed_a_vector_until_the_pass_that_gives_it_ends(
     was told nothing was owed while a memory still had no vector."""
     embedder = GatedEmbedder()
     async with await Store.open(tmp_path / "data", embedder=embedder) as store:
-        await store.save({"content": "deploy with make release"})  # the embedder fails
+        await store.memories.save({"content": "deploy with make release"})  # the embedder fails
         embedder.broken, embedder.gated = False, True
-        task = asyncio.create_task(store.reembed_missing())
+        task = asyncio.create_task(store.embedding.reembed_missing())
         try:
             await asyncio.to_thread(embedder.entered.wait)  # the pass is embedding
             assert store.vectors_owed and len(store.index) == 0
@@ -155,7 +155,7 @@ async def test_a_save_the_embedder_failed_is_owed_a_vector_even_if_a_pass_ran_be
     without one until the next restart."""
     embedder = FlakyEmbedder()
     async with await Store.open(tmp_path / "data", embedder=embedder) as store:
-        await store.reembed_missing()  # nothing owed
+        await store.embedding.reembed_missing()  # nothing owed
         writer_busy, release = threading.Event(), threading.Event()
 
         def hold(_writer: object) -> None:
@@ -165,30 +165,30 @@ async def test_a_save_the_embedder_failed_is_owed_a_vector_even_if_a_pass_ran_be
         held = asyncio.create_task(store._write(hold))
         try:
             await asyncio.to_thread(writer_busy.wait)
-            save = asyncio.create_task(store.save({"content": "deploy with make release"}))
+            save = asyncio.create_task(store.memories.save({"content": "deploy with make release"}))
             await wait_for(lambda: embedder.calls == 1)  # failed; its write waits its turn
-            assert await store.reembed_missing() == 0  # the row is not there to be found
+            assert await store.embedding.reembed_missing() == 0  # the row is not there to be found
         finally:
             release.set()
         await held
         await save
         assert store.vectors_owed and len(store.index) == 0
         embedder.broken = False
-        assert await store.reembed_missing() == 1
+        assert await store.embedding.reembed_missing() == 1
 
 
 async def test_a_save_that_finds_the_embedder_working_again_ends_the_backoff(
         tmp_path: Path) -> None:
     embedder = FlakyEmbedder()
     async with await Store.open(tmp_path / "data", embedder=embedder) as store:
-        await store.save({"content": "deploy with make release"})
+        await store.memories.save({"content": "deploy with make release"})
         async with running(reembed_while_owed(store, tick=0.01, cap=3600)):
             # The save's call, then seven failed passes of 2 calls (the batch, then its one
             # text) 0.02, 0.04, … 0.64 s apart: the next would come 1.28 s after the seventh.
             await wait_for(lambda: embedder.calls >= 1 + 7 * 2)
             assert len(store.index) == 0
             embedder.broken = False
-            await store.save({"content": "the cache lives in redis"})  # embeds: works again
+            await store.memories.save({"content": "the cache lives in redis"})  # embeds: works again
             await wait_for(lambda: len(store.index) == 2, seconds=0.6)  # the next tick
 
 
@@ -202,7 +202,7 @@ async def test_rows_applied_without_a_vector_of_the_local_model_are_embedded(
         await wait_for(lambda: not store.vectors_owed)  # the first pass: nothing owed
         row = NodeRow(id="memory:1", content="rotate the signing key yearly",
                       updated_at="2026-01-01T00:00:00.000000000+00:00")
-        result = await store.apply([row], [], model="another-model")
+        result = await store.replication.apply([row], [], model="another-model")
         assert result.applied_nodes == 1
         await wait_for(lambda: len(store.index) == 1)
 
@@ -215,7 +215,7 @@ async def test_a_memory_saved_during_an_outage_after_a_clean_pass_is_owed_a_vect
                 running(reembed_while_owed(store, tick=0.01, cap=0.04))):
         await wait_for(lambda: not store.vectors_owed)  # a clean first pass
         embedder.broken = True
-        await store.save({"content": "deploy with make release"})
+        await store.memories.save({"content": "deploy with make release"})
         assert store.vectors_owed and len(store.index) == 0
         embedder.broken = False
         await wait_for(lambda: len(store.index) == 1)

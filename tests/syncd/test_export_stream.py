@@ -27,14 +27,14 @@ from tests.syncd.conftest import TOKEN, Daemon
 
 async def test_an_export_of_many_pages_is_one_body_with_its_counts(daemon: Daemon) -> None:
     for start in range(0, 1200, 100):  # 1,200 memories: three pages of 500
-        await daemon.store.save_many([{"content": f"memory {i}", "realm": "r"}
+        await daemon.store.memories.save_many([{"content": f"memory {i}", "realm": "r"}
                                       for i in range(start, start + 100)])
-    await daemon.store.link({"memory_id": (await daemon.store.export())[0][0].id,
+    await daemon.store.graph.link({"memory_id": (await daemon.store.feed.read())[0][0].id,
                              "target_node_id": "entity:x"})
     status, body, headers = await daemon.call("GET", "/v1/agent/memory/export")
     assert status == 200 and isinstance(body, dict)
     assert (headers["X-Syncd-Memories"], headers["X-Syncd-Edges"]) == ("1200", "1")
-    nodes, edges = await daemon.store.export()
+    nodes, edges = await daemon.store.feed.read()
     assert [n["id"] for n in body["memory_nodes"]] == [n.id for n in nodes]
     assert len(body["memory_nodes"][0]["embedding"]) == 384
     assert [e["id"] for e in body["memory_edges"]] == [e.id for e in edges]
@@ -51,9 +51,9 @@ async def test_changes_of_many_pages_are_one_body_with_since_and_until(daemon: D
     ``since`` echoed, ``until`` read before them (so a pull from it sees later writes), the
     counts in headers."""
     for start in range(0, 1300, 100):
-        await daemon.store.save_many([{"content": f"memory {i}", "realm": "r"}
+        await daemon.store.memories.save_many([{"content": f"memory {i}", "realm": "r"}
                                       for i in range(start, start + 100)])
-    nodes, _ = await daemon.store.changes_since("")
+    nodes, _ = await daemon.store.feed.read(since="", include_deleted=True)
     since = nodes[99].updated_at
     status, body, headers = await daemon.call("GET", "/v1/agent/memory/changes",
                                               params={"since": since})
@@ -62,7 +62,7 @@ async def test_changes_of_many_pages_are_one_body_with_since_and_until(daemon: D
     assert [n["id"] for n in body["memory_nodes"]] == [n.id for n in nodes[100:]]
     assert (body["since"], body["store_id"]) == (since, daemon.store.store_id)
     assert body["memory_edges"] == []
-    saved = await daemon.store.save({"content": "after the pull"})
+    saved = await daemon.store.memories.save({"content": "after the pull"})
     status, later, _ = await daemon.call("GET", "/v1/agent/memory/changes",
                                          params={"since": body["until"]})
     assert isinstance(later, dict)
@@ -112,7 +112,7 @@ async def test_a_failure_mid_answer_cuts_the_body_and_the_daemon_keeps_serving(
     dropped, so the client sees a cut body (never a short valid one), and the next request
     is served as usual."""
     for start in range(0, 1200, 100):
-        await daemon.store.save_many([{"content": f"memory {i}"} for i in range(start, start + 100)])
+        await daemon.store.memories.save_many([{"content": f"memory {i}"} for i in range(start, start + 100)])
     read = ExportSnapshot._node_page
     calls: list[int] = []
 
@@ -134,7 +134,7 @@ async def test_a_client_hanging_up_mid_export_is_not_an_error_in_the_log(
         daemon: Daemon, caplog: pytest.LogCaptureFixture) -> None:
     """``curl … | head -c 10``: the client goes away; that is no failure of the daemon's."""
     for start in range(0, 3000, 500):  # ~5 MB of rows: more than the socket buffers hold
-        await daemon.store.save_many([{"content": f"memory {i} " + "x" * 200, "realm": "r"}
+        await daemon.store.memories.save_many([{"content": f"memory {i} " + "x" * 200, "realm": "r"}
                                       for i in range(start, start + 500)])
     host, port = "127.0.0.1", daemon.port
     with caplog.at_level(logging.DEBUG, logger="syncd"):

@@ -15,7 +15,7 @@ from tests.syncd.test_daemon import cli, start
 
 async def test_the_hook_injects_only_what_answers_the_prompt(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    proc = await start(data)
+    proc = await start(data, "--listen", "127.0.0.1:0")  # found through its state file
     await wait_ready(proc)
     try:
         code, out, err = await cli(data, "save", "the billing deploy runs make release-billing "
@@ -62,7 +62,7 @@ async def test_a_session_starts_with_the_projects_memories(tmp_path: Path) -> No
 
     code, out, err = await cli(data, "recall", "--hook", stdin=session("startup"))
     assert (code, out) == (0, ""), err  # no daemon: nothing, exit 0
-    proc = await start(data)
+    proc = await start(data, "--listen", "127.0.0.1:0")  # found through its state file
     await wait_ready(proc)
     try:
         code, out, err = await cli(data, "save", "the standup is at ten", "--realm", "team",
@@ -108,7 +108,7 @@ async def test_a_prompt_about_this_project_recalls_the_projects_memory(tmp_path:
     project's (the cwd's) name, so the memory answers with confidence in its project and the
     same prompt elsewhere injects nothing."""
     data, project, elsewhere = tmp_path / "data", tmp_path / "work" / "proj", tmp_path / "misc"
-    proc = await start(data)
+    proc = await start(data, "--listen", "127.0.0.1:0")  # found through its state file
     await wait_ready(proc)
     try:
         code, out, err = await cli(data, "save", "Deploy proj with 'make ship' from the repo "

@@ -16,6 +16,7 @@ from syncd.http.security import _public
 from syncd.report import status_lines
 from syncd.tools import TOOLS
 from tests.local_store.test_embedder_failure import FlakyEmbedder
+from tests.store_probe import dump_tables
 from tests.syncd.conftest import TOKEN, Daemon
 
 
@@ -136,13 +137,13 @@ GOOD_HOSTS = ["localhost:{port}", "127.0.0.1:{port}", "[::1]:{port}", "LOCALHOST
 
 @pytest.mark.parametrize("host", BAD_HOSTS)
 async def test_foreign_host_is_refused_before_any_handler(daemon: Daemon, host: str) -> None:
-    before = await daemon.store.dump()
+    before = await dump_tables(daemon.store)
     status, body, _ = await daemon.call(
         "POST", "/v1/agent/memory/tools/save_memory", json={"content": "x"},
         headers=daemon.auth(Host=host.format(port=daemon.port)))
     assert status == 421 and isinstance(body, dict)
     assert body["error"]["code"] == "misdirected_host"
-    assert await daemon.store.dump() == before
+    assert await dump_tables(daemon.store) == before
 
 
 @pytest.mark.parametrize("host", GOOD_HOSTS)
@@ -160,11 +161,11 @@ async def test_loopback_hosts_are_served(daemon: Daemon, host: str) -> None:
     {"Origin": "http://[::1]:8080"},
 ])
 async def test_cross_site_requests_are_refused(daemon: Daemon, headers: dict[str, str]) -> None:
-    before = await daemon.store.dump()
+    before = await dump_tables(daemon.store)
     status, body, _ = await daemon.call("POST", "/v1/agent/memory/tools/save_memory",
                                         json={"content": "x"}, headers=daemon.auth(**headers))
     assert status == 403 and isinstance(body, dict)
-    assert await daemon.store.dump() == before
+    assert await dump_tables(daemon.store) == before
 
 
 async def test_same_origin_is_served(daemon: Daemon) -> None:
@@ -178,7 +179,7 @@ async def test_same_origin_is_served(daemon: Daemon) -> None:
 
 
 async def test_writes_must_be_json(daemon: Daemon) -> None:
-    before = await daemon.store.dump()
+    before = await dump_tables(daemon.store)
     status, body, _ = await daemon.call(
         "POST", "/v1/agent/memory/tools/save_memory", data='{"content": "x"}',
         headers=daemon.auth(**{"Content-Type": "text/plain"}))
@@ -187,7 +188,7 @@ async def test_writes_must_be_json(daemon: Daemon) -> None:
         "POST", "/v1/agent/memory/tools/save_memory", data="content=x",
         headers=daemon.auth(**{"Content-Type": "application/x-www-form-urlencoded"}))
     assert status == 415
-    assert await daemon.store.dump() == before
+    assert await dump_tables(daemon.store) == before
 
 
 async def test_no_cors_headers_anywhere(daemon: Daemon) -> None:
@@ -221,11 +222,11 @@ async def test_token_required_in_the_header(daemon: Daemon, headers: dict[str, s
 
 
 async def test_oversized_body_is_413(daemon: Daemon) -> None:
-    before = await daemon.store.dump()
+    before = await dump_tables(daemon.store)
     status, body, _ = await daemon.call("POST", "/v1/agent/memory/tools/save_memory",
                                         json={"content": "x" * (128 * 1024)})
     assert status == 413 and isinstance(body, dict) and body["error"]["code"] == "too_large"
-    assert await daemon.store.dump() == before
+    assert await dump_tables(daemon.store) == before
 
 
 BAD_INPUT: list[tuple[str, str, Any, int, str | None]] = [
@@ -263,7 +264,7 @@ async def test_every_route_rejects_bad_input_in_one_shape_and_changes_nothing(
         daemon: Daemon, method: str, path: str, body: Any, status: int,
         field: str | None) -> None:
     await daemon.call("POST", "/v1/agent/memory/tools/save_memory", json={"content": "seed"})
-    before = await daemon.store.dump()
+    before = await dump_tables(daemon.store)
     kw: dict[str, Any] = {}
     if isinstance(body, str):
         kw["data"] = body
@@ -278,7 +279,7 @@ async def test_every_route_rejects_bad_input_in_one_shape_and_changes_nothing(
     assert answer["error"]["code"] and answer["error"]["message"]
     if field is not None:
         assert answer["error"].get("field") == field
-    assert await daemon.store.dump() == before
+    assert await dump_tables(daemon.store) == before
 
 
 async def test_status(daemon: Daemon) -> None:
@@ -354,7 +355,7 @@ async def test_mcp_over_http_answers_a_body_that_is_not_json_in_json_rpc(
 async def test_every_route_but_the_public_ones_needs_the_token(daemon: Daemon) -> None:
     """L5 over the whole route table: no token, a wrong one, or the right one in the query
     string is a 401 on every route that is not public, and nothing is written."""
-    before = await daemon.store.dump()
+    before = await dump_tables(daemon.store)
     checked = []
     for route in create_app(daemon.store, token=TOKEN).router.routes():
         info = route.resource.get_info() if route.resource else {}
@@ -370,19 +371,19 @@ async def test_every_route_but_the_public_ones_needs_the_token(daemon: Daemon) -
             assert status == 401, (route.method, path, headers, params, status, body)
         checked.append((route.method, path))
     assert len(checked) >= 15, checked
-    assert await daemon.store.dump() == before
+    assert await dump_tables(daemon.store) == before
 
 
 async def test_a_write_without_a_content_type_is_415_on_every_kind_of_write(
         daemon: Daemon) -> None:
-    before = await daemon.store.dump()
+    before = await dump_tables(daemon.store)
     for method, path in (("POST", "/v1/agent/memory/tools/save_memory"),
                          ("POST", "/v1/agent/memory/import"),
                          ("PUT", "/v1/agent/memory/settings"), ("POST", "/mcp/v1")):
         status, body, _ = await daemon.call(method, path, data=b'{"content": "x"}',
                                             headers=daemon.auth(**{"Content-Type": ""}))
         assert status == 415, (path, status, body)
-    assert await daemon.store.dump() == before
+    assert await dump_tables(daemon.store) == before
 
 
 async def test_refusals_carry_no_cors_headers(daemon: Daemon) -> None:

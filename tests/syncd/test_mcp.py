@@ -21,6 +21,7 @@ from syncd.mcp import (
     McpServer,
 )
 from syncd.tools import TOOLS, Surfacer
+from tests.store_probe import dump_tables
 
 _ids = iter(range(1, 1_000_000))
 
@@ -208,7 +209,7 @@ async def test_every_tool_through_tools_call(server: McpServer, store: Store) ->
     summary = await tool("memory_session_summary", {"goal": "ship the MCP layer",
                                                     "accomplished": "server and bridge"})
     assert summary["saved"] is True
-    assert (await store.get(summary["id"]))["memory_type"] == "summary"
+    assert (await store.memories.get(summary["id"]))["memory_type"] == "summary"
 
     verified = await tool("verify_memory", {"content": "deploy with make release"})
     assert verified["recommendation"] == "noop"
@@ -225,7 +226,7 @@ async def test_every_tool_through_tools_call(server: McpServer, store: Store) ->
 
     learned = await tool("record_learning", {"content": "run mypy before committing"})
     assert learned["saved"] is True
-    assert (await store.get(learned["id"]))["memory_type"] == "learning"
+    assert (await store.memories.get(learned["id"]))["memory_type"] == "learning"
 
     many = await tool("save_memories", {"memories": [{"content": "one"}, {"content": "two"},
                                                      {"title": "no content"}]})
@@ -301,7 +302,7 @@ async def test_a_write_never_surfaces_what_it_wrote(server: McpServer) -> None:
 
 async def test_bad_arguments_are_tool_errors_naming_the_field(
         server: McpServer, store: Store) -> None:
-    before = await store.dump()
+    before = await dump_tables(store)
     cases: list[tuple[str, object, str]] = [
         ("save_memory", {"content": 5}, "content"),
         ("save_memory", {}, "content"),
@@ -320,7 +321,7 @@ async def test_bad_arguments_are_tool_errors_naming_the_field(
                                {"memory_id": "00000000-0000-4000-8000-000000000000",
                                 "importance": 0.5})
     assert missing["code"] == "not_found"
-    assert await store.dump() == before  # nothing was written by a refused call
+    assert await dump_tables(store) == before  # nothing was written by a refused call
 
 
 async def test_missing_arguments_mean_an_empty_object(server: McpServer) -> None:
@@ -375,7 +376,7 @@ async def test_notifications_never_get_an_answer(server: McpServer, store: Store
     # A notification still runs: the client just does not want the answer.
     assert await server.handle(notification("tools/call", {
         "name": "save_memory", "arguments": {"content": "fire and forget"}})) is None
-    assert (await store.list_memories({}))["row_count"] == 1
+    assert (await store.memories.list_memories({}))["row_count"] == 1
 
 
 async def test_a_batch_answers_only_its_requests(server: McpServer) -> None:

@@ -174,7 +174,7 @@ def structured(result: Any) -> dict[str, Any]:
 async def stored_contents(data: Path) -> list[str]:
     store = await Store.open(data, embedder=HashingEmbedder())
     try:
-        rows = (await store.list_memories({}))["rows"]
+        rows = (await store.memories.list_memories({}))["rows"]
     finally:
         await store.close()
     return sorted(row["content_preview"] for row in rows)

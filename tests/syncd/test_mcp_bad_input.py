@@ -37,6 +37,7 @@ from syncd.mcp import (
 )
 from syncd.mcp_stdio import _safe_json
 from syncd.tools import Surfacer
+from tests.store_probe import dump_tables
 from tests.syncd.conftest import TOKEN, Daemon
 from tests.syncd.test_mcp_stdio import bridge_argv, free_port
 
@@ -92,7 +93,7 @@ async def save_error(server: McpServer, request_id: int, arguments: bytes) -> di
 
 async def test_http_body_nested_too_deeply_is_400_bad_json(daemon: Daemon) -> None:
     """json.loads raises RecursionError (not ValueError) past its depth: that was a 500."""
-    before = await daemon.store.dump()
+    before = await dump_tables(daemon.store)
     for path, body in (("/v1/agent/memory/query", b'{"query":' + DEEP + b"}"),
                        ("/v1/agent/memory/tools/save_memory", b'{"content":' + DEEP + b"}"),
                        ("/v1/agent/memory/import", DEEP)):
@@ -100,7 +101,7 @@ async def test_http_body_nested_too_deeply_is_400_bad_json(daemon: Daemon) -> No
         assert status == 400, (path, status, answer)
         assert answer["error"]["code"] == "bad_json"
         assert "nested too deeply" in answer["error"]["message"]
-    assert await daemon.store.dump() == before
+    assert await dump_tables(daemon.store) == before
 
 
 async def test_mcp_body_nested_too_deeply_is_a_json_rpc_parse_error(daemon: Daemon) -> None:
@@ -189,16 +190,16 @@ async def test_a_lone_surrogate_in_arguments_is_refused_naming_the_field(
         server: McpServer, store: Store) -> None:
     """No UTF-8 text (nor SQLite) can hold a lone surrogate: read as valid JSON, it reached
     the write and failed it as an internal error."""
-    before = await store.dump()
+    before = await dump_tables(store)
     error = await save_error(server, 3, b'{"content":"a\\ud800 b"}')
     assert error["field"] == "content"
-    assert await store.dump() == before
+    assert await dump_tables(store) == before
 
 
 async def test_a_lone_surrogate_in_a_rest_body_is_400_bad_json(daemon: Daemon) -> None:
     """It was a 500 (the write, or recall's keyword query, failed on it). A proper pair (an
     emoji spelled as two escapes) is text like any other."""
-    before = await daemon.store.dump()
+    before = await dump_tables(daemon.store)
     for path, body in (("/v1/agent/memory/query", b'{"query":"x\\udc00"}'),
                        ("/v1/agent/memory/tools/save_memory", b'{"content":"x\\ud800"}'),
                        ("/v1/agent/memory/tools/save_memory", b'{"con\\ud800":"x"}')):
@@ -213,11 +214,11 @@ async def test_a_lone_surrogate_in_a_rest_body_is_400_bad_json(daemon: Daemon) -
                   + stamp + '"}]}').encode("utf-16-le")):
         status, answer = await post(daemon, "/v1/agent/memory/import", body)
         assert status == 400 and answer["error"]["code"] == "bad_json", (body[:40], answer)
-    assert await daemon.store.dump() == before
+    assert await dump_tables(daemon.store) == before
     status, answer = await post(daemon, "/v1/agent/memory/tools/save_memory",
                                 b'{"content":"ship it \\ud83d\\ude80"}')
     assert status == 200, answer
-    assert (await daemon.store.get(answer["node_id"]))["content"] == "ship it \U0001f680"
+    assert (await daemon.store.memories.get(answer["node_id"]))["content"] == "ship it \U0001f680"
 
 
 # ---------------------------------------------------------------------- HTTP transport
@@ -384,8 +385,8 @@ async def test_a_lone_surrogate_in_any_argument_is_refused_before_the_tool_runs(
     """Arguments the store does not read strictly reached the handler: a conversationId was
     saved with, then failed encoding the result (-32603, the memory written); an id or a realm
     failed in SQLite as an ``internal`` tool error with no field."""
-    await store.save({"content": "already here"})
-    before = await store.dump()
+    await store.memories.save({"content": "already here"})
+    before = await dump_tables(store)
     raw = await server.handle_bytes(
         b'{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"%s","arguments":%s}}'
         % (name.encode(), arguments))
@@ -395,7 +396,7 @@ async def test_a_lone_surrogate_in_any_argument_is_refused_before_the_tool_runs(
     error = answer["result"]["structuredContent"]["error"]
     assert (error["code"], error["field"]) == ("invalid", field), error
     assert "surrogate" in error["message"]
-    assert await store.dump() == before
+    assert await dump_tables(store) == before
 
 
 async def test_http_mcp_refuses_a_lone_surrogate_conversation_id_writing_nothing(
@@ -405,7 +406,7 @@ async def test_http_mcp_refuses_a_lone_surrogate_conversation_id_writing_nothing
         b'"arguments":{"content":"written anyway","conversationId":"\\udc00"}}}'))
     assert status == 200 and answer["id"] == 7 and answer["result"]["isError"] is True, answer
     assert answer["result"]["structuredContent"]["error"]["field"] == "conversationId"
-    assert (await daemon.store.list_memories({}))["rows"] == []
+    assert (await daemon.store.memories.list_memories({}))["rows"] == []
 
 
 # ---------------------------------------------------------------------- surfaced memories
@@ -426,17 +427,17 @@ async def test_surfaced_memories_are_repeated_only_while_active_and_as_stored_no
     texts = ["zebra-canary-4411 launch codes", "zebra archive plan", "zebra rollout plan v1",
              "zebra on-call rota: Ann"]
     purged, archived, superseded, edited = [
-        await store.save({"content": text, "topic_key": f"t{i}"}) for i, text in enumerate(texts)]
+        await store.memories.save({"content": text, "topic_key": f"t{i}"}) for i, text in enumerate(texts)]
     for memory, text in zip((purged, archived, superseded, edited), texts, strict=True):
         found = await tool_result(server, "memory_search", {
             "query": text, "conversationId": memory["node_id"]})
         assert found["structuredContent"]["relevant_memories"][0]["id"] == memory["node_id"]
 
-    await store.delete(purged["node_id"], hard=True)
-    await store.update_status(archived["node_id"], "archived")
-    newer = await store.save({"content": "zebra rollout plan v2"})
-    await store.judge(newer["node_id"], superseded["node_id"], "supersedes")
-    await store.save({"content": "zebra on-call rota: Bo", "topic_key": "t3"})
+    await store.memories.delete(purged["node_id"], hard=True)
+    await store.memories.update_status(archived["node_id"], "archived")
+    newer = await store.memories.save({"content": "zebra rollout plan v2"})
+    await store.graph.judge(newer["node_id"], superseded["node_id"], "supersedes")
+    await store.memories.save({"content": "zebra on-call rota: Bo", "topic_key": "t3"})
 
     for memory in (purged, archived, superseded):
         later = await surfaced_in(server, memory["node_id"])
@@ -505,7 +506,7 @@ async def test_recall_tools_on_a_closed_store_answer_store_closed(store: Store) 
     new futures after shutdown", an ``internal`` error where every other tool says
     ``store_closed``."""
     server = McpServer(store, Surfacer())
-    await store.save({"content": "hello world"})
+    await store.memories.save({"content": "hello world"})
     await store.close()
     for name, arguments in (("memory_search", {"query": "hello"}),
                             ("recall_memory", {"query": "hello"}),
@@ -523,7 +524,7 @@ async def test_a_request_with_a_null_id_is_an_invalid_request(
         server: McpServer, store: Store) -> None:
     """MCP: "Unlike base JSON-RPC, the ID MUST NOT be null." It was answered (and run) as any
     request, with an answer the client cannot match to it."""
-    before = await store.dump()
+    before = await dump_tables(store)
     for method, params in (("ping", None), ("tools/call", {
             "name": "save_memory", "arguments": {"content": "not saved"}})):
         raw = await server.handle_bytes(rpc(None, method, params))
@@ -531,13 +532,13 @@ async def test_a_request_with_a_null_id_is_an_invalid_request(
         answer = json.loads(raw)
         assert answer["id"] is None and answer["error"]["code"] == INVALID_REQUEST, answer
         assert "result" not in answer
-    assert await store.dump() == before
+    assert await dump_tables(store) == before
 
 
 async def test_a_not_found_error_names_the_argument_that_named_the_id(
         server: McpServer, store: Store) -> None:
     """The field was null; the argument's name was only the message's prefix."""
-    saved = await store.save({"content": "judge me"})
+    saved = await store.memories.save({"content": "judge me"})
     missing = "memory:nope"
     for name, arguments, field in (
             ("memory_judge", {"memory_id": saved["node_id"], "target_id": missing,

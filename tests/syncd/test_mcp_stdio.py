@@ -120,7 +120,7 @@ async def test_official_mcp_client_round_trip(daemon: Daemon, tmp_path: Path) ->
                 await session.send_ping()
         errlog.seek(0)
         assert errlog.read() == ""  # nothing went wrong, so nothing was said
-    stored = await daemon.store.list_memories({"realm": "proj"})
+    stored = await daemon.store.memories.list_memories({"realm": "proj"})
     assert stored["row_count"] == 1
 
 
@@ -257,7 +257,7 @@ async def test_bridge_forwards_requests_batches_and_drops_notification_answers(
                       "error": {"code": -32700, "message": "Parse error: not JSON"}}
     assert out[4]["id"] is None and out[4]["error"]["code"] == -32600
     assert len(out) == 5
-    rows = (await daemon.store.list_memories({}))["rows"]
+    rows = (await daemon.store.memories.list_memories({}))["rows"]
     assert rows[0]["content_preview"] == "line one\nline two ✓"
 
 

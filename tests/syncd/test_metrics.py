@@ -155,7 +155,7 @@ async def test_the_page_keeps_its_names_and_counts_requests_exactly(daemon: Daem
     for _ in range(37):
         assert (await daemon.call("GET", "/v1/agent/memory/items/memory:nope"))[0] == 404
     await daemon.call("POST", "/v1/agent/memory/tools/save_memory", json={"content": "kept"})
-    await daemon.store.checkpoint()  # the WAL copied in now, so the files keep their sizes
+    await daemon.store.maintenance.checkpoint()  # the WAL copied in now, so the files keep their sizes
     text, found = await scrape()
     assert set(found) >= {"syncd_http_requests", "syncd_http_request_duration_seconds",
                           "syncd_http_unauthorized", "syncd_store_memories",
@@ -166,10 +166,10 @@ async def test_the_page_keeps_its_names_and_counts_requests_exactly(daemon: Daem
     assert found["syncd_http_request_duration_seconds"][(
         "syncd_http_request_duration_seconds_count", (("route", route),))] == 37
     assert found["syncd_store_memories"] == {("syncd_store_memories", ()): 1}
-    stats = await daemon.store.stats()
+    stats = await daemon.store.maintenance.stats()
     assert found["syncd_outbox_depth"] == {("syncd_outbox_depth", ()): stats["outbox"]}
     assert found["syncd_store_bytes"] == {
-        ("syncd_store_bytes", ()): await daemon.store.disk_bytes()}
+        ("syncd_store_bytes", ()): await daemon.store.maintenance.disk_bytes()}
     assert "memory:nope" not in text
 
 

@@ -6,6 +6,7 @@ table as the daemon calls it."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 from local_store import HashingEmbedder, Store, ValidationError
 from local_store.records import PLACEHOLDER_TAG
 from syncd.tools import TOOLS, Surfacer
+from tests.store_probe import dump_tables
 
 
 @pytest.fixture
@@ -30,11 +32,11 @@ async def note(store: Store, **args: Any) -> dict[str, Any]:
 
 
 async def entities(store: Store, realm: str = "default") -> list[dict[str, Any]]:
-    return (await store.list_memories({"memory_type": "entity", "realm": realm}))["rows"]
+    return (await store.memories.list_memories({"memory_type": "entity", "realm": realm}))["rows"]
 
 
 async def edges_into(store: Store, node_id: str) -> list[tuple[str, str]]:
-    return [(e["src"], e["type"]) for e in (await store.get(node_id))["edges"]
+    return [(e["src"], e["type"]) for e in (await store.memories.get(node_id))["edges"]
             if e["dst"] == node_id]
 
 
@@ -46,14 +48,14 @@ async def test_a_note_of_another_type_adopts_the_placeholder_its_edge_made(
     billing = await note(store, type="service", name="billing", summary="Bills users.",
                          edges=[{"to": "rabbitmq-main", "type": "USES"}])
     stub_id = billing["edges"][0]["node_id"]
-    stub = await store.get(stub_id)
+    stub = await store.memories.get(stub_id)
     assert stub["tags"] == ["kind:concept", PLACEHOLDER_TAG]
     assert stub["topic_key"] == "note/concept/rabbitmq-main"
 
     rabbit = await note(store, type="service", name="RabbitMQ main",
                         summary="The main message broker.", tags=["infra"])
     assert rabbit["node_id"] == stub_id and rabbit["adopted"] is True
-    node = await store.get(stub_id)
+    node = await store.memories.get(stub_id)
     assert node["content"] == "RabbitMQ main: The main message broker."
     assert node["title"] == "RabbitMQ main"
     assert node["tags"] == ["kind:service", "infra"]
@@ -69,7 +71,7 @@ async def test_a_note_of_the_placeholders_own_type_takes_it_over_by_its_topic_ke
     stub_id = billing["edges"][0]["node_id"]
     pg = await note(store, type="database", name="Postgres", summary="The main database.")
     assert pg["node_id"] == stub_id
-    assert (await store.get(stub_id))["tags"] == ["kind:database"]
+    assert (await store.memories.get(stub_id))["tags"] == ["kind:database"]
     assert len(await entities(store)) == 2
 
 
@@ -80,7 +82,7 @@ async def test_noting_the_adopter_again_merges_into_the_same_node(store: Store) 
     again = await note(store, type="service", name="RabbitMQ-Main", summary="The broker, v2.")
     assert again["node_id"] == first["node_id"] == billing["edges"][0]["node_id"]
     assert "adopted" not in again
-    node = await store.get(first["node_id"])
+    node = await store.memories.get(first["node_id"])
     assert node["content"] == "RabbitMQ-Main: The broker, v2."
     assert await edges_into(store, node["id"]) == [(billing["node_id"], "USES")]
     assert len(await entities(store)) == 2
@@ -93,7 +95,7 @@ async def test_a_note_of_another_type_than_a_real_note_does_not_take_it_over(
     concept = await note(store, type="concept", name="billing", summary="Charging for use.")
     service = await note(store, type="service", name="billing", summary="Bills users.")
     assert service["node_id"] != concept["node_id"]
-    assert (await store.get(concept["node_id"]))["content"] == "billing: Charging for use."
+    assert (await store.memories.get(concept["node_id"]))["content"] == "billing: Charging for use."
 
 
 async def test_an_edge_links_to_an_existing_real_note_of_another_type(store: Store) -> None:
@@ -102,7 +104,7 @@ async def test_an_edge_links_to_an_existing_real_note_of_another_type(store: Sto
                          edges=[{"to": "RabbitMQ Main", "type": "uses", "to_type": "queue"}])
     assert billing["edges"] == [{"to": "RabbitMQ Main", "type": "USES",
                                  "node_id": rabbit["node_id"]}]
-    node = await store.get(rabbit["node_id"])
+    node = await store.memories.get(rabbit["node_id"])
     assert PLACEHOLDER_TAG not in node["tags"] and node["content"] == "rabbitmq-main: The broker."
     assert len(await entities(store)) == 2
 
@@ -112,12 +114,13 @@ async def test_a_placeholder_never_overwrites_a_note_holding_its_topic_key(
     """The edge's own lookup goes by title; a memory saved under the placeholder's topic key
     with another title is not found so, and the placeholder is then linked to it instead of
     being written over it."""
-    saved = await store.save({"content": "Postgres 16, the main database.", "title": "main db",
-                              "memory_type": "entity", "topic_key": "note/concept/postgres"})
+    saved = await store.memories.save({"content": "Postgres 16, the main database.",
+                                       "title": "main db", "memory_type": "entity",
+                                       "topic_key": "note/concept/postgres"})
     billing = await note(store, type="service", name="billing", summary="Bills users.",
                          edges=[{"to": "postgres"}])
     assert billing["edges"][0]["node_id"] == saved["node_id"]
-    node = await store.get(saved["node_id"])
+    node = await store.memories.get(saved["node_id"])
     assert node["content"] == "Postgres 16, the main database." and node["tags"] == []
 
 
@@ -127,7 +130,7 @@ async def test_adoption_is_scoped_to_the_realm(store: Store) -> None:
     stub_id = billing["edges"][0]["node_id"]
     home = await note(store, type="service", name="rabbitmq-main", summary="A home broker.")
     assert home["node_id"] != stub_id and "adopted" not in home
-    stub = await store.get(stub_id)
+    stub = await store.memories.get(stub_id)
     assert stub["realm"] == "work" and PLACEHOLDER_TAG in stub["tags"]
     work = await note(store, type="service", name="rabbitmq-main", summary="The work broker.",
                       realm="work")
@@ -136,12 +139,12 @@ async def test_adoption_is_scoped_to_the_realm(store: Store) -> None:
 
 
 async def test_a_caller_cannot_tag_a_note_as_a_placeholder(store: Store) -> None:
-    before = await store.dump()
+    before = await dump_tables(store)
     with pytest.raises(ValidationError) as refused:
         await note(store, type="service", name="billing", summary="Bills users.",
                    tags=["infra", PLACEHOLDER_TAG])
     assert refused.value.field == "tags"
-    assert await store.dump() == before
+    assert await dump_tables(store) == before
 
 
 async def test_the_adopted_node_replicates_as_one_node_with_its_edge(
@@ -149,13 +152,13 @@ async def test_the_adopted_node_replicates_as_one_node_with_its_edge(
     async with await Store.open(tmp_path / "peer", embedder=HashingEmbedder()) as peer:
         billing = await note(store, type="service", name="billing", summary="Bills users.",
                              edges=[{"to": "rabbitmq-main", "type": "USES"}])
-        nodes, edges, cursor = await store.changes(0)
-        await peer.apply(nodes, edges, model=store.embedder.model_id)
+        nodes, edges, cursor = (await store.feed.page(0))[:3]
+        await peer.replication.apply(nodes, edges, model=store.embedder.model_id)
         await note(store, type="service", name="rabbitmq-main", summary="The broker.")
-        nodes, edges, _ = await store.changes(cursor)
-        await peer.apply(nodes, edges, model=store.embedder.model_id)
+        nodes, edges, _ = (await store.feed.page(cursor))[:3]
+        await peer.replication.apply(nodes, edges, model=store.embedder.model_id)
         stub_id = billing["edges"][0]["node_id"]
-        node = await peer.get(stub_id)
+        node = await peer.memories.get(stub_id)
         assert node["content"] == "rabbitmq-main: The broker."
         assert node["tags"] == ["kind:service"]
         assert await edges_into(peer, stub_id) == [(billing["node_id"], "USES")]
@@ -198,9 +201,30 @@ def test_the_schema_documents_every_note_field_and_the_edge_shape() -> None:
 ])
 async def test_a_bad_edge_is_refused_naming_its_field_and_writes_nothing(
         store: Store, edges: object, field: str, says: str) -> None:
-    before = await store.dump()
+    before = await dump_tables(store)
     with pytest.raises(ValidationError) as refused:
         await note(store, type="service", name="billing", summary="Bills users.", edges=edges)
     assert refused.value.field == field
     assert says in str(refused.value) and str(refused.value).startswith(f"{field}: ")
-    assert await store.dump() == before
+    assert await dump_tables(store) == before
+
+
+# ---------------------------------------------------------------------- one transaction
+
+async def test_a_note_failing_half_way_leaves_the_store_unchanged(store: Store) -> None:
+    """The note, its first edge's placeholder and edge are written before the second edge's
+    write fails (SQLite refuses it: a trigger stands for any failure found only while
+    writing): the whole call rolls back, as one transaction."""
+    await note(store, type="service", name="ledger", summary="Keeps accounts.")
+    with sqlite3.connect(store.db_path) as conn:
+        conn.execute("CREATE TRIGGER refuse_breaks BEFORE INSERT ON edges "
+                     "WHEN NEW.type = 'BREAKS' BEGIN SELECT RAISE(ABORT, 'edge refused'); END")
+    before, indexed = await dump_tables(store), len(store.index)
+    with pytest.raises(sqlite3.IntegrityError, match="edge refused"):
+        await note(store, type="service", name="billing", summary="Bills users.",
+                   edges=[{"to": "rabbitmq-main", "type": "USES"},
+                          {"to": "ledger", "type": "BREAKS"}])
+    assert await dump_tables(store) == before
+    assert len(store.index) == indexed
+    names = [row["title"] for row in await entities(store)]
+    assert names == ["ledger"]

@@ -119,7 +119,7 @@ async def one_pass(data_dir: Path, client: PlaneClient) -> PassReport:
     engine = SyncEngine(store, client, SyncOptions(plane_model=MODEL))
     try:
         await engine.start()
-        await store.save({"content": NOTE, "type": "procedure"})
+        await store.memories.save({"content": NOTE, "type": "procedure"})
         return await engine.run_pass("test")
     finally:
         await engine.close()

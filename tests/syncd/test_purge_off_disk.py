@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from local_store import Store
+from tests.store_probe import dump_tables
 from tests.syncd.conftest import Daemon
 
 
@@ -60,8 +61,8 @@ async def save_marked(daemon: Daemon, marker: str) -> str:
     for n in range(30):  # other rows on the pages, and FTS segments to merge
         await daemon.call("POST", "/v1/agent/memory/tools/save_memory",
                           json={"content": f"unrelated memory number {n} about builds"})
-    other = await daemon.store.save({"content": "the old deploy key"})
-    await daemon.store.judge(other["id"], saved["id"], "conflicts", f"because {marker}")
+    other = await daemon.store.memories.save({"content": "the old deploy key"})
+    await daemon.store.graph.judge(other["id"], saved["id"], "conflicts", f"because {marker}")
     return str(saved["id"])
 
 
@@ -92,20 +93,20 @@ async def test_a_hard_delete_takes_the_memorys_versions_off_the_disk(daemon: Dae
     file as the delete answers, like the current text."""
     data = daemon.store.data_dir
     first, second = new_marker(), new_marker()
-    saved = await daemon.store.save({"content": f"key {first}", "topic_key": "project/k"})
-    await daemon.store.save({"content": f"key {second}", "topic_key": "project/k"})
+    saved = await daemon.store.memories.save({"content": f"key {first}", "topic_key": "project/k"})
+    await daemon.store.memories.save({"content": f"key {second}", "topic_key": "project/k"})
     for n in range(30):
-        await daemon.store.save({"content": f"unrelated memory number {n} about builds"})
+        await daemon.store.memories.save({"content": f"unrelated memory number {n} about builds"})
     status, history, _ = await daemon.call(
         "GET", f"/v1/agent/memory/items/{saved['id']}/versions")
     assert status == 200 and isinstance(history, dict), history
     assert [v["content"] for v in history["versions"]] == [f"key {second}", f"key {first}"]
-    await daemon.store.checkpoint()  # into memory.db too, not only the WAL
+    await daemon.store.maintenance.checkpoint()  # into memory.db too, not only the WAL
     assert "memory.db" in await on_disk(data, first)  # non-vacuity: the version is on disk
     await hard_delete(daemon, str(saved["id"]))
     assert await on_disk(data, first) == []
     assert await on_disk(data, second) == []
-    assert (await daemon.store.dump())["memory_versions"] == []
+    assert (await dump_tables(daemon.store))["memory_versions"] == []
 
 
 def outside_reader(db_path: Path) -> sqlite3.Connection:
@@ -133,7 +134,7 @@ async def test_a_reader_holding_an_older_snapshot_delays_the_scrub_until_it_ends
             conn = await asyncio.to_thread(outside_reader, store.db_path)
             stack.push_async_callback(asyncio.to_thread, conn.close)
         else:
-            snapshot = await stack.enter_async_context(store.export_snapshot())
+            snapshot = await stack.enter_async_context(store.feed.snapshot())
             pages = snapshot.node_pages()
             stack.push_async_callback(pages.aclose)
             first: list[Any] = await anext(pages)
@@ -141,7 +142,7 @@ async def test_a_reader_holding_an_older_snapshot_delays_the_scrub_until_it_ends
         await hard_delete(daemon, memory_id)
         assert store.checkpointer.scrub_owed
         assert await on_disk(data, marker), "the reader's snapshot needs the text"
-        saved = await store.save({"content": "a write while the scrub is owed"})
-        assert (await store.get(saved["id"]))["content"].startswith("a write")
+        saved = await store.memories.save({"content": "a write while the scrub is owed"})
+        assert (await store.memories.get(saved["id"]))["content"].startswith("a write")
     await store.checkpointer.wait_scrubbed()
     assert await on_disk(data, marker) == []

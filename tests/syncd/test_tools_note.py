@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.store_probe import dump_tables
 from tests.syncd.conftest import Daemon
 
 NOTE = "/v1/agent/memory/tools/memory_note"
@@ -25,15 +26,15 @@ async def stored(daemon: Daemon, tmp_path: Path) -> bytes:
     """Everything the store holds: every table's rows and the bytes of its data files."""
     files = b"".join(p.read_bytes() for p in sorted((tmp_path / "data").iterdir())
                      if p.is_file())
-    return repr(await daemon.store.dump()).encode() + files
+    return repr(await dump_tables(daemon.store)).encode() + files
 
 
 async def refused(daemon: Daemon, path: str, args: dict[str, Any], field: str) -> Any:
     """A 422 naming ``field`` that leaves the store exactly as it was."""
-    before = await daemon.store.dump()
+    before = await dump_tables(daemon.store)
     status, body = await tool(daemon, path, args)
     assert status == 422 and body["error"]["field"] == field, (status, body)
-    assert await daemon.store.dump() == before
+    assert await dump_tables(daemon.store) == before
     return body
 
 
@@ -68,7 +69,7 @@ async def test_private_spans_in_every_note_argument_are_never_stored_or_echoed(
     status, body = await tool(daemon, NOTE, note)
     assert status == 200, body
     assert body["name"] == "Bob" and body["edges"][0]["type"] == "WORKS_AT"
-    node = await daemon.store.get(body["node_id"])
+    node = await daemon.store.memories.get(body["node_id"])
     assert node["topic_key"] == "note/person/bob" and node["realm"] == "work [redacted]"
     reply = json.dumps([body, *replies]).lower()
     kept = (await stored(daemon, tmp_path)).lower()
@@ -127,7 +128,7 @@ async def test_tags_follow_the_kind_tag(daemon: Daemon) -> None:
     status, body = await tool(daemon, NOTE, {"type": "person", "name": "Al", "summary": "hi",
                                              "tags": [" urgent ", "urgent", ""]})
     assert status == 200, body
-    assert (await daemon.store.get(body["node_id"]))["tags"] == ["kind:person", "urgent"]
+    assert (await daemon.store.memories.get(body["node_id"]))["tags"] == ["kind:person", "urgent"]
     await refused(daemon, NOTE, {"type": "person", "name": "Al", "summary": "hi", "tags": 5},
                   "tags")
 
@@ -142,7 +143,7 @@ async def test_edge_targets_resolve_in_the_notes_own_realm(daemon: Daemon) -> No
     status, carol = await tool(daemon, NOTE, {"type": "person", "name": "Carol",
                                               "summary": "x", "edges": [{"to": "bobby"}]})
     assert status == 200, carol
-    stub = await daemon.store.get(carol["edges"][0]["node_id"])
+    stub = await daemon.store.memories.get(carol["edges"][0]["node_id"])
     assert stub["id"] != work_bob["node_id"] and stub["realm"] == "default", stub
     status, dave = await tool(daemon, NOTE, {"type": "person", "name": "Dave", "summary": "x",
                                              "realm": "work", "edges": [{"to": "BOBBY"}]})
@@ -158,7 +159,7 @@ async def test_learning_length_is_measured_after_redaction(daemon: Daemon,
     status, body = await tool(daemon, LEARNING,
                               {"content": f"rotate the key <private>{hidden}</private> monthly"})
     assert status == 200, (status, body)
-    assert (await daemon.store.get(body["id"]))["content"] == "rotate the key [redacted] monthly"
+    assert (await daemon.store.memories.get(body["id"]))["content"] == "rotate the key [redacted] monthly"
     assert b"learncanary" not in await stored(daemon, tmp_path)
     assert "learncanary" not in json.dumps(body)
     await refused(daemon, LEARNING, {"content": "x" * 4001}, "content")
@@ -186,7 +187,7 @@ async def test_an_edge_finds_its_target_among_more_entities_than_a_page(
     status, acme = await tool(daemon, NOTE, {"type": "org", "name": "Acme", "summary": "a co"})
     assert status == 200
     for start in range(0, 600, 200):
-        await daemon.store.save_many([{"content": f"entity {i}", "title": f"Thing {i}",
+        await daemon.store.memories.save_many([{"content": f"entity {i}", "title": f"Thing {i}",
                                        "memory_type": "entity"} for i in range(start, start + 200)])
     status, bob = await tool(daemon, NOTE, {"type": "person", "name": "Bob", "summary": "hi",
                                             "edges": [{"to": "ACME", "type": "works_at"}]})

@@ -12,6 +12,7 @@ import pytest
 
 from local_store import HashingEmbedder, Store
 from syncd.report import status_lines
+from tests.store_probe import dump_tables, outbox_items
 from tests.syncd.conftest import Daemon
 from tests.syncd.processes import cli, daemon
 
@@ -45,15 +46,15 @@ async def test_versions_list_newest_first_with_the_current_one_first(daemon: Dae
 
 async def test_a_restore_makes_the_version_current_and_queues_it(daemon: Daemon) -> None:
     mid = await edited(daemon)
-    staged, _, _ = await daemon.store.stage_push(100, model=MODEL, dim=384)
-    await daemon.store.ack_push(staged)  # as if synced: the outbox is empty
-    assert await daemon.store.outbox() == []
+    staged, _, _ = await daemon.store.replication.stage_push(100, model=MODEL, dim=384)
+    await daemon.store.replication.ack_push(staged)  # as if synced: the outbox is empty
+    assert await outbox_items(daemon.store) == []
     n = (await ok(daemon, "GET", f"/v1/agent/memory/items/{mid}/versions"))["versions"][1]["n"]
     restored = await ok(daemon, "POST", f"/v1/agent/memory/items/{mid}/versions/{n}/restore")
     assert restored["restored"] == n
     got = await ok(daemon, "GET", f"/v1/agent/memory/items/{mid}")
     assert got["content"] == "the build uses make"
-    assert [item for _, item, _ in await daemon.store.outbox()] == [f"memory:{mid}"]
+    assert [item for _, item, _ in await outbox_items(daemon.store)] == [f"memory:{mid}"]
     versions = (await ok(daemon, "GET", f"/v1/agent/memory/items/{mid}/versions"))["versions"]
     assert [v["content"] for v in versions[:2]] == ["the build uses make",
                                                     "the build uses just"]
@@ -73,35 +74,35 @@ async def test_an_unknown_memory_is_a_404_naming_the_id(daemon: Daemon) -> None:
 async def test_a_bad_version_number_names_n_and_changes_nothing(
         daemon: Daemon, n: str, status: int) -> None:
     mid = await edited(daemon)
-    before = await daemon.store.dump()
+    before = await dump_tables(daemon.store)
     for action in ("restore", "dismiss"):
         code, body, _ = await daemon.call(
             "POST", f"/v1/agent/memory/items/{mid}/versions/{n}/{action}")
         assert code == status, body
         assert isinstance(body, dict) and body["error"]["field"] == "n", body
-    assert await daemon.store.dump() == before
+    assert await dump_tables(daemon.store) == before
 
 
 async def test_dismissing_a_version_that_is_no_conflict_is_refused(daemon: Daemon) -> None:
     mid = await edited(daemon)
     n = (await ok(daemon, "GET", f"/v1/agent/memory/items/{mid}/versions"))["versions"][1]["n"]
-    before = await daemon.store.dump()
+    before = await dump_tables(daemon.store)
     status, body, _ = await daemon.call(
         "POST", f"/v1/agent/memory/items/{mid}/versions/{n}/dismiss")
     assert status == 422 and isinstance(body, dict) and body["error"]["field"] == "n"
     assert "not a conflict" in body["error"]["message"]
-    assert await daemon.store.dump() == before
+    assert await dump_tables(daemon.store) == before
 
 
 async def conflicted(daemon: Daemon, tmp_path: Path) -> str:
     """The daemon's store and another edit one memory apart; the other's later edit wins."""
     other = await Store.open(tmp_path / "other", embedder=HashingEmbedder())
     try:
-        mid = (await daemon.store.save({"content": "common", "topic_key": "k"}))["node_id"]
-        await other.apply(*(await daemon.store.export()), model=MODEL)
-        await daemon.store.save({"content": "the daemon's words", "topic_key": "k"})
-        await other.save({"content": "the other's words", "topic_key": "k"})
-        await daemon.store.apply(*(await other.export()), model=MODEL)
+        mid = (await daemon.store.memories.save({"content": "common", "topic_key": "k"}))["node_id"]
+        await other.replication.apply(*(await daemon.store.feed.read()), model=MODEL)
+        await daemon.store.memories.save({"content": "the daemon's words", "topic_key": "k"})
+        await other.memories.save({"content": "the other's words", "topic_key": "k"})
+        await daemon.store.replication.apply(*(await other.feed.read()), model=MODEL)
     finally:
         await other.close()
     return str(mid)

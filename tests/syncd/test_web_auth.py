@@ -15,6 +15,7 @@ from aiohttp import web
 from yarl import URL
 
 from syncd.http import web as web_pages
+from tests.store_probe import dump_tables
 from tests.syncd.conftest import Daemon
 
 KEY_PREFIX = "/#key="
@@ -105,7 +106,7 @@ async def test_a_session_reads_and_writes_with_its_csrf_token_only(daemon: Daemo
     status, item, _ = await daemon.call("GET", f"/v1/agent/memory/items/{mid}",
                                         headers={"Cookie": cookie, "X-CSRF-Token": csrf})
     assert status == 200 and isinstance(item, dict) and item["status"] == "active"
-    before = await daemon.store.dump()
+    before = await dump_tables(daemon.store)
     archive = {"memory_id": mid, "status": "archived"}
     refused = [
         {"Cookie": cookie},  # no CSRF token
@@ -126,7 +127,7 @@ async def test_a_session_reads_and_writes_with_its_csrf_token_only(daemon: Daemo
                                          "Cookie": cookie, "X-CSRF-Token": csrf,
                                          "Content-Type": "text/plain"})
     assert status == 415
-    assert await daemon.store.dump() == before  # every refusal left the store as it was
+    assert await dump_tables(daemon.store) == before  # every refusal left the store as it was
     status, body, headers = await daemon.call(
         "POST", "/v1/agent/memory/tools/update_memory_status", json=archive, headers={
             "Cookie": cookie, "X-CSRF-Token": csrf, "Origin": daemon.url,
@@ -191,7 +192,7 @@ async def test_a_session_cookie_leaked_to_another_local_port_reads_and_writes_no
     runner = web.AppRunner(other)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
-    settings_before = daemon.store.settings
+    settings_before = daemon.store.settings.current
     try:
         # the browser: a cookie jar that follows RFC 6265 (unsafe=True only allows IP hosts)
         async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
@@ -218,7 +219,7 @@ async def test_a_session_cookie_leaked_to_another_local_port_reads_and_writes_no
             status, body, _ = await daemon.call(method, path, json={"w_keyword": 0.9},
                                                 headers={"Cookie": stolen, **guess})
             assert status in (401, 403) and "w_keyword" not in str(body), (method, path, body)
-    assert daemon.store.settings == settings_before
+    assert daemon.store.settings.current == settings_before
     # the browser's own page, which holds the key, still works
     status, _, _ = await daemon.call("PUT", "/v1/agent/memory/settings", json={
         "w_keyword": 0.9}, headers={"Cookie": stolen, "X-CSRF-Token": key})

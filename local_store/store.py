@@ -48,6 +48,7 @@ from local_store.arguments import (
 )
 from local_store.checkpoint import Checkpointer
 from local_store.columns import EDGE_ALL, EDGE_SELECT, NODE_COLUMNS, NODE_ID, NODE_SELECT
+from local_store.db import chunks, marks
 from local_store.embed import Embedder, HashingEmbedder
 from local_store.errors import (
     NotFoundError,
@@ -102,7 +103,7 @@ from local_store.views import (
     wire_embeddings,
     wire_nodes,
 )
-from local_store.writes import Vector, Writer, chunks, marks, props_json, write_note
+from local_store.writes import Vector, Writer, props_json, write_note
 from protocol.hlc import HybridClock
 from protocol.query import QueryRequest, QueryResponse
 from protocol.rows import EdgeRow, NodeRow

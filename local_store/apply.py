@@ -39,6 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from local_store import versions as history
+from local_store.db import chunks, marks
 from local_store.errors import ValidationError
 from local_store.floats import float32_rows
 from local_store.merge import NODE_HASHED, hash_values, hashed_values, wins
@@ -56,7 +57,7 @@ from local_store.redact import (
     strip_private,
     strip_private_json_text,
 )
-from local_store.writes import Row, Vector, Writer, chunks, marks
+from local_store.writes import Row, Vector, Writer
 from protocol.rows import EdgeRow, NodeRow, edge_id
 from protocol.timestamp import format_ns
 
@@ -253,10 +254,10 @@ def wire_keys(nodes: list[NodeRow], stop: threading.Event | None = None,
     """``wire_key`` of each row in order, until ``stop`` is set (looked at every
     ``HASH_CHUNK`` rows): then of the rows before that point only."""
     keys: list[WireKey | None] = []
-    for start in range(0, len(nodes), HASH_CHUNK):
+    for chunk in chunks(nodes, HASH_CHUNK):
         if stop is not None and stop.is_set():
             break
-        keys += [wire_key(wire) for wire in nodes[start:start + HASH_CHUNK]]
+        keys += [wire_key(wire) for wire in chunk]
     return keys
 
 

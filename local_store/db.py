@@ -19,6 +19,8 @@ Rules:
     the page size of a file once it has any.
   * Migrations are ``schema/NNNN_name.sql`` applied in order, each in its own transaction
     together with its ``schema_migrations`` record. Applied files are never edited.
+  * A statement about many ids takes them ``IN_LIST`` at a time (``chunks``, ``marks``): well
+    under SQLite's bound-parameter limit, whatever else the statement binds.
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ import fcntl
 import os
 import sqlite3
 import stat
+from collections.abc import Iterator, Sequence, Sized
 from importlib import resources
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import quote
 
 from local_store.errors import StoreLockedError, StoreUnusableError
@@ -41,6 +45,7 @@ JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
 CACHE_KIB = 64 * 1024
 BACKSTOP_BYTES = 40 * 1024 * 1024
 PAGE_SIZE = 8192
+IN_LIST = 500  # ids per ``IN (…)`` list
 
 
 class DataDirLock:
@@ -247,3 +252,17 @@ def split_sql(script: str) -> list[str]:
     if buffer.strip():
         raise ValueError(f"incomplete SQL statement at end of migration: {buffer[:80]!r}")
     return statements
+
+
+T = TypeVar("T")
+
+
+def chunks(items: Sequence[T], size: int = IN_LIST) -> Iterator[Sequence[T]]:
+    """``items`` in consecutive slices of ``size`` (the last one shorter), in order."""
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def marks(chunk: Sized) -> str:
+    """The ``?`` placeholders of an ``IN (…)`` list of ``chunk``."""
+    return ",".join("?" * len(chunk))

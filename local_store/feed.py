@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from local_store.columns import EDGE_ALL, EDGE_SELECT, NODE_COLUMNS, NODE_ID, NODE_SELECT
+from local_store.db import chunks, marks
 from protocol.timestamp import format_ns
 
 EPOCH = format_ns(0)
@@ -41,19 +42,15 @@ class FeedPage:
     vectors: list[tuple[str, bytes]]  # (memory id, blob) of the nodes' vectors of the model
 
 
-VECTOR_CHUNK = 500  # ids per ``IN (…)`` list
-
-
 def stored_vectors(fetch: Fetch, ids: list[str], model: str) -> list[tuple[str, bytes]]:
     """(memory id, blob) of the stored ``model`` vectors of ``ids`` — read by the caller's
     transaction, so they are the vectors of the rows it read (a write in between could have
     replaced a memory's text and vector)."""
     found: list[tuple[str, bytes]] = []
-    for start in range(0, len(ids), VECTOR_CHUNK):
-        chunk = ids[start:start + VECTOR_CHUNK]
+    for chunk in chunks(ids):
         found += [(r[0], r[1]) for r in fetch(
             f"SELECT memory_id, vec FROM vectors WHERE model = ? AND memory_id IN "
-            f"({','.join('?' * len(chunk))})", [model, *chunk])]
+            f"({marks(chunk)})", [model, *chunk])]
     return found
 
 

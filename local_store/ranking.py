@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from protocol.query import Linked, RetrievedMemory
+from protocol.timestamp import TimestampError, parse_ns
 
 _SPLIT = re.compile(r"[^\w]+|_+", re.UNICODE)
 NS_PER_DAY = 86_400 * 1_000_000_000
@@ -107,6 +108,34 @@ def recency(created_ns: int | None, now_ns: int, half_life_days: float) -> float
     if age_seconds <= 0:
         return 1.0
     return math.exp(-LN2 * (age_seconds / 86_400) / half)
+
+
+def stamp_ns(value: object) -> int | None:
+    """Stored timestamps are canonical: read their fields directly (a memoised day plus
+    integer arithmetic); anything else goes through the full parser."""
+    if not isinstance(value, str):
+        return None
+    if len(value) == 35 and value.endswith("+00:00") and value[19] == ".":
+        day = _DAY_NS.get(value[:10])
+        if day is None:
+            try:
+                day = parse_ns(value[:10] + "T00:00:00Z")
+            except TimestampError:
+                return None
+            if len(_DAY_NS) < 100_000:
+                _DAY_NS[value[:10]] = day
+        try:
+            return (day + (int(value[11:13]) * 3600 + int(value[14:16]) * 60
+                           + int(value[17:19])) * 1_000_000_000 + int(value[20:29]))
+        except ValueError:
+            return None
+    try:
+        return parse_ns(value)
+    except TimestampError:
+        return None
+
+
+_DAY_NS: dict[str, int] = {}
 
 
 def coverage(tokens: Sequence[str], text: str) -> float:

@@ -56,6 +56,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from local_store.db import chunks
 from local_store.errors import NotFoundError, ValidationError
 from local_store.records import preview
 from local_store.redact import strip_private
@@ -125,7 +126,7 @@ def keep_replaced(w: Writer, winners: Sequence[Row]) -> None:
     ids = [row["id"] for row in winners]
     local: dict[str, tuple[str, int]] = {}
     pending: set[str] = set()
-    for chunk in _chunks(ids):
+    for chunk in chunks(ids):
         marks = ",".join("?" * len(chunk))
         local.update((r[0], (r[1], r[2])) for r in w.conn.execute(
             f"SELECT id, updated_at, deleted FROM memories WHERE id IN ({marks})", chunk))
@@ -154,7 +155,7 @@ def keep_losers(w: Writer, losers: Sequence[Row]) -> None:
     if not losers:
         return
     local: dict[str, tuple[str | None, str, str, str]] = {}
-    for chunk in _chunks([row["id"] for row in losers]):
+    for chunk in chunks([row["id"] for row in losers]):
         local.update((r[0], (r[1], r[2], r[3], r[4])) for r in w.conn.execute(
             "SELECT id, base_version, content, updated_at, content_hash FROM memories "
             f"WHERE id IN ({','.join('?' * len(chunk))})", chunk))
@@ -308,5 +309,3 @@ def _now(w: Writer) -> str:
     return format_ns(w.clock.physical_ns())
 
 
-def _chunks(ids: list[str], size: int = 500) -> list[list[str]]:
-    return [ids[start:start + size] for start in range(0, len(ids), size)]

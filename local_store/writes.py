@@ -45,6 +45,7 @@ from local_store.columns import (
     node_batches,
     node_params,
 )
+from local_store.db import chunks, marks
 from local_store.embed import blob_view, to_blob
 from local_store.errors import NotFoundError
 from local_store.merge import EDGE_HASHED, content_hash, node_hash, version_key, wins
@@ -466,9 +467,9 @@ class Writer:
         wanted = list(ids)
         out: dict[str, tuple[str, str, str]] = {}
         if self.json_ids and "\x00" not in "".join(wanted):
-            for start in range(0, len(wanted), JSON_IDS_CHUNK):
+            for chunk in chunks(wanted, JSON_IDS_CHUNK):
                 (found,) = self.conn.execute(KEYS_OF_JSON_IDS.format(table=table), (
-                    json.dumps(wanted[start:start + JSON_IDS_CHUNK]),)).fetchone()
+                    json.dumps(chunk),)).fetchone()
                 out.update((r[0], (r[1], r[2], r[3])) for r in _KEYS_DECODER.decode(found))
             return out
         for chunk in chunks(wanted):
@@ -479,7 +480,6 @@ class Writer:
         return out
 
 
-CHUNK = 500
 JSON_IDS_CHUNK = 20_000  # ids per lookup: the answer is one string of ~120 bytes an id
 KEYS_OF_JSON_IDS = (
     "SELECT json_group_array(json_array(t.id, t.updated_at, t.origin, t.content_hash)) "
@@ -493,15 +493,6 @@ def _has_json_each(conn: sqlite3.Connection) -> bool:
     except sqlite3.OperationalError:
         return False
     return True
-
-
-def chunks(items: list[str]) -> list[list[str]]:
-    """Split for ``IN (…)`` lists, well under SQLite's bound-parameter limit."""
-    return [items[start:start + CHUNK] for start in range(0, len(items), CHUNK)]
-
-
-def marks(chunk: list[str]) -> str:
-    return ",".join("?" * len(chunk))
 
 
 def _uuid(memory_id: str) -> str:

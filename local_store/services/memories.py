@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from local_store.arguments import int_arg, joined_strings, lenient_type, like_escape
 from local_store.columns import EDGE_ALL, EDGE_SELECT, NODE_COLUMNS, NODE_SELECT
+from local_store.db import chunks, marks
 from local_store.errors import NotFoundError, ValidationError
 from local_store.records import (
     EDIT_FIELDS,
@@ -35,7 +36,7 @@ from local_store.records import (
 from local_store.redact import REDACTED, strip_json_object
 from local_store.shell import Shell
 from local_store.views import edge_view, list_view, memory_view
-from local_store.writes import Vector, Writer, chunks, marks
+from local_store.writes import Vector, Writer
 
 if TYPE_CHECKING:
     from local_store.services.recall import Recaller

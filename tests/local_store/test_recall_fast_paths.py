@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,6 @@ from local_store.recall import (
     Mode,
     Recall,
     Semantic,
-    _cosine_of_the_rest,
 )
 from protocol.query import QueryRequest, QueryResponse
 from protocol.rows import EdgeRow, NodeRow
@@ -46,14 +46,16 @@ ZIPF = [1.0 / (i + 1) for i in range(len(WORDS))]
 
 
 class Straightforward(Recall):
-    def _semantic_leg(self, filters: Filters, mode: Mode, cands: dict[str, Candidate]) -> None:
+    def _semantic_leg(self, filters: Filters, cands: dict[str, Candidate],
+                      ranking: Callable[..., Any]) -> Semantic | None:
         semantic = self._semantic
         if semantic is None or not semantic.ids:
-            return
+            return None
+        plane = ranking == self._plane_blend  # else the nearest by cosine
         where, params = filters.sql()
         sims, every = semantic.sims, semantic.ids
         # The plane ranks every row that passes the filters by its blend (contract §6.4).
-        want = len(every) if mode == "plane" else min(len(every), CAND_K * FIRST_SAMPLE)
+        want = len(every) if plane else min(len(every), CAND_K * FIRST_SAMPLE)
         while True:
             top = np.argpartition(-sims, want - 1)[:want] if want < len(every) else np.arange(
                 len(every))
@@ -62,15 +64,14 @@ class Straightforward(Recall):
             if len(allowed) >= CAND_K or want >= len(every):
                 break
             want = min(len(every), want * OVERSAMPLE)
-        if mode == "plane":
+        if plane:
             key = {mid: 0.7 * cos[mid] + 0.3 * row["importance"] for mid, row in allowed.items()}
         else:
             key = {mid: cos[mid] for mid in allowed}
         for rank, mid in enumerate(sorted(key, key=lambda mid: (-key[mid], mid))[:CAND_K]):
             cand = cands.setdefault(mid, Candidate(mid))
             cand.vec_rank, cand.cosine, cand.row = rank, cos[mid], allowed[mid]
-        if mode == "syncd":  # not a shortcut: the other keyword hits' cosines, as recall does
-            _cosine_of_the_rest(semantic, cands)
+        return semantic  # syncd then gives the other keyword hits their cosines, as recall does
 
     def _fts_rows(self, match: str, where: str,
                   params: list[object]) -> list[tuple[float, dict[str, Any]]]:

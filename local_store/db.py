@@ -42,7 +42,10 @@ DB_FILENAME = "memory.db"
 LOCK_FILENAME = "syncd.lock"
 BUSY_TIMEOUT_MS = 10_000
 JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
-CACHE_KIB = 64 * 1024
+CACHE_KIB = 64 * 1024  # a reader's page cache: recall reads the same FTS and row pages again
+# The writer's: it writes each page once and moves on, so a big private cache only fills during
+# a large apply (a pull of 100k rows) and stays resident; the kernel caches the file anyway.
+WRITER_CACHE_KIB = 16 * 1024
 BACKSTOP_BYTES = 40 * 1024 * 1024
 PAGE_SIZE = 8192
 IN_LIST = 500  # ids per ``IN (…)`` list
@@ -149,7 +152,7 @@ def _access_problem(path: Path) -> str:
 def _configure(conn: sqlite3.Connection, *, readonly: bool) -> None:
     conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     conn.execute("PRAGMA foreign_keys = ON")
-    conn.execute(f"PRAGMA cache_size = {-CACHE_KIB}")
+    conn.execute(f"PRAGMA cache_size = {-(CACHE_KIB if readonly else WRITER_CACHE_KIB)}")
     if readonly:
         conn.execute("PRAGMA query_only = ON")
     else:

@@ -45,7 +45,7 @@ from typing import Final
 
 import aiohttp
 
-from local_store.db import LOCK_FILENAME as STORE_LOCK
+from local_store.db import store_in_use
 from syncd.exits import EXIT_TEMPFAIL
 from syncd.service import LAUNCHD_LABEL, SYSTEMD_UNIT, unit_path
 from syncd.state import read_state
@@ -251,7 +251,7 @@ class DaemonStarter:
                 exited = self._exited(launch.pid)
             if exited is not None and exited != EXIT_TEMPFAIL:
                 return await self._failed(launch, exited)
-            if exited is not None and not await asyncio.to_thread(_store_held, self.data_dir):
+            if exited is not None and not await asyncio.to_thread(store_in_use, self.data_dir):
                 # 75, and nothing holds the store now (a daemon that was stopping, say)
                 if respawns == 0:
                     return await self._failed(launch, exited)
@@ -297,22 +297,6 @@ def _try_flock(fd: int) -> bool:
     except BlockingIOError:
         return False
     return True
-
-
-def _store_held(data_dir: Path) -> bool:
-    """Whether a process holds the store's lock (a shared probe, released at once; only the
-    holder of the start lock probes, so no daemon that it starts can meet it)."""
-    try:
-        fd = os.open(data_dir / STORE_LOCK, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
 
 
 def _exit_code(pid: int) -> int | None:

@@ -47,6 +47,11 @@ def read_token(path: Path) -> str:
     try:
         token = path.read_text(encoding="utf-8").strip()
     except FileNotFoundError:
+        from local_store.db import store_in_use
+        if store_in_use(path.parent):  # the daemon writes its token once its store is open
+            raise FileNotFoundError(
+                f"no API token at {path} yet: the daemon for {path.parent} is starting "
+                "(its store is open); try again in a moment") from None
         raise FileNotFoundError(
             f"no API token at {path}; start the daemon once with `syncd run` to create it"
         ) from None

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from local_store import HashingEmbedder, Store
 from syncd.token import ensure_token, read_token, token_path
 
 
@@ -45,3 +46,19 @@ def test_empty_token_file_is_replaced_and_missing_is_a_clear_error(tmp_path: Pat
     assert ensure_token(tmp_path)
     with pytest.raises(FileNotFoundError, match="syncd run"):
         read_token(tmp_path / "nowhere" / "api-token")
+
+
+async def test_a_missing_token_while_the_store_is_open_says_the_daemon_is_starting(
+        tmp_path: Path) -> None:
+    """A daemon opens its store, then writes its token: a client in between (``syncd status``
+    right after ``syncd mcp`` autostarted one) is told to wait, not to start another."""
+    data = tmp_path / "data"
+    store = await Store.open(data, embedder=HashingEmbedder())
+    try:
+        with pytest.raises(FileNotFoundError, match="is starting") as starting:
+            read_token(token_path(data))
+        assert "syncd run" not in str(starting.value)
+    finally:
+        await store.close()
+    with pytest.raises(FileNotFoundError, match="start the daemon once with `syncd run`"):
+        read_token(token_path(data))

@@ -165,22 +165,6 @@ def _configure(conn: sqlite3.Connection, *, readonly: bool) -> None:
         conn.execute(f"PRAGMA wal_autocheckpoint = {BACKSTOP_BYTES // page_size}")
 
 
-def store_in_use(data_dir: Path) -> bool:
-    """Whether a process holds the store lock of ``data_dir`` (a shared probe, released at
-    once): a daemon or hub has the store open."""
-    try:
-        fd = os.open(data_dir / LOCK_FILENAME, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
-
-
 def migration_files() -> list[tuple[int, str, str]]:
     """(number, name, sql) for every ``schema/NNNN_*.sql``, in order."""
     out = []

@@ -45,10 +45,10 @@ from typing import Final
 
 import aiohttp
 
-from local_store.db import store_in_use
 from syncd.exits import EXIT_TEMPFAIL
 from syncd.service import LAUNCHD_LABEL, SYSTEMD_UNIT, unit_path
 from syncd.state import read_state
+from syncd.storelock import store_in_use
 
 log = logging.getLogger("syncd.autostart")
 

@@ -47,7 +47,7 @@ def read_token(path: Path) -> str:
     try:
         token = path.read_text(encoding="utf-8").strip()
     except FileNotFoundError:
-        from local_store.db import store_in_use
+        from syncd.storelock import store_in_use
         if store_in_use(path.parent):  # the daemon writes its token once its store is open
             raise FileNotFoundError(
                 f"no API token at {path} yet: the daemon for {path.parent} is starting "

@@ -62,3 +62,11 @@ async def test_a_missing_token_while_the_store_is_open_says_the_daemon_is_starti
         await store.close()
     with pytest.raises(FileNotFoundError, match="start the daemon once with `syncd run`"):
         read_token(token_path(data))
+
+
+def test_the_light_lock_probe_names_the_stores_lock_file() -> None:
+    """``syncd.storelock`` probes the store's lock without importing ``local_store`` (the hook
+    asks it on every prompt whose token is missing): the two must name the same file."""
+    from local_store.db import LOCK_FILENAME
+    from syncd.storelock import STORE_LOCK_FILENAME
+    assert STORE_LOCK_FILENAME == LOCK_FILENAME

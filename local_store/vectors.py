@@ -18,13 +18,21 @@ Rules:
   * Snapshots share one immutable tuple of the ids, built on the first snapshot after a write
     that added or moved an id (re-embedding a known id moves nothing), so a read-mostly store
     copies its ids once per write rather than once per query.
+  * One BLAS thread (``one_blas_thread``, from ``Store.open``). A query's product is a
+    matrix-vector product: it reads the matrix once, so a second thread gains little (0.15 ms
+    at 10k rows on an idle machine), and OpenBLAS's worker threads busy-wait for work. Beside recall's own
+    thread, or anything else running on a laptop, they held a core and delayed the product:
+    with two threads a dense-overlap recall cost 1.4–4.9× the CPU and its p95 was 3–6× higher
+    (``bench/HISTORY.md``, 2026-12-03 14:10). A user who sets ``OPENBLAS_NUM_THREADS``,
+    ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` keeps their number.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Final, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -33,6 +41,19 @@ Matrix = npt.NDArray[np.float32]
 SAMPLE_STRIDE = 8  # nearest_rows: partition every 8th similarity first
 T = TypeVar("T")
 BLOCK = 64  # rows transposed into the column matrix at a time (64 × 384 floats: 96 KiB)
+BLAS_THREAD_VARIABLES: Final = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+_blas_limited = False
+
+
+def one_blas_thread() -> None:
+    """Limit the process's BLAS to one thread (the module's rule), once; not when the
+    environment names a number of threads."""
+    global _blas_limited
+    if _blas_limited or any(os.environ.get(name) for name in BLAS_THREAD_VARIABLES):
+        return
+    from threadpoolctl import threadpool_limits  # scans the loaded libraries: once, at open
+    threadpool_limits(1, user_api="blas")
+    _blas_limited = True
 
 
 def nearest_rows(sims: npt.NDArray[np.float32], k: int) -> npt.NDArray[np.intp]:

@@ -256,3 +256,41 @@ def test_reserve_grows_once_and_pages_then_fill_the_same_matrix() -> None:
     assert index.top_k(query, 1)[0][0] == "id0123"
     index.upsert("one-more", unit(rng, 1)[0])  # beyond the reservation: doubling as before
     assert index.capacity == 2002 and len(index) == 1002
+
+
+_BLAS_PROBE = """
+import asyncio, json, sys, tempfile
+import threadpoolctl
+from local_store import HashingEmbedder, Store
+
+async def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        store = await Store.open(tmp, embedder=HashingEmbedder())
+        await store.close()
+asyncio.run(main())
+print(json.dumps([p["num_threads"] for p in threadpoolctl.threadpool_info()
+                  if p["user_api"] == "blas"]))
+"""
+
+
+def _blas_threads_after_open(**variables: str) -> list[int]:
+    """The BLAS thread counts of a fresh process that opened a store, its environment
+    without the thread variables except ``variables``."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from local_store.vectors import BLAS_THREAD_VARIABLES
+    env = {k: v for k, v in os.environ.items() if k not in BLAS_THREAD_VARIABLES}
+    out = subprocess.run([sys.executable, "-c", _BLAS_PROBE], env={**env, **variables},
+                         capture_output=True, text=True, timeout=120, check=True)
+    counts: list[int] = json.loads(out.stdout.splitlines()[-1])
+    return counts
+
+
+def test_an_open_store_runs_blas_on_one_thread_unless_the_environment_names_a_number() -> None:
+    """The module's rule: recall's matrix-vector product on one BLAS thread, whose workers
+    would otherwise busy-wait beside recall's own thread; a user's OPENBLAS_NUM_THREADS holds."""
+    assert _blas_threads_after_open() == [1]
+    assert _blas_threads_after_open(OPENBLAS_NUM_THREADS="2") == [2]

@@ -46,7 +46,7 @@ from local_store.errors import (
 )
 from local_store.reader import SyncReader
 from local_store.reference import Reference, load_reference
-from local_store.vectors import VectorIndex, one_blas_thread
+from local_store.vectors import VectorIndex, limit_blas_threads
 from local_store.versions import VersionPolicy
 from local_store.writes import Vector, Writer
 from protocol.hlc import HybridClock
@@ -116,7 +116,7 @@ class Shell:
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="syncd-writer")
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(pool, one_blas_thread)  # it reads the loaded libraries
+            await loop.run_in_executor(pool, limit_blas_threads)  # it reads the loaded libraries
             await loop.run_in_executor(pool, _claim_data_dir, data_dir, lock)
         except BaseException:
             pool.shutdown(wait=False)

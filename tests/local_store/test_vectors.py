@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -277,7 +279,6 @@ def _blas_threads_after_open(**variables: str) -> list[int]:
     """The BLAS thread counts of a fresh process that opened a store, its environment
     without the thread variables except ``variables``."""
     import json
-    import os
     import subprocess
     import sys
 
@@ -289,8 +290,11 @@ def _blas_threads_after_open(**variables: str) -> list[int]:
     return counts
 
 
-def test_an_open_store_runs_blas_on_one_thread_unless_the_environment_names_a_number() -> None:
-    """The module's rule: recall's matrix-vector product on one BLAS thread, whose workers
-    would otherwise busy-wait beside recall's own thread; a user's OPENBLAS_NUM_THREADS holds."""
-    assert _blas_threads_after_open() == [1]
-    assert _blas_threads_after_open(OPENBLAS_NUM_THREADS="2") == [2]
+def test_an_open_store_leaves_a_core_to_recalls_thread_unless_the_environment_names_a_number(
+        ) -> None:
+    """The module's rule: BLAS on every core but the one recall's keyword leg runs on (its
+    busy-waiting workers would otherwise take it); a user's OPENBLAS_NUM_THREADS holds."""
+    from local_store.vectors import blas_threads
+    assert blas_threads() == max(1, len(os.sched_getaffinity(0)) - 1)
+    assert _blas_threads_after_open() == [blas_threads()]
+    assert _blas_threads_after_open(OPENBLAS_NUM_THREADS="2") == [min(2, os.cpu_count() or 1)]

@@ -439,12 +439,15 @@ async def _read_or_spool(resp: aiohttp.ClientResponse, spool_from: int) -> bytes
 async def spooled_rows(spool: Spool, unreadable: list[UnreadableRow],
                        ) -> AsyncIterator[tuple[list[NodeRow], list[EdgeRow]]]:
     """A spooled page's rows a batch at a time (nodes or edges); rows that do not fit the row
-    schema go to ``unreadable`` with their index in the page's array, as ``decode_rows``."""
+    schema go to ``unreadable`` with their index in the page's array, as ``decode_rows``.
+    One batch is held at a time: the caller drops its rows before asking for the next."""
     async for key, batch in spool.batches():
         kind = "node" if key == "memory_nodes" else "edge"
         row_type = NodeRow if kind == "node" else EdgeRow
         rows = _convert_indexed(kind, batch, row_type, unreadable)
+        del batch  # the raw rows (a list of floats each) are not held while these are applied
         yield (rows, []) if kind == "node" else ([], rows)  # type: ignore[misc]
+        del rows  # nor these while the next batch is read
 
 
 def decode_rows(data: bytes, decoder: msgspec.json.Decoder[P], page_type: type[P],

@@ -145,6 +145,7 @@ class Pull:
                                          state={}, until=page.until, kept=kept(state))
                 _count_pulled(report, batch)
                 problems += batch.problems
+                del nodes, edges  # before the next batch is read: one batch held at a time
         if unreadable or keep_cursor or problems:
             del new_state["cursor"]
         result = await store.replication.pull(page.memory_nodes, page.memory_edges,

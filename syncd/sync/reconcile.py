@@ -96,6 +96,7 @@ class AntiEntropy:
                 report.pulled_nodes += applied.applied_nodes
                 report.pulled_edges += applied.applied_edges
                 remote_versions(nodes, edges, remote)
+                del nodes, edges  # before the next batch is read: one batch held at a time
         finally:
             if spool is not None:
                 spool.close()

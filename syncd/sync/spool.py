@@ -55,17 +55,22 @@ class Spool:
         return others
 
     async def batches(self) -> AsyncIterator[tuple[str, list[tuple[int, object]]]]:
-        """(array key, [(index, raw row), ...]) a batch at a time, each of one array."""
+        """(array key, [(index, raw row), ...]) a batch at a time, each of one array. Nothing
+        here refers to a batch once it is handed over: the consumer's references are its
+        only ones (it can drop the raw rows once converted, and must drop them before asking
+        for the next batch, or two are held at once)."""
         with self._text() as text:
             found = jsonrows.rows(text)
             while True:
                 batch = await asyncio.to_thread(_take, found, self._rows)
                 if not batch:
                     return
+                parts = {key: [(index, row) for k, index, row in batch if k == key]
+                         for key in ("memory_nodes", "memory_edges")}
+                del batch
                 for key in ("memory_nodes", "memory_edges"):
-                    part = [(index, row) for k, index, row in batch if k == key]
-                    if part:
-                        yield key, part
+                    if parts[key]:
+                        yield key, parts.pop(key)
 
     def _text(self) -> io.TextIOWrapper:
         self._file.seek(0)

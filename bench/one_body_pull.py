@@ -14,7 +14,11 @@ Each pass runs in a process of its own (peak RSS only ever grows), started once 
 up; each row reports the pass time, rows/s and the growth of that process's peak RSS from
 just before the pass (after its imports and opening its store). The store's in-RAM
 vector index grows by N × 384 × 4 bytes whatever the pull does (it is what makes recall
-fast): the table shows that part apart.
+fast): the table shows that part apart. A second table breaks each pass down (Linux, glibc):
+the peak growth before the first row is applied (download, and the spool's first read
+through), SQLite's own heap at its highest (``sqlite3_memory_highwater``: page caches,
+statements, FTS5's pending terms), and the free memory glibc's malloc still holds at the end
+(``mallinfo2``: freed, not returned to the system).
 
     .venv/bin/python bench/one_body_pull.py [--memories N]    (default 100,000)
 """
@@ -24,6 +28,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import itertools
 import json
 import random
@@ -56,6 +62,49 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def sqlite_highwater_mib(reset: bool = False) -> float | None:
+    """SQLite's heap at its highest since the last reset (None: the library is not found)."""
+    try:
+        lib = ctypes.CDLL(ctypes.util.find_library("sqlite3") or "libsqlite3.so.0")
+    except OSError:
+        return None
+    lib.sqlite3_memory_highwater.restype = ctypes.c_int64
+    return float(lib.sqlite3_memory_highwater(int(reset))) / 2**20
+
+
+def malloc_free_mib() -> float | None:
+    """Free bytes glibc's malloc holds in its arenas (None: not glibc ≥ 2.33)."""
+    try:
+        mallinfo2 = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.restype = _MallInfo2
+    return float(mallinfo2().fordblks) / 2**20
+
+
+Breakdown = tuple[float | None, float | None, float | None]  # before rows, SQLite, malloc free
+
+
+def watch_first_apply(store: Store, before: float, seen: list[float]) -> None:
+    """Record in ``seen`` the peak growth when the first batch is applied (bench only)."""
+    replication = store.replication
+    for name in ("pull", "apply"):
+        original = getattr(replication, name)
+
+        async def first(*args: object, _original: object = original, **kwargs: object) -> object:
+            if not seen:
+                seen.append(peak_rss_mib() - before)
+            return await _original(*args, **kwargs)  # type: ignore[operator]
+
+        setattr(replication, name, first)
+
+
 def body_rows(memories: int) -> Iterator[dict[str, object]]:
     """The plane's rows, one at a time (deterministic)."""
     rng = random.Random(3)
@@ -79,11 +128,12 @@ def write_body(path: Path, memories: int) -> int:
     return path.stat().st_size
 
 
-async def apply_only(root: Path, memories: int) -> tuple[float, float]:
-    """(seconds, peak-RSS growth in MiB) of ``Store.apply`` of the same rows in this process,
-    ``SPOOL_ROWS`` at a time: what the store itself costs, without HTTP or JSON."""
+async def apply_only(root: Path, memories: int) -> tuple[float, float, Breakdown]:
+    """(seconds, peak-RSS growth in MiB, breakdown) of ``Store.apply`` of the same rows in this
+    process, ``SPOOL_ROWS`` at a time: what the store itself costs, without HTTP or JSON."""
     embedder = HashingEmbedder()
     async with await Store.open(root, embedder=embedder) as store:
+        sqlite_highwater_mib(reset=True)
         before, spent = peak_rss_mib(), 0.0
         rows = body_rows(memories)
         while batch := [msgspec.convert(r, NodeRow) for r in itertools.islice(rows, SPOOL_ROWS)]:
@@ -92,7 +142,8 @@ async def apply_only(root: Path, memories: int) -> tuple[float, float]:
             spent += time.perf_counter() - began
         if len(store.index) != memories:
             raise RuntimeError(f"applied {len(store.index)} vectors, expected {memories}")
-    return spent, peak_rss_mib() - before
+        breakdown = (0.0, sqlite_highwater_mib(), malloc_free_mib())
+    return spent, peak_rss_mib() - before, breakdown
 
 
 @contextlib.asynccontextmanager
@@ -116,15 +167,18 @@ async def serving(body: Path) -> AsyncIterator[str]:
 
 
 async def one_pass(root: Path, url: str, spool_from: int, memories: int,
-                   ) -> tuple[float, float]:
-    """(seconds, peak-RSS growth in MiB) of one pass on a fresh laptop (in this process)."""
+                   ) -> tuple[float, float, Breakdown]:
+    """(seconds, peak-RSS growth in MiB, breakdown) of one pass on a fresh laptop (in this
+    process)."""
     embedder = HashingEmbedder()
     async with await Store.open(root, embedder=embedder) as store:
         client = PlaneClient(url, "token", timeout=300, spool_from=spool_from)
         engine = SyncEngine(store, client, SyncOptions(plane_model=embedder.model_id,
                                                        anti_entropy_secs=1e9))
         await engine.start()
-        before = peak_rss_mib()
+        sqlite_highwater_mib(reset=True)
+        before, first_apply = peak_rss_mib(), list[float]()
+        watch_first_apply(store, before, first_apply)
         try:
             began = time.perf_counter()
             report = await engine.run_pass("bench")
@@ -136,10 +190,13 @@ async def one_pass(root: Path, url: str, spool_from: int, memories: int,
                                f"vectors: expected {memories} ({report.error})")
         if (client.spooled > 0) != (spool_from < 1 << 62):
             raise RuntimeError(f"spooled {client.spooled} bodies with spool_from {spool_from}")
-    return seconds, peak_rss_mib() - before
+        breakdown = (first_apply[0] if first_apply else None, sqlite_highwater_mib(),
+                     malloc_free_mib())
+    return seconds, peak_rss_mib() - before, breakdown
 
 
-async def in_child(root: Path, url: str, spool_from: int, memories: int) -> tuple[float, float]:
+async def in_child(root: Path, url: str, spool_from: int, memories: int,
+                   ) -> tuple[float, float, Breakdown]:
     """A pass in a process of its own; ``spool_from`` 0: ``apply_only`` instead."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, __file__, "--child", str(root), url, str(spool_from),
@@ -147,8 +204,8 @@ async def in_child(root: Path, url: str, spool_from: int, memories: int) -> tupl
     out, _ = await proc.communicate()
     if proc.returncode:
         raise RuntimeError(f"the pass failed (exit {proc.returncode})")
-    seconds, growth = json.loads(out)
-    return float(seconds), float(growth)
+    seconds, growth, breakdown = json.loads(out)
+    return float(seconds), float(growth), tuple(breakdown)  # type: ignore[return-value]
 
 
 async def main(memories: int) -> None:
@@ -166,12 +223,18 @@ async def main(memories: int) -> None:
     print()
     print(f"{'pull':<34}{'seconds':>9}{'rows/s':>10}{'peak RSS +MiB':>15}"
           f"{'beyond index':>14}  target")
-    for name, (seconds, growth) in (("spooled (syncd now)", spooled),
-                                    ("baseline: body decoded whole", whole),
-                                    ("floor: Store.apply, no HTTP/JSON", applied)):
+    passes = (("spooled (syncd now)", spooled), ("baseline: body decoded whole", whole),
+              ("floor: Store.apply, no HTTP/JSON", applied))
+    for name, (seconds, growth, _) in passes:
         target = f"<= {TARGET_MIB} MiB" if name.startswith("spooled") else ""
         print(f"{name:<34}{seconds:>9.1f}{memories / seconds:>10,.0f}{growth:>15,.0f}"
               f"{growth - index_mib:>14,.0f}  {target}")
+    print()
+    print(f"{'breakdown (MiB)':<34}{'peak + before rows':>20}{'SQLite heap max':>17}"
+          f"{'malloc free at end':>20}")
+    for name, (_, _, breakdown) in passes:
+        print(f"{name:<34}" + "".join(f"{'–' if v is None else f'{v:,.0f}':>{w}}" for v, w in
+                                      zip(breakdown, (20, 17, 20), strict=True)))
     print()
     print("note: the floor is the store's own apply of the same rows, 1,000 at a time, in a "
           "process of its own; the pull adds the difference")

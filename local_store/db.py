@@ -152,7 +152,6 @@ def _access_problem(path: Path) -> str:
 def _configure(conn: sqlite3.Connection, *, readonly: bool) -> None:
     conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     conn.execute("PRAGMA foreign_keys = ON")
-    conn.execute(f"PRAGMA cache_size = {-(CACHE_KIB if readonly else WRITER_CACHE_KIB)}")
     if readonly:
         conn.execute("PRAGMA query_only = ON")
     else:
@@ -161,8 +160,13 @@ def _configure(conn: sqlite3.Connection, *, readonly: bool) -> None:
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute("PRAGMA secure_delete = ON")  # freed cells and pages are zeroed
         conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
-        page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+    page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+    if not readonly:
         conn.execute(f"PRAGMA wal_autocheckpoint = {BACKSTOP_BYTES // page_size}")
+    # Last, once the page size is the file's: SQLite turns a size in KiB into a number of pages
+    # when the page size changes, by the page size before the change — set earlier, a new
+    # store's 8 KiB pages got a cache of twice the KiB asked for (as many pages as 4 KiB ones).
+    conn.execute(f"PRAGMA cache_size = {-(CACHE_KIB if readonly else WRITER_CACHE_KIB)}")
 
 
 def migration_files() -> list[tuple[int, str, str]]:

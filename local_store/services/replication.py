@@ -58,10 +58,18 @@ class Replication:
             foreign_keys=False)
 
     def expect_vectors(self, count: int, model: str) -> None:
-        """A pull is about to apply up to ``count`` rows with ``model`` vectors: when those go to
-        the in-RAM index, it grows once, now, to hold them (``VectorIndex.reserve``)."""
+        """A pull is about to apply up to ``count`` rows with ``model`` vectors for ids the
+        index does not hold (``holds_vector``): when those go to the in-RAM index, it grows
+        once, now, to hold them (``VectorIndex.reserve``)."""
         if count > 0 and model == self._shell.index.model:
             self._shell.index.reserve(count)
+
+    def holds_vector(self, memory_id: object) -> bool:
+        """Whether the in-RAM index holds a vector for ``memory_id`` — from any thread, as a
+        hint (a write landing meanwhile may change it): a pull counts the rows it will add
+        with it, so a body of rows already held (a Kyma plane sends its whole feed every
+        pass) makes no room for them again."""
+        return isinstance(memory_id, str) and memory_id.strip() in self._shell.index
 
     async def sync_state(self) -> dict[str, str]:
         """The sync engine's persisted state (``meta`` keys ``sync.*``, prefix removed)."""

@@ -45,7 +45,7 @@ import re
 import socket
 import tempfile
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -258,21 +258,23 @@ class PlaneClient:
     async def changes_spooled(self, since: str | None, realm: str | None, limit: int | None,
                               exclude_origin: str | None = None, *,
                               unreadable: list[UnreadableRow],
+                              held: Callable[[object], bool] | None = None,
                               ) -> tuple[ChangesResponse, Spool | None]:
         """As ``changes`` with ``unreadable``; a body over ``spool_from`` bytes stays on disk
         and comes back as the page's envelope (no rows) and its ``Spool`` (``spooled_rows``
-        reads it; the caller closes it)."""
+        reads it; the caller closes it). ``held``: as ``Spool.envelope``'s."""
         params = _changes_params(since, realm, limit, exclude_origin)
         return await self._get_spooled(CHANGES_PATH, params, changes_decoder, ChangesResponse,
-                                       unreadable)
+                                       unreadable, held)
 
     async def export_spooled(self, realm: str | None, limit: int | None, cursor: str | None,
                              *, unreadable: list[UnreadableRow],
+                             held: Callable[[object], bool] | None = None,
                              ) -> tuple[ExportBody, Spool | None]:
         """As ``export`` with ``unreadable``, spooled as ``changes_spooled``."""
         params = _export_params(realm, limit, cursor)
         return await self._get_spooled(EXPORT_PATH, params, export_decoder, ExportBody,
-                                       unreadable)
+                                       unreadable, held)
 
     async def export(self, realm: str | None, limit: int | None,
                      cursor: str | None, *,
@@ -328,7 +330,9 @@ class PlaneClient:
 
     async def _get_spooled(self, path: str, params: dict[str, str],
                            decoder: msgspec.json.Decoder[P], page_type: type[P],
-                           unreadable: list[UnreadableRow]) -> tuple[P, Spool | None]:
+                           unreadable: list[UnreadableRow],
+                           held: Callable[[object], bool] | None = None,
+                           ) -> tuple[P, Spool | None]:
         data = await self._request("GET", path, params, None, spool_from=self.spool_from)
         if not isinstance(data, Spool):
             page, rows = decode_rows(data, decoder, page_type, path)
@@ -336,7 +340,7 @@ class PlaneClient:
             return page, None
         self.spooled += 1
         try:
-            envelope = await data.envelope()
+            envelope = await data.envelope(held)
             envelope.pop("memory_nodes", None)
             envelope.pop("memory_edges", None)
             return msgspec.convert(envelope, page_type), data
@@ -439,12 +443,15 @@ async def _read_or_spool(resp: aiohttp.ClientResponse, spool_from: int) -> bytes
 async def spooled_rows(spool: Spool, unreadable: list[UnreadableRow],
                        ) -> AsyncIterator[tuple[list[NodeRow], list[EdgeRow]]]:
     """A spooled page's rows a batch at a time (nodes or edges); rows that do not fit the row
-    schema go to ``unreadable`` with their index in the page's array, as ``decode_rows``."""
+    schema go to ``unreadable`` with their index in the page's array, as ``decode_rows``.
+    One batch is held at a time: the caller drops its rows before asking for the next."""
     async for key, batch in spool.batches():
         kind = "node" if key == "memory_nodes" else "edge"
         row_type = NodeRow if kind == "node" else EdgeRow
         rows = _convert_indexed(kind, batch, row_type, unreadable)
+        del batch  # the raw rows (a list of floats each) are not held while these are applied
         yield (rows, []) if kind == "node" else ([], rows)  # type: ignore[misc]
+        del rows  # nor these while the next batch is read
 
 
 def decode_rows(data: bytes, decoder: msgspec.json.Decoder[P], page_type: type[P],

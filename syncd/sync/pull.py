@@ -119,7 +119,8 @@ class Pull:
         store = self.link.store
         unreadable: list[UnreadableRow] = []
         page, spool = await self.link.client.changes_spooled(
-            since, self.link.options.realm, limit, store.replica_id, unreadable=unreadable)
+            since, self.link.options.realm, limit, store.replica_id, unreadable=unreadable,
+            held=store.replication.holds_vector)
         return page, unreadable, spool
 
     async def apply_page(self, report: PassReport, state: dict[str, str],
@@ -138,13 +139,13 @@ class Pull:
             return True  # nothing new and nothing to record: no write transaction
         problems: list[Any] = []
         if spool is not None:
-            store.replication.expect_vectors(spool.counts.get("memory_nodes", 0),
-                                 self.link.plane_model(state))
+            store.replication.expect_vectors(spool.new_nodes, self.link.plane_model(state))
             async for nodes, edges in spooled_rows(spool, unreadable):
                 batch = await store.replication.pull(nodes, edges, model=self.link.plane_model(state),
                                          state={}, until=page.until, kept=kept(state))
                 _count_pulled(report, batch)
                 problems += batch.problems
+                del nodes, edges  # before the next batch is read: one batch held at a time
         if unreadable or keep_cursor or problems:
             del new_state["cursor"]
         result = await store.replication.pull(page.memory_nodes, page.memory_edges,

@@ -85,9 +85,13 @@ class AntiEntropy:
         versions to ``remote``."""
         self.link.admit()
         unreadable: list[UnreadableRow] = []
+        replication = self.link.store.replication
         page, spool = await self.link.client.export_spooled(
-            self.link.options.realm, PAGE_ROWS, cursor, unreadable=unreadable)
+            self.link.options.realm, PAGE_ROWS, cursor, unreadable=unreadable,
+            held=replication.holds_vector)
         try:
+            if spool is not None:  # room for the rows it adds, made once (as a pull does)
+                replication.expect_vectors(spool.new_nodes, learnt["plane_model"])
             parts = (spooled_rows(spool, unreadable) if spool is not None
                      else _one(page.memory_nodes, page.memory_edges))
             async for nodes, edges in parts:  # a spooled page a batch at a time
@@ -96,6 +100,7 @@ class AntiEntropy:
                 report.pulled_nodes += applied.applied_nodes
                 report.pulled_edges += applied.applied_edges
                 remote_versions(nodes, edges, remote)
+                del nodes, edges  # before the next batch is read: one batch held at a time
         finally:
             if spool is not None:
                 spool.close()

@@ -46,7 +46,7 @@ from local_store.errors import (
 )
 from local_store.reader import SyncReader
 from local_store.reference import Reference, load_reference
-from local_store.vectors import VectorIndex, limit_blas_threads
+from local_store.vectors import VectorIndex
 from local_store.versions import VersionPolicy
 from local_store.writes import Vector, Writer
 from protocol.hlc import HybridClock
@@ -116,7 +116,6 @@ class Shell:
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="syncd-writer")
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(pool, limit_blas_threads)  # it reads the loaded libraries
             await loop.run_in_executor(pool, _claim_data_dir, data_dir, lock)
         except BaseException:
             pool.shutdown(wait=False)
@@ -297,8 +296,8 @@ class Shell:
     def _fill_derived(self) -> None:
         """Each memory's best cosine with the generic texts, computed on a thread of its own
         before recall asks for it — at open, and after a write of many vectors (recall
-        computes the few others itself: a product per query, which slows while other work
-        keeps the cores busy)."""
+        computes the few others itself: a product per query, which OpenBLAS spreads over both
+        cores, and slows while other work keeps them busy)."""
         reference = self._reference
         with self._filling:  # called from the event loop and the query thread
             if reference is None or (self._filler is not None and self._filler.is_alive()):

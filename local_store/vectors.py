@@ -18,22 +18,13 @@ Rules:
   * Snapshots share one immutable tuple of the ids, built on the first snapshot after a write
     that added or moved an id (re-embedding a known id moves nothing), so a read-mostly store
     copies its ids once per write rather than once per query.
-  * BLAS gets every core but one (``limit_blas_threads``, from ``Store.open``). Recall runs
-    its keyword leg on its own thread while the query thread computes the product, and
-    OpenBLAS's worker threads busy-wait for work: given every core, one of them takes the core
-    the keyword leg runs on. On this 2-core machine (one BLAS thread), beside other work, a
-    dense-overlap recall with two BLAS threads cost 1.4–4.9× the CPU and its p95 was 3–6×
-    higher; on an idle machine two threads were 18–29 % faster at 10k and 100k rows
-    (``bench/HISTORY.md``, 2026-12-03 14:10 and 14:45). A user who sets
-    ``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` keeps their number.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Sequence
-from typing import Final, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -47,29 +38,6 @@ BLOCK = 64  # rows transposed into the column matrix at a time (64 × 384 floats
 # free glibc serves a block that size from the thread's heap and keeps twice it resident
 # (its dynamic mmap and trim thresholds), ~22 MiB held after a pull. No slower (~1 s at 100k).
 FILL_CHUNK = 512
-BLAS_THREAD_VARIABLES: Final = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-_blas_limited = False
-
-
-def blas_threads() -> int:
-    """The BLAS threads recall's product gets: the process's cores but the one recall's own
-    thread keeps for its keyword leg (the module's rule), at least one."""
-    try:
-        cores = len(os.sched_getaffinity(0))  # the cores this process may run on
-    except AttributeError:  # macOS
-        cores = os.cpu_count() or 1
-    return max(1, cores - 1)
-
-
-def limit_blas_threads() -> None:
-    """Limit the process's BLAS to ``blas_threads()``, once; not when the environment names a
-    number of threads."""
-    global _blas_limited
-    if _blas_limited or any(os.environ.get(name) for name in BLAS_THREAD_VARIABLES):
-        return
-    from threadpoolctl import threadpool_limits  # scans the loaded libraries: once, at open
-    threadpool_limits(blas_threads(), user_api="blas")
-    _blas_limited = True
 
 
 def nearest_rows(sims: npt.NDArray[np.float32], k: int) -> npt.NDArray[np.intp]:

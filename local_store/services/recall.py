@@ -76,8 +76,8 @@ class Recaller:
 
     def _semantic_for(self, query: str) -> Semantic | None:
         """On the query thread: embed the query and compare it with the index (a locked
-        snapshot), while the keyword leg runs on recall's thread (BLAS leaves it a core:
-        ``local_store/vectors.py``)."""
+        snapshot). OpenBLAS runs a large product on both cores, so the overlap with the
+        keyword leg is partial."""
         shell = self._shell
         try:
             vector = np.asarray(shell._run_embedder([query])[0], dtype=np.float32)

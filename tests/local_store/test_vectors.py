@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -258,43 +256,3 @@ def test_reserve_grows_once_and_pages_then_fill_the_same_matrix() -> None:
     assert index.top_k(query, 1)[0][0] == "id0123"
     index.upsert("one-more", unit(rng, 1)[0])  # beyond the reservation: doubling as before
     assert index.capacity == 2002 and len(index) == 1002
-
-
-_BLAS_PROBE = """
-import asyncio, json, sys, tempfile
-import threadpoolctl
-from local_store import HashingEmbedder, Store
-
-async def main():
-    with tempfile.TemporaryDirectory() as tmp:
-        store = await Store.open(tmp, embedder=HashingEmbedder())
-        await store.close()
-asyncio.run(main())
-print(json.dumps([p["num_threads"] for p in threadpoolctl.threadpool_info()
-                  if p["user_api"] == "blas"]))
-"""
-
-
-def _blas_threads_after_open(**variables: str) -> list[int]:
-    """The BLAS thread counts of a fresh process that opened a store, its environment
-    without the thread variables except ``variables``."""
-    import json
-    import subprocess
-    import sys
-
-    from local_store.vectors import BLAS_THREAD_VARIABLES
-    env = {k: v for k, v in os.environ.items() if k not in BLAS_THREAD_VARIABLES}
-    out = subprocess.run([sys.executable, "-c", _BLAS_PROBE], env={**env, **variables},
-                         capture_output=True, text=True, timeout=120, check=True)
-    counts: list[int] = json.loads(out.stdout.splitlines()[-1])
-    return counts
-
-
-def test_an_open_store_leaves_a_core_to_recalls_thread_unless_the_environment_names_a_number(
-        ) -> None:
-    """The module's rule: BLAS on every core but the one recall's keyword leg runs on (its
-    busy-waiting workers would otherwise take it); a user's OPENBLAS_NUM_THREADS holds."""
-    from local_store.vectors import blas_threads
-    assert blas_threads() == max(1, len(os.sched_getaffinity(0)) - 1)
-    assert _blas_threads_after_open() == [blas_threads()]
-    assert _blas_threads_after_open(OPENBLAS_NUM_THREADS="2") == [min(2, os.cpu_count() or 1)]

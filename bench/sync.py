@@ -329,10 +329,11 @@ async def plane_sections(root: Path, memories: int, idle: int) -> dict[str, Any]
             await engine.start()
             out["bootstrap"] = boot = await timed_pass(engine)
             stats = await laptop.maintenance.stats()
+            vectors = await laptop.maintenance.indexed_vectors()
             if boot.report.pulled_nodes < memories or stats["memories"] != memories or \
-                    len(laptop.index) != memories:
+                    vectors != memories:
                 raise RuntimeError(f"bootstrap: {stats['memories']} memories, "
-                                   f"{len(laptop.index)} vectors, expected {memories}")
+                                   f"{vectors} vectors, expected {memories}")
             out["idle"] = [await timed_pass(engine) for _ in range(idle)]
             async with aiohttp.ClientSession() as session:
                 out["healthz"] = [await roundtrip(session, plane.url + "/healthz")

@@ -18,6 +18,11 @@ Rules:
     pushes a fresh save): cheap, never raising, never writing.
   * The shell owns the in-RAM vector index: each committed vector goes into it, and a write
     of many vectors starts the derived-score fill (``_fill_derived``).
+  * The index can be dropped (``drop_index``: a pull about to bring more vectors than it has
+    room for) and is then rebuilt from the ``vectors`` table when recall next needs it
+    (``ensure_index``), on the writer thread: no commit lands between the rebuild's read and
+    its install, and every later commit is applied to the rebuilt index. While it is dropped,
+    commits leave it alone.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ log = logging.getLogger("local_store")
 # The store reader's page cache (SQLite's default; the recall reader's is db.CACHE_KIB).
 READER_CACHE_KIB = 2000
 FILL_AFTER_VECTORS = 256  # a write of this many vectors starts ``_fill_derived``
+INDEX_READ_ROWS = 256  # vectors read at a time when the index is built (~400 KB of blobs)
 
 
 class Shell:
@@ -75,6 +81,8 @@ class Shell:
         self._pool = pool
         self._closed = False
         self.index = VectorIndex(embedder.model_id, embedder.dim)
+        self._index_stale = False  # True while the index is dropped and not yet rebuilt
+        self._index_rebuild: asyncio.Task[None] | None = None
         # The embedder's last failure ("Type: message"), None once it works: while it fails,
         # memories are saved without a vector and recall is keyword-only.
         self.embedder_error: str | None = None
@@ -154,11 +162,9 @@ class Shell:
 
     async def _load(self) -> None:
         """Rebuild the in-RAM vector index (start-up); ``Store`` loads its services' state too."""
-        model, dim = self.embedder.model_id, self.embedder.dim
-        rows = await self._fetch("SELECT memory_id, vec FROM vectors WHERE model = ? AND dim = ?",
-                                 (model, dim))
-        self.index = VectorIndex.from_rows(model, dim, [r[0] for r in rows],
-                                           [r[1] for r in rows])
+        loop = asyncio.get_running_loop()
+        self.index = await loop.run_in_executor(
+            self._pool, _read_index, self._writer, self.embedder.model_id, self.embedder.dim)
         # The confident tier's generic texts under this model (``reference.py``; embedded once,
         # then read from the data directory), started here and not awaited: opening stays as
         # fast, and the first recall's query job queues behind it on the one query thread.
@@ -192,6 +198,47 @@ class Shell:
     def clock(self) -> HybridClock:
         return self._writer.clock
 
+    # ------------------------------------------------------------------ the vector index
+
+    @property
+    def index_stale(self) -> bool:
+        """Whether the index is dropped until recall next needs it (``drop_index``)."""
+        return self._index_stale
+
+    def drop_index(self) -> None:
+        """Free the in-RAM index until ``ensure_index`` rebuilds it from the ``vectors`` table.
+        A pull that brings more new vectors than the matrix has room for calls it: growing in
+        place makes a larger matrix and copies the old one into it while the pull's batches
+        are held, where a rebuild after the pull makes the same matrix with neither beside it
+        (``bench/one_body_pull.py``). Commits leave a dropped index alone."""
+        self._index_stale = True
+        self.index = VectorIndex(self.embedder.model_id, self.embedder.dim, capacity=1)
+
+    async def ensure_index(self) -> None:
+        """Rebuild a dropped index now (one rebuild however many callers wait for it)."""
+        while self._index_stale:
+            if self._closed:
+                raise StoreClosedError("the store is closed")
+            rebuild = self._index_rebuild
+            if rebuild is None or rebuild.done():
+                rebuild = self._index_rebuild = asyncio.ensure_future(self._rebuild_index())
+            await asyncio.shield(rebuild)
+
+    async def _rebuild_index(self) -> None:
+        """Read every stored vector on the writer thread and install the index on the loop.
+        The writer runs one job at a time and the loop resumes its awaiters in the order the
+        jobs finished, so every commit before the read is in it, and every commit after it
+        is applied (by ``_write``) to the index installed here — a drop meanwhile included."""
+        loop = asyncio.get_running_loop()
+        index = await loop.run_in_executor(
+            self._pool, _read_index, self._writer, self.embedder.model_id, self.embedder.dim)
+        if self._closed:
+            return
+        self.index = index
+        self._index_stale = False
+        log.info("rebuilt the vector index: %d vectors", len(index))
+        self._fill_derived()
+
     # ------------------------------------------------------------------ plumbing
 
     async def _write(self, fn: Callable[[Writer], T], *, foreign_keys: bool = True) -> T:
@@ -213,7 +260,7 @@ class Shell:
         self.checkpointer.poke()
         for listener in self.commit_listeners:
             listener()
-        if events:
+        if events and not self._index_stale:
             self.index.apply([(memory_id, values) for memory_id, model, values in events
                               if model is None or model == self.index.model])
             if len(events) >= FILL_AFTER_VECTORS:  # a pulled page, an import
@@ -302,9 +349,11 @@ class Shell:
         with self._filling:  # called from the event loop and the query thread
             if reference is None or (self._filler is not None and self._filler.is_alive()):
                 return  # a running fill reaches rows added since it started
+            index = self.index
             self._filler = threading.Thread(
-                target=self.index.fill_derived, name="syncd-reference",
-                args=(reference.best, lambda: self._closed), daemon=True)
+                target=index.fill_derived, name="syncd-reference",
+                args=(reference.best, lambda: self._closed or self.index is not index),
+                daemon=True)
             self._filler.start()
 
 
@@ -318,6 +367,21 @@ def _checked(matrix: Any, rows: int, dim: int) -> Any:
     if not np.isfinite(np.asarray(matrix, dtype=np.float64)).all():
         raise ValueError("the embedder answered a value that is not a finite number")
     return matrix
+
+
+def _read_index(w: Writer, model: str, dim: int) -> VectorIndex:
+    """The index of every stored vector of ``model`` and ``dim``, read in one snapshot on the
+    writer's thread a block at a time: a list of every blob first was as large again as the
+    index (150 MB at 100k memories)."""
+    where = "FROM vectors WHERE model = ? AND dim = ?"
+    w.conn.execute("BEGIN")
+    try:
+        (count,) = w.conn.execute(f"SELECT count(*) {where}", (model, dim)).fetchone()
+        cursor = w.conn.execute(f"SELECT memory_id, vec {where}", (model, dim))
+        return VectorIndex.from_blocks(model, dim, count,
+                                       iter(lambda: cursor.fetchmany(INDEX_READ_ROWS), []))
+    finally:
+        w.conn.execute("COMMIT")  # it only read
 
 
 def _mark_unfed(w: Writer) -> None:

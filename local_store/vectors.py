@@ -6,8 +6,13 @@ Rules:
     enters), so cosine similarity is a dot product.
   * The index mirrors the ``vectors`` table: rebuilt at start-up, then updated after each
     committed write (never from inside the transaction). Removal swaps in the last vector, so
-    the matrix stays dense; capacity grows by doubling, or once to the size ``reserve`` is
-    told of (a pulled body of known length: no half-full matrix copied beside a new one).
+    the matrix stays dense.
+  * The matrix is a list of parts, each a column matrix of its own: growing appends a part (a
+    quarter of what is held, between ``MIN_PART`` and ``MAX_PART`` columns), so no growth ever
+    copies what is held, and an index is resident as its vectors plus at most one part's room.
+    An index built from the store in one go (``from_blocks``) is one part of exactly its size.
+    A pull with no room for its vectors drops the index to be rebuilt after
+    (``Shell.drop_index``).
   * Vectors are stored as columns (``dim × capacity``): the query's product is then OpenBLAS's
     plain matrix-vector kernel, which reads the matrix faster than the transposed kernel a
     row per vector calls for (``bench/recall_speed.py``). Writing a block of
@@ -22,8 +27,9 @@ Rules:
 
 from __future__ import annotations
 
+import bisect
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
 import numpy as np
@@ -33,6 +39,12 @@ Matrix = npt.NDArray[np.float32]
 SAMPLE_STRIDE = 8  # nearest_rows: partition every 8th similarity first
 T = TypeVar("T")
 BLOCK = 64  # rows transposed into the column matrix at a time (64 × 384 floats: 96 KiB)
+# Columns of each part the matrix grows by: a quarter of what it holds, within these bounds
+# (16,384 columns at 384 floats are 24 MiB, the most room a grown index keeps unused). numpy
+# asks the kernel for huge pages on arrays this large, and a column matrix's every row is
+# written as soon as its first columns are, so a part is resident in full from its first use.
+MIN_PART = 1024
+MAX_PART = 16384
 # fill_derived's rows at a time: with ~1,400 generic texts a chunk's product is 2.8 MB. At 2048
 # it was 11 MB, freed and allocated again chunk after chunk on the fill's thread: past its first
 # free glibc serves a block that size from the thread's heap and keeps twice it resident
@@ -81,7 +93,8 @@ class VectorIndex:
     def __init__(self, model: str, dim: int, capacity: int = 1024) -> None:
         self.model = model
         self.dim = dim
-        self._columns: Matrix = np.zeros((dim, max(capacity, 1)), dtype=np.float32)
+        self._parts: list[Matrix] = [np.zeros((dim, max(capacity, 1)), dtype=np.float32)]
+        self._starts: list[int] = [0]  # each part's first row
         self._ids: list[str] = []
         self._frozen_ids: tuple[str, ...] | None = None  # ``_ids`` as of now; None: stale
         self._rows: dict[str, int] = {}
@@ -92,15 +105,30 @@ class VectorIndex:
 
     @classmethod
     def from_rows(cls, model: str, dim: int, ids: list[str], blobs: Sequence[bytes]) -> VectorIndex:
-        """Build from each id's little-endian float32 blob (``dim`` floats each). ``BLOCK`` blobs
-        are joined at a time, so no copy of all of them is ever made (at 100k memories that
-        copy was 150 MB of fresh pages)."""
+        """Build from each id's little-endian float32 blob (``dim`` floats each)."""
         if len(blobs) != len(ids):
             raise ValueError(f"{len(ids)} ids but {len(blobs)} vectors")
-        index = cls(model, dim, capacity=max(1024, len(ids) * 5 // 4))
-        index._put_blocks(0, blobs, lambda chunk: np.frombuffer(b"".join(chunk), dtype="<f4"))
-        index._ids = list(ids)
-        index._rows = {mid: row for row, mid in enumerate(ids)}
+        rows = list(zip(ids, blobs, strict=True))
+        return cls.from_blocks(model, dim, len(ids),
+                               (rows[at:at + BLOCK] for at in range(0, len(rows), BLOCK)))
+
+    @classmethod
+    def from_blocks(cls, model: str, dim: int, count: int,
+                    blocks: Iterable[Sequence[tuple[str, bytes]]]) -> VectorIndex:
+        """Build from ``(id, little-endian float32 blob)`` rows given a block at a time — a
+        cursor's ``fetchmany`` — into one part of the ``count`` expected (more rows only grow
+        it). Each block's blobs are joined alone, so neither a list of every blob nor a copy of
+        them all is ever made (at 100k memories each was 150 MB beside the index)."""
+        index = cls(model, dim, capacity=max(MIN_PART, count))
+        for block in blocks:
+            if not block:
+                continue
+            start = len(index._ids)
+            index._reserve(start + len(block))
+            index._put_blocks(start, [blob for _, blob in block],
+                              lambda chunk: np.frombuffer(b"".join(chunk), dtype="<f4"))
+            index._ids.extend(mid for mid, _ in block)
+        index._rows = {mid: row for row, mid in enumerate(index._ids)}
         return index
 
     def __len__(self) -> int:
@@ -112,7 +140,12 @@ class VectorIndex:
     @property
     def capacity(self) -> int:
         """How many vectors the matrix has room for before it must grow."""
-        return int(self._columns.shape[1])
+        return self._starts[-1] + int(self._parts[-1].shape[1])
+
+    @property
+    def parts(self) -> int:
+        """How many parts the matrix is in."""
+        return len(self._parts)
 
     @property
     def ids(self) -> list[str]:
@@ -120,9 +153,37 @@ class VectorIndex:
 
     @property
     def matrix(self) -> Matrix:
-        """The live vectors, one row each (a transposed view of the columns, not contiguous;
-        do not keep it across writes)."""
-        return self._columns[:, : len(self._ids)].T
+        """The live vectors, one row each (transposed columns, not contiguous: a view of a
+        one-part matrix, else a copy; do not keep it across writes)."""
+        return self._span(0, len(self._ids)).T
+
+    # ------------------------------------------------------------------ parts (under the lock)
+
+    def _place(self, row: int) -> tuple[Matrix, int]:
+        """The part holding ``row`` and the row's column in it."""
+        at = bisect.bisect_right(self._starts, row) - 1
+        return self._parts[at], row - self._starts[at]
+
+    def _column(self, row: int) -> npt.NDArray[np.float32]:
+        part, column = self._place(row)
+        return part[:, column]
+
+    def _span(self, start: int, end: int) -> Matrix:
+        """Columns ``start…end`` (``dim × (end − start)``): a view inside one part, else a copy."""
+        pieces = [part[:, max(start, first) - first:min(end, first + part.shape[1]) - first]
+                  for first, part in zip(self._starts, self._parts, strict=True)
+                  if first < end and start < first + part.shape[1]]
+        if len(pieces) == 1:
+            return pieces[0]
+        return np.concatenate(pieces, axis=1) if pieces else np.zeros((self.dim, 0), np.float32)
+
+    def _write_span(self, start: int, columns: Matrix) -> None:
+        """Write ``columns`` (``dim × k``) at rows ``start…``, across parts."""
+        end = start + columns.shape[1]
+        for first, part in zip(self._starts, self._parts, strict=True):
+            lo, hi = max(start, first), min(end, first + part.shape[1])
+            if lo < hi:
+                part[:, lo - first:hi - first] = columns[:, lo - start:hi - start]
 
     def snapshot(self, query: npt.ArrayLike) -> tuple[tuple[str, ...], npt.NDArray[np.float32]]:
         """(ids, cosine of ``query`` with each) as of one instant — safe from any thread."""
@@ -143,7 +204,8 @@ class VectorIndex:
             rows = {mid: row for mid in ids if (row := self._rows.get(mid)) is not None}
             moved = [mid for mid, row in rows.items()
                      if row >= len(ids_then) or ids_then[row] != mid]
-            columns = self._columns[:, [rows[mid] for mid in moved]].T.copy() if moved else None
+            columns = (np.stack([self._column(rows[mid]) for mid in moved]) if moved
+                       else None)
         out = {mid: float(sims[row]) for mid, row in rows.items() if mid not in moved}
         if columns is not None:
             out.update(zip(moved, (columns @ query).tolist(), strict=True))
@@ -160,7 +222,7 @@ class VectorIndex:
             rows = {mid: row for mid in ids if (row := self._rows.get(mid)) is not None}
             out = {mid: float(self._derived[row]) for mid, row in rows.items()}
             missing = [mid for mid, value in out.items() if value != value]  # NaN
-            columns = (self._columns[:, [rows[mid] for mid in missing]].T.copy()
+            columns = (np.stack([self._column(rows[mid]) for mid in missing])
                        if missing else None)
             generation = self._generation
         if columns is None:
@@ -189,7 +251,7 @@ class VectorIndex:
                 if start >= size:
                     return done
                 end = min(size, start + chunk)
-                block = self._columns[:, start:end].T.copy()
+                block = self._span(start, end).T.copy()
                 generation = self._generation
             values = compute(block)
             with self._lock:
@@ -215,7 +277,8 @@ class VectorIndex:
             self._ids.append(memory_id)
             self._rows[memory_id] = row
             self._frozen_ids = None
-        self._columns[:, row] = unit_rows(values.reshape(1, -1))[0]
+        part, column = self._place(row)
+        part[:, column] = unit_rows(values.reshape(1, -1))[0]
         self._derived[row] = np.nan
 
     def apply(self, changes: list[tuple[str, npt.NDArray[np.float32] | None]]) -> None:
@@ -259,27 +322,21 @@ class VectorIndex:
         for at in range(0, len(vectors), BLOCK):
             block = vectors[at:at + BLOCK]
             rows = unit_rows(floats(block).reshape(len(block), self.dim))
-            self._columns[:, start + at:start + at + len(block)] = rows.T
+            self._write_span(start + at, rows.T)
 
-    def reserve(self, more: int) -> None:
-        """Room for ``more`` vectors beyond those held, made now in one growth: a pull that
-        knows its page's size calls this before applying it, so the matrix is not doubled (and
-        copied, both copies resident at once) page after page as it fills."""
-        with self._lock:
-            self._reserve(len(self._ids) + more, exact=True)
-
-    def _reserve(self, rows: int, *, exact: bool = False) -> None:
-        """Room for ``rows`` vectors: the matrix at least doubles when it grows (unless
-        ``exact``: then it grows to ``rows``)."""
-        have = len(self._ids)
-        if rows > self._columns.shape[1]:
-            grown = np.zeros((self.dim, rows if exact else max(rows, have * 2)),
-                             dtype=np.float32)
-            grown[:, :have] = self._columns[:, :have]
-            self._columns = grown
-            derived = np.full(grown.shape[1], np.nan, np.float32)
-            derived[:have] = self._derived[:have]
-            self._derived = derived
+    def _reserve(self, rows: int) -> None:
+        """Room for ``rows`` vectors: one new part when it is short, of what is missing or a
+        quarter of the room there is (within ``MIN_PART``…``MAX_PART``), whichever is more.
+        What is held stays where it is; only the derived values (a float per row) are copied."""
+        capacity = self.capacity
+        if rows <= capacity:
+            return
+        size = max(rows - capacity, min(MAX_PART, max(MIN_PART, capacity // 4)))
+        self._parts.append(np.zeros((self.dim, size), dtype=np.float32))
+        self._starts.append(capacity)
+        derived = np.full(capacity + size, np.nan, np.float32)
+        derived[:len(self._ids)] = self._derived[:len(self._ids)]
+        self._derived = derived
 
     def remove(self, memory_id: str) -> None:
         with self._lock:
@@ -294,7 +351,8 @@ class VectorIndex:
         last = len(self._ids) - 1
         if row != last:
             moved = self._ids[last]
-            self._columns[:, row] = self._columns[:, last]
+            part, column = self._place(row)
+            part[:, column] = self._column(last)
             self._derived[row] = self._derived[last]
             self._ids[row] = moved
             self._rows[moved] = row
@@ -305,7 +363,16 @@ class VectorIndex:
         q = np.asarray(query, dtype=np.float32).reshape(-1)
         if q.shape[0] != self.dim:
             raise ValueError(f"query has dim {q.shape[0]}, want {self.dim}")
-        sims: npt.NDArray[np.float32] = q @ self._columns[:, : len(self._ids)]
+        n = len(self._ids)
+        if n <= self._parts[0].shape[1]:
+            sims: npt.NDArray[np.float32] = q @ self._parts[0][:, :n]
+            return sims
+        sims = np.empty(n, dtype=np.float32)
+        for first, part in zip(self._starts, self._parts, strict=True):
+            if first >= n:
+                break
+            end = min(n, first + part.shape[1])
+            np.matmul(q, part[:, :end - first], out=sims[first:end])
         return sims
 
     def top_k(self, query: npt.ArrayLike, k: int,

@@ -28,6 +28,16 @@ class Maintenance:
         return {"memories": counts[0], "tombstones": counts[1], "edges": counts[2],
                 "outbox": counts[3]}
 
+    async def indexed_vectors(self) -> int:
+        """How many vectors recall ranks: the in-RAM index's, or while it is dropped until the
+        next recall (``Shell.drop_index``), the stored vectors it will be rebuilt from."""
+        shell = self._shell
+        if not shell.index_stale:
+            return len(shell.index)
+        (row,) = await shell._fetch("SELECT count(*) FROM vectors WHERE model = ? AND dim = ?",
+                                    (shell.embedder.model_id, shell.embedder.dim))
+        return int(row[0])
+
     async def checkpoint(self) -> tuple[int, int, int]:
         """``wal_checkpoint(TRUNCATE)`` on the writer thread: copy the WAL into the database and
         truncate it when no reader still needs it. Returns SQLite's (busy, log, checkpointed)."""

@@ -50,6 +50,8 @@ class Recaller:
             parse_timestamp(request.as_of, "as_of")
         started = time.perf_counter()
         gated = shell.graph_gate() if graph and shell.graph_gate is not None else None
+        if mode != "keyword" and shell.index_stale:
+            await shell.ensure_index()
         semantic: Future[Semantic | None] | None = None
         if mode != "keyword" and len(shell.index) and request.query.strip():
             semantic = Future()

@@ -59,10 +59,14 @@ class Replication:
 
     def expect_vectors(self, count: int, model: str) -> None:
         """A pull is about to apply up to ``count`` rows with ``model`` vectors for ids the
-        index does not hold (``holds_vector``): when those go to the in-RAM index, it grows
-        once, now, to hold them (``VectorIndex.reserve``)."""
-        if count > 0 and model == self._shell.index.model:
-            self._shell.index.reserve(count)
+        index does not hold (``holds_vector``). When the in-RAM index has no room for them,
+        it is dropped now and rebuilt when recall next needs it (``Shell.drop_index``):
+        grown in place instead, the larger matrix and the old one it is copied from would be
+        resident together beside the pull's own batches."""
+        index = self._shell.index
+        if count > 0 and model == index.model and not self._shell.index_stale \
+                and len(index) + count > index.capacity:
+            self._shell.drop_index()
 
     def holds_vector(self, memory_id: object) -> bool:
         """Whether the in-RAM index holds a vector for ``memory_id`` — from any thread, as a

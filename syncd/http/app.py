@@ -141,7 +141,7 @@ class LocalMemory:
         return {"version": __version__, "data_dir": str(store.data_dir),
                 "store_id": store.store_id, "replica_id": store.replica_id,
                 "embedder": store.embedder.model_id, "embedder_error": store.embedder_error,
-                "indexed_vectors": len(store.index),
+                "indexed_vectors": await store.maintenance.indexed_vectors(),
                 **stats, **_conflict_summary(await store.versions.conflicts(limit=5)),
                 "sync": sync, "entitlement": _entitlement(self.keeper)}
 

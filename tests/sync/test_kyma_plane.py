@@ -404,15 +404,20 @@ async def test_a_whole_feed_in_one_body_is_applied_from_disk_a_batch_at_a_time(
         assert report.ok and report.pulled_nodes == 2501 and report.pulled_edges == 1, report
         assert engine.client.spooled >= 1
         assert (await store.maintenance.stats())["memories"] == 2501
-        assert store.index.capacity == 2501  # grown once, to the rows the spool counted
+        # no room for the 2,501 vectors the spool counted: the index was dropped for the pull,
+        # and the first recall rebuilds it, one part of exactly what the store holds
+        assert store.index_stale and await store.maintenance.indexed_vectors() == 2501
+        await store.recall.query({"query": "release train"})
+        assert not store.index_stale and len(store.index) == store.index.capacity == 2501
         assert (await store.replication.sync_state())["cursor"] is not None
         engine.options.anti_entropy_secs = 0  # the next pass walks the export, spooled too
         spooled = engine.client.spooled
         report = await engine.run_pass("manual")
         assert report.ok and report.anti_entropy and engine.client.spooled >= spooled + 2
         assert await store.replication.outbox_depth() == 0
-        # the feed and the export came again, every row held: no room was made for them again
-        assert store.index.capacity == 2501
+        # the feed and the export came again, every row held: the index was neither dropped
+        # nor grown for them
+        assert not store.index_stale and store.index.capacity == 2501
     finally:
         await engine.close()
         await store.close()

@@ -12,6 +12,12 @@ Rules of this module:
     but never a vector; ``DEFAULT_TUNING`` was chosen by ``bench/memory.py``. One ``session.run``
     takes at most ``max_batch`` texts: a longer input is split, so what a run allocates is
     bounded whatever the caller hands over.
+  * The fused graph's word-embedding table stays int8 + scales in numpy (~12 MB, not 47 MB of
+    float32 in the session): each run hands over the rows of its ids (``minilm_graph.WordTable``),
+    the same bits. With ``cache_dir`` the fused graph is built once by a child process and read
+    from there (``minilm_cache``): this process never imports ``onnx``. A cache hit does not
+    re-hash the model file (the cache's name holds its pinned sha256 and its own checksum
+    covers what it holds); the file must still be installed (``locate``).
   * ``MiniLMEmbedder(idle_unload_secs=…)`` drops its session and tokenizer once unused that long
     (``unload_if_idle``, which the daemon's timer calls) and loads them again on the next embed.
     One lock guards the loaded model, the count of embeds in flight and the last use: a load and
@@ -53,8 +59,9 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from local_store import minilm_cache
 from local_store.embed import Vectors, normalise_rows
-from local_store.minilm_graph import fused_minilm
+from local_store.minilm_graph import FusedModel, WordTable, fused_minilm
 
 MINILM_MODEL_ID = "all-MiniLM-L6-v2"
 MINILM_DIM = 384
@@ -225,10 +232,16 @@ def _malloc_trim() -> Callable[[int], int] | None:
 class _Loaded:
     """What one load made, dropped together: an embed holds it for as long as it runs."""
 
-    __slots__ = ("session", "tokenizer")
+    __slots__ = ("session", "tokenizer", "words")
 
-    def __init__(self, session: Any, tokenizer: Any) -> None:
+    def __init__(self, session: Any, tokenizer: Any, words: WordTable | None = None) -> None:
         self.session, self.tokenizer = session, tokenizer
+        self.words = words  # the fused graph's word table; None: the session holds its own
+
+    def feed(self, input_ids: npt.NDArray[Any]) -> dict[str, npt.NDArray[Any]]:
+        if self.words is None:
+            return {"input_ids": input_ids}
+        return self.words.feed(input_ids)
 
 
 def _default_threads() -> int:
@@ -246,12 +259,15 @@ class MiniLMEmbedder:
     shipped file's weights (~20% faster per query, same vectors to ~1e-7). ``fused=False`` runs the
     exported graph as it ships: the reference the fused one is tested and benchmarked against.
     ``idle_unload_secs`` > 0: ``unload_if_idle`` drops the model once unused that long, as
-    measured by ``clock`` (0: never).
+    measured by ``clock`` (0: never). ``cache_dir``: where the fused graph is kept once built
+    (``local_store.minilm_cache``: built in a child process, so this one never imports
+    ``onnx``); None builds it in this process on every load.
     """
 
     def __init__(self, intra_op_threads: int | None = None, *, fused: bool = True,
                  tuning: SessionTuning = DEFAULT_TUNING, idle_unload_secs: float = 0.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 cache_dir: Path | None = None) -> None:
         if intra_op_threads is not None and intra_op_threads < 1:
             raise ValueError(f"intra_op_threads must be >= 1, got {intra_op_threads}")
         if tuning.max_batch < 1 or tuning.inter_op_threads < 1:
@@ -263,6 +279,8 @@ class MiniLMEmbedder:
         self._tuning = tuning
         self._idle_unload_secs = idle_unload_secs
         self._clock = clock
+        self._cache_dir = cache_dir
+        self._cache_failed = False  # set under the lock by the load that found it unwritable
         self._lock = threading.Lock()  # guards the four fields below; a load runs under it
         self._loaded: _Loaded | None = None
         self._in_flight = 0
@@ -339,35 +357,46 @@ class MiniLMEmbedder:
         try:
             import onnxruntime as ort
             from tokenizers import Tokenizer
-            if self._fused:
-                import onnx  # noqa: F401  (minilm_graph reads the model with it)
         except ImportError as exc:
-            needed = "'onnxruntime', 'tokenizers' and 'onnx'" if self._fused else (
-                "'onnxruntime' and 'tokenizers'")
-            raise EmbedderUnavailable(
-                f"{MINILM_MODEL_ID} needs the Python packages {needed} ({exc})") from exc
-        model = _MINILM_MODEL.verify(model_path)
+            raise EmbedderUnavailable(f"{MINILM_MODEL_ID} needs the Python packages "
+                                      f"'onnxruntime' and 'tokenizers' ({exc})") from exc
         tokenizer = Tokenizer.from_buffer(_MINILM_TOKENIZER.verify(tokenizer_path))
         # tokenizer.json carries truncation at 128 and fixed padding to 128: replace both.
         # We pad ourselves, per chunk, to the chunk's longest sequence.
         tokenizer.enable_truncation(max_length=MINILM_MAX_TOKENS)
         tokenizer.no_padding()
         options = self._tuning.options(ort, self._threads)
+        words = None
         if self._fused:
-            graph, weights = fused_minilm(model)
-            del model
-            session = fused_session(ort, graph, weights, options)
-            del weights
+            fused = self._fused_model()
+            session = fused_session(ort, fused.graph, fused.session_weights(), options)
+            words = WordTable(fused.words)
+            del fused
         else:
-            session = ort.InferenceSession(
-                model, sess_options=options, providers=["CPUExecutionProvider"])
-            del model
-        loaded = _Loaded(session, tokenizer)
+            session = ort.InferenceSession(_MINILM_MODEL.verify(model_path), sess_options=options,
+                                           providers=["CPUExecutionProvider"])
+        loaded = _Loaded(session, tokenizer, words)
         self._load_count += 1
         self._last_used = self._clock()
         self._loaded = loaded
         release_freed_memory()  # the model file's bytes and the graph's build leftovers
         return loaded
+
+    def _fused_model(self) -> FusedModel:
+        """The fused graph: from the cache (built there by a child process when missing), else
+        built here — when there is no cache directory or it cannot be written."""
+        if self._cache_dir is None or self._cache_failed:
+            return build_fused()
+        path = minilm_cache.cache_path(self._cache_dir, _MINILM_MODEL.sha256)
+        fused = minilm_cache.read(path)
+        if fused is None and minilm_cache.build_in_child(path):
+            fused = minilm_cache.read(path)
+        if fused is None:  # this process builds it from now on: onnx is imported for good
+            self._cache_failed = True
+            log.warning("cannot keep the fused %s graph in %s: building it in this process",
+                        MINILM_MODEL_ID, self._cache_dir)
+            return build_fused()
+        return fused
 
     @contextlib.contextmanager
     def _using(self) -> Iterator[_Loaded]:
@@ -396,13 +425,13 @@ class MiniLMEmbedder:
             size = self._tuning.max_batch
             for start in range(0, len(order), size):
                 chunk = order[start:start + size]
-                pooled = self._run(loaded.session, [ids[k] for k in chunk])
+                pooled = self._run(loaded, [ids[k] for k in chunk])
                 out[[rows[k] for k in chunk]] = pooled
         if len(rows) > 1:  # a batch's freed buffers: tens of MB kept otherwise
             release_freed_memory()
         return normalise_rows(out)
 
-    def _run(self, session: Any, seqs: list[npt.NDArray[np.int64]]) -> Vectors:
+    def _run(self, loaded: _Loaded, seqs: list[npt.NDArray[np.int64]]) -> Vectors:
         """Mean-pooled (not yet normalised) last hidden states of one padded chunk."""
         width = max(len(s) for s in seqs)
         dtype = np.int32 if self._fused else np.int64  # the contrib ops take int32
@@ -411,15 +440,25 @@ class MiniLMEmbedder:
         for row, seq in enumerate(seqs):
             input_ids[row, :len(seq)] = seq
             mask[row, :len(seq)] = 1
-        (hidden,) = session.run(
+        (hidden,) = loaded.session.run(
             ["last_hidden_state"],
-            {"input_ids": input_ids, "attention_mask": mask,
+            {**loaded.feed(input_ids), "attention_mask": mask,
              "token_type_ids": np.zeros_like(input_ids)})
         weights = mask.astype(np.float32)
         summed = np.einsum("btd,bt->bd", np.asarray(hidden, dtype=np.float32), weights)
         counts = np.maximum(weights.sum(axis=1, keepdims=True), 1e-9)
         pooled: Vectors = (summed / counts).astype(np.float32, copy=False)
         return pooled
+
+
+def build_fused() -> FusedModel:
+    """The fused graph built here from the installed, pinned model file (imports ``onnx``)."""
+    try:
+        import onnx  # noqa: F401  (minilm_graph reads the model with it)
+    except ImportError as exc:
+        raise EmbedderUnavailable(f"{MINILM_MODEL_ID} needs the Python packages 'onnxruntime', "
+                                  f"'tokenizers' and 'onnx' ({exc})") from exc
+    return fused_minilm(_MINILM_MODEL.verify(_MINILM_MODEL.locate()))
 
 
 def fused_session(ort: Any, graph: bytes, weights: dict[str, Any], options: Any) -> Any:

@@ -27,6 +27,16 @@ Rules:
     marks them external, and the caller hands the arrays to onnxruntime with
     ``SessionOptions.add_external_initializers`` (``embed_minilm.fused_session``). onnxruntime
     copies them into its own pre-packed buffers, so the arrays can go once the session exists.
+  * Weights stay in the compact form the file ships them in where that is exact: ``Quantised``
+    (int8 values and their float32 scales), dequantised only when handed over, with the same
+    numpy operations the file's ``Cast``/``Mul`` chain stands for, so the float32 values are the
+    same bits. That is what ``minilm_cache`` keeps on disk: ~23 MB, not ~90.
+  * The word-embedding table (30,522 × 384: 47 MB as float32) is not in the session: it is the
+    graph input ``word_embedding``. Each run hands over only the rows of the ids it holds,
+    dequantised as above, and the ids renumbered into them (``WordTable.feed``): the op reads
+    row ``input_ids[b, t]`` of whatever table it gets, so the numbers are the same bits.
+  * ``GRAPH_VERSION`` names what this module builds: change it whenever the graph or the
+    weights it produces change, so a cached build of an older one is never used.
 """
 
 from __future__ import annotations
@@ -43,6 +53,9 @@ HEADS = 12
 MAX_POSITIONS = 512
 VOCABULARY = 30522
 
+GRAPH_VERSION = 2  # 2: word embeddings as a graph input, weights kept as int8 + scales
+WORD_EMBEDDING = "word_embedding"  # the graph input the word-embedding rows arrive in
+
 Weights = dict[str, npt.NDArray[np.float32]]
 
 _EMBED = "inner.embeddings."
@@ -52,6 +65,75 @@ _MS_DOMAIN = "com.microsoft"
 
 class GraphMismatch(ValueError):
     """The ONNX file is not the all-MiniLM-L6-v2 export this module knows how to fuse."""
+
+
+class Quantised:
+    """A float32 tensor as ``float32(values) * scale``: int8 values, float32 scales broadcast
+    along an axis of length 1 — the shipped file's ``Cast``/``Mul`` chain, computed the same way."""
+
+    __slots__ = ("scale", "values")
+
+    def __init__(self, values: npt.NDArray[np.int8], scale: npt.NDArray[np.float32]) -> None:
+        self.values, self.scale = values, scale
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(np.broadcast_shapes(self.values.shape, self.scale.shape))
+
+    def dequantised(self) -> npt.NDArray[np.float32]:
+        product: npt.NDArray[np.float32] = self.values.astype(np.float32) * self.scale
+        return product
+
+    def rows(self, index: npt.NDArray[np.integer[Any]]) -> npt.NDArray[np.float32]:
+        """``dequantised()[index]`` without the whole table: an element's product is the same
+        whatever else is computed with it."""
+        scale = self.scale[index] if self.scale.shape[0] != 1 else self.scale
+        product: npt.NDArray[np.float32] = self.values[index].astype(np.float32) * scale
+        return product
+
+
+Tensor = Quantised | npt.NDArray[np.float32]
+
+
+def dequantised(tensor: Tensor) -> npt.NDArray[np.float32]:
+    if isinstance(tensor, Quantised):
+        return tensor.dequantised()
+    return tensor
+
+
+class WordTable:
+    """The word embeddings, kept compact, fed to the fused graph one run's rows at a time."""
+
+    __slots__ = ("table",)
+
+    def __init__(self, table: Tensor) -> None:
+        self.table = table
+
+    def feed(self, input_ids: npt.NDArray[np.int32]) -> dict[str, npt.NDArray[Any]]:
+        """The ``input_ids`` and ``word_embedding`` inputs of one run: the distinct ids' rows,
+        and every id replaced by its row's index among them."""
+        distinct, inverse = np.unique(input_ids, return_inverse=True)
+        if isinstance(self.table, Quantised):
+            rows = self.table.rows(distinct)
+        else:
+            rows = self.table[distinct]
+        return {"input_ids": inverse.reshape(input_ids.shape).astype(np.int32),
+                WORD_EMBEDDING: np.ascontiguousarray(rows)}
+
+
+class FusedModel:
+    """What ``fused_minilm`` builds: the graph (serialised ModelProto, weights external), its
+    weights by name and the word table it is fed from. Needs numpy only (no ``onnx``)."""
+
+    __slots__ = ("graph", "weights", "words")
+
+    def __init__(self, graph: bytes, weights: dict[str, Tensor], words: Tensor) -> None:
+        self.graph, self.weights, self.words = graph, weights, words
+
+    def session_weights(self) -> Weights:
+        """The float32 arrays ``embed_minilm.fused_session`` hands to onnxruntime."""
+        return {name: np.ascontiguousarray(dequantised(tensor), dtype=np.float32)
+                for name, tensor in self.weights.items()}
 
 
 class _Exported:
@@ -80,6 +162,22 @@ class _Exported:
             return product
         raise GraphMismatch(f"tensor {name!r} comes from a {node.op_type} node, not a constant")
 
+    def tensor(self, name: str) -> Tensor:
+        """``constant(name)``, kept as int8 values and scales when it is ``Mul(Cast(int8), s)``
+        with ``s`` broadcast along one axis: the same numbers, once dequantised."""
+        node = self._producer.get(name)
+        if node is not None and node.op_type == "Mul":
+            cast = self._producer.get(node.input[0])
+            values = None if cast is None or cast.op_type != "Cast" else (
+                self._initializers.get(cast.input[0]))
+            scale = self._initializers.get(node.input[1])
+            if values is not None and scale is not None:
+                q, s = np.asarray(self._to_array(values)), np.asarray(self._to_array(scale))
+                if (q.dtype == np.int8 and s.dtype == np.float32 and q.ndim == s.ndim == 2
+                        and 1 in s.shape and np.broadcast_shapes(q.shape, s.shape) == q.shape):
+                    return Quantised(q, s)
+        return np.asarray(self.constant(name))
+
     def dense_weights(self) -> dict[str, str]:
         """Layer name (``…query``) → the name of the weight its MatMul multiplies by: found as
         ``MatMul(x, W)`` feeding ``Add(·, <layer>.bias)``."""
@@ -103,15 +201,15 @@ class _Exported:
         return epsilons.pop()
 
 
-def fused_minilm(model_bytes: bytes) -> tuple[bytes, Weights]:
-    """The fused graph (serialised ModelProto, weights external) and the weights by name."""
+def fused_minilm(model_bytes: bytes) -> FusedModel:
+    """The fused graph of the model file's bytes, its weights and its word table."""
     import onnx
 
     graph = _FusedGraph(_Exported(onnx.load_model_from_string(model_bytes)))
     x = graph.embeddings()
     for index in range(LAYERS):
         x = graph.layer(index, x, last=index == LAYERS - 1)
-    return graph.serialise(), graph.weights
+    return FusedModel(graph.serialise(), graph.weights, graph.words)
 
 
 class _FusedGraph:
@@ -124,15 +222,18 @@ class _FusedGraph:
         self._exported = exported
         self._dense = exported.dense_weights()
         self._epsilon = exported.layer_norm_epsilon()
-        self.weights: Weights = {}
+        self.weights: dict[str, Tensor] = {}
+        self.words: Tensor = np.zeros((0, HIDDEN), np.float32)
         self._declared: list[Any] = []
         self._nodes: list[Any] = []
 
     def embeddings(self) -> str:
         e = _EMBED
+        self.words = self._checked(e + "word_embeddings.weight",
+                                   self._exported.tensor(e + "word_embeddings.weight"),
+                                   (VOCABULARY, HIDDEN))
         self._add("EmbedLayerNormalization",
-                  ["input_ids", "token_type_ids",
-                   self._const(e + "word_embeddings.weight", (VOCABULARY, HIDDEN)),
+                  ["input_ids", "token_type_ids", WORD_EMBEDDING,
                    self._const(e + "position_embeddings.weight", (MAX_POSITIONS, HIDDEN)),
                    self._const(e + "token_type_embeddings.weight", (2, HIDDEN)),
                    self._const(e + "LayerNorm.weight", (HIDDEN,)),
@@ -160,8 +261,10 @@ class _FusedGraph:
         batch = ["batch", "sequence"]
         graph = helper.make_graph(
             self._nodes, "all-MiniLM-L6-v2-fused",
-            [helper.make_tensor_value_info(name, self._proto.INT32, batch)
-             for name in ("input_ids", "attention_mask", "token_type_ids")],
+            [*(helper.make_tensor_value_info(name, self._proto.INT32, batch)
+               for name in ("input_ids", "attention_mask", "token_type_ids")),
+             helper.make_tensor_value_info(WORD_EMBEDDING, self._proto.FLOAT,
+                                           ["words", HIDDEN])],
             [helper.make_tensor_value_info("last_hidden_state", self._proto.FLOAT,
                                            [*batch, HIDDEN])],
             initializer=self._declared)
@@ -173,7 +276,7 @@ class _FusedGraph:
     def _attention(self, a: str, x: str) -> str:
         """Q, K and V in one weight and one bias, as the contrib op takes them."""
         qkv = [a + "self.query", a + "self.key", a + "self.value"]
-        weight = np.concatenate([self._matrix(n, (HIDDEN, HIDDEN)) for n in qkv], axis=1)
+        weight = _concatenated([self._matrix(n, (HIDDEN, HIDDEN)) for n in qkv])
         bias = np.concatenate([self._exported.constant(n + ".bias") for n in qkv])
         self._add("Attention",
                   [x, self._weight(a + "qkv.weight", weight, (HIDDEN, 3 * HIDDEN)),
@@ -198,24 +301,40 @@ class _FusedGraph:
     def _add(self, op: str, inputs: list[str], outputs: list[str], **attrs: Any) -> None:
         self._nodes.append(self._node(op, inputs, outputs, domain=_MS_DOMAIN, **attrs))
 
-    def _matrix(self, layer: str, shape: tuple[int, int]) -> npt.NDArray[Any]:
+    def _matrix(self, layer: str, shape: tuple[int, int]) -> Tensor:
         if layer not in self._dense:
             raise GraphMismatch(f"the model has no MatMul for {layer!r}")
-        value = self._exported.constant(self._dense[layer])
+        value = self._exported.tensor(self._dense[layer])
         if value.shape != shape:
             raise GraphMismatch(f"{layer} weight has shape {value.shape}, expected {shape}")
         return value
 
     def _const(self, name: str, shape: tuple[int, ...]) -> str:
-        return self._weight(name, self._exported.constant(name), shape)
+        return self._weight(name, self._exported.tensor(name), shape)
 
-    def _weight(self, name: str, value: npt.NDArray[Any], shape: tuple[int, ...]) -> str:
-        if value.shape != shape:
-            raise GraphMismatch(f"{name} has shape {value.shape}, expected {shape}")
-        self.weights[name] = np.ascontiguousarray(value, dtype=np.float32)
+    def _weight(self, name: str, value: Tensor, shape: tuple[int, ...]) -> str:
+        self.weights[name] = self._checked(name, value, shape)
         tensor = self._proto(name=name, data_type=self._proto.FLOAT, dims=shape,
                              data_location=self._proto.EXTERNAL)
         entry = tensor.external_data.add()
         entry.key, entry.value = "location", "in-memory"  # replaced by add_external_initializers
         self._declared.append(tensor)
         return name
+
+    @staticmethod
+    def _checked(name: str, value: Tensor, shape: tuple[int, ...]) -> Tensor:
+        if value.shape != shape:
+            raise GraphMismatch(f"{name} has shape {value.shape}, expected {shape}")
+        if isinstance(value, Quantised):
+            return Quantised(np.ascontiguousarray(value.values),
+                             np.ascontiguousarray(value.scale))
+        return np.ascontiguousarray(value, dtype=np.float32)
+
+
+def _concatenated(matrices: list[Tensor]) -> Tensor:
+    """Side by side (axis 1): still int8 + scales when every part has one scale per column."""
+    if all(isinstance(m, Quantised) and m.scale.shape[0] == 1 for m in matrices):
+        parts = [m for m in matrices if isinstance(m, Quantised)]
+        return Quantised(np.concatenate([m.values for m in parts], axis=1),
+                         np.concatenate([m.scale for m in parts], axis=1))
+    return np.concatenate([dequantised(m) for m in matrices], axis=1)

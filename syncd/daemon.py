@@ -60,6 +60,7 @@ from syncd.entitlement.token import pin
 from syncd.exits import EXIT_CONFIG, EXIT_OK, EXIT_TEMPFAIL
 from syncd.http import create_app
 from syncd.notify import notify, watchdog_interval
+from syncd.places import default_cache_dir
 from syncd.state import state_path
 from syncd.sync.engine import SyncOptions
 from syncd.sync.runner import SyncRunner, SyncSetupError, read_plane_token
@@ -88,7 +89,7 @@ def make_embedder(embedding: EmbeddingConfig, *, idle_unload: bool) -> Embedder:
     if model == "all-MiniLM-L6-v2":
         from local_store.embed_minilm import MiniLMEmbedder
         return MiniLMEmbedder(intra_op_threads=threads, idle_unload_secs=(
-            embedding.idle_unload_secs if idle_unload else 0.0))
+            embedding.idle_unload_secs if idle_unload else 0.0), cache_dir=default_cache_dir())
     if model == "bge-small-en-v1.5":
         from local_store.embed_minilm import EmbedderUnavailable, FastEmbedBGE
         if cache_dir is None:

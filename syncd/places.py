@@ -45,6 +45,16 @@ def default_data_dir(env: Mapping[str, str] | None = None, platform: str | None 
     return _base_dir(env, platform or sys.platform, "XDG_DATA_HOME", ".local/share") / APP_NAME
 
 
+def default_cache_dir(env: Mapping[str, str] | None = None, platform: str | None = None) -> Path:
+    """``$XDG_CACHE_HOME/syncd`` or ``~/.cache/syncd``; on macOS ``~/Library/Caches/syncd``:
+    what can be rebuilt (the fused MiniLM graph, ``local_store.minilm_cache``)."""
+    env = os.environ if env is None else env
+    platform = platform or sys.platform
+    if platform == "darwin":
+        return _home(env) / "Library" / "Caches" / APP_NAME
+    return _base_dir(env, platform, "XDG_CACHE_HOME", ".cache") / APP_NAME
+
+
 def default_hub_data_dir(env: Mapping[str, str] | None = None,
                          platform: str | None = None) -> Path:
     """``syncd-hub`` beside the daemon's default data directory."""

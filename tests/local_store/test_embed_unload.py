@@ -54,13 +54,14 @@ def test_the_fused_session_keeps_its_own_copy_of_the_weights() -> None:
     # onnxruntime copies them (pre-packing on). Overwrite them after the build: nothing moves.
     import onnxruntime as ort
 
-    graph, weights = em.fused_minilm(em._MINILM_MODEL.verify(em._MINILM_MODEL.locate()))
-    session = em.fused_session(ort, graph, weights, DEFAULT_TUNING.options(ort, 1))
+    fused = em.fused_minilm(em._MINILM_MODEL.verify(em._MINILM_MODEL.locate()))
+    weights = fused.session_weights()
+    session = em.fused_session(ort, fused.graph, weights, DEFAULT_TUNING.options(ort, 1))
     embedder = MiniLMEmbedder(1)
     texts = TEXTS[:5]
     before = embedder.embed(texts)
     with embedder._using() as loaded:
-        mine = em._Loaded(session, loaded.tokenizer)
+        mine = em._Loaded(session, loaded.tokenizer, em.WordTable(fused.words))
     embedder._loaded = mine
     first = embedder.embed(texts)
     for array in weights.values():

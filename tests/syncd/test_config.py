@@ -45,6 +45,7 @@ from syncd.config import (
     load_config,
     parse_config,
 )
+from syncd.places import default_cache_dir
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "syncd.example.toml"
 HOME = "/home/ada"
@@ -176,6 +177,16 @@ def test_platform_default_paths(env: dict[str, str], platform: str, data_dir: st
                                 config_path: str) -> None:
     assert default_data_dir(env, platform) == Path(data_dir)
     assert default_config_path(env, platform) == Path(config_path)
+
+
+@pytest.mark.parametrize(("env", "platform", "cache_dir"), [
+    ({"HOME": HOME}, "linux", f"{HOME}/.cache/syncd"),
+    ({"HOME": HOME, "XDG_CACHE_HOME": "/xcache"}, "linux", "/xcache/syncd"),
+    ({"HOME": HOME, "XDG_CACHE_HOME": "rel"}, "linux", f"{HOME}/.cache/syncd"),
+    ({"HOME": HOME, "XDG_CACHE_HOME": "/xcache"}, "darwin", f"{HOME}/Library/Caches/syncd"),
+])
+def test_platform_default_cache_dir(env: dict[str, str], platform: str, cache_dir: str) -> None:
+    assert default_cache_dir(env, platform) == Path(cache_dir)
 
 
 def test_config_is_frozen_and_checked_when_built_or_replaced_in_code() -> None:

@@ -59,14 +59,22 @@ def default_config_path(env: Mapping[str, str] | None = None, platform: str | No
     return base / APP_NAME / CONFIG_FILE_NAME
 
 
+def default_cache_dir(env: Mapping[str, str] | None = None, platform: str | None = None) -> Path:
+    """``$XDG_CACHE_HOME/syncd`` or ``~/.cache/syncd``; on macOS ``~/Library/Caches/syncd``:
+    what syncd keeps only to be faster (the prompt hook's resolved address), safe to delete."""
+    env = os.environ if env is None else env
+    platform = platform or sys.platform
+    if platform == "darwin":
+        return _home(env) / "Library" / "Caches" / APP_NAME
+    return _base_dir(env, platform, "XDG_CACHE_HOME", ".cache") / APP_NAME
+
+
 def expand_path(text: str, env: Mapping[str, str] | None = None) -> Path:
     """Expand a leading ``~`` (from ``env``'s HOME when set); does not make the path absolute."""
     env = os.environ if env is None else env
     if text == "~" or text.startswith("~/"):
         return _home(env) / text[2:]
     return Path(os.path.expanduser(text))
-
-
 
 
 def running_script(argv0: str | None = None) -> Path | None:

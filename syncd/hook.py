@@ -11,14 +11,16 @@ Rules:
   * Never in the agent's way: a down daemon, a missing token, bad input, a bad config or any
     other error prints nothing, exit 0.
   * It runs on every prompt, so it imports only cheap standard modules (``json``, ``socket``;
-    ``tomllib`` when a config file is there to read) and syncd's stdlib-only ``places``,
+    ``tomllib`` when a config file is there to read whose answer is not kept) and syncd's stdlib-only ``places``,
     ``hook_config``, ``state`` and ``token`` — never aiohttp, msgspec, numpy, the store, ``argparse`` or
     ``urllib.request`` (``syncd.entry`` dispatches here before any of them). ``syncd.cli``
     runs this same code for ``recall --hook``.
   * The daemon's data directory and URL are found exactly as every other command finds them
     (``syncd.commands.settings.command_settings``): the config file, ``SYNCD_*``, then
     ``--data-dir``. A usual config is read by ``syncd.hook_config`` (``tomllib``, the options
-    it can vouch for); an unusual one is decided by ``syncd.config.load_config`` itself — slower (msgspec), never
+    it can vouch for), which keeps its answer in the user's cache
+    (``syncd.places.default_cache_dir``) for the next prompts and sessions until the file or
+    the environment changes; an unusual one is decided by ``syncd.config.load_config`` itself — slower (msgspec), never
     different.
   * One HTTP/1.1 request on a plain socket, as ``syncd.client`` sends it (the same headers
     that matter, the state file's URL, a 1 s timeout on connecting and on each read) and never

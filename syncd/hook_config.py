@@ -15,20 +15,49 @@ Rules:
     unusual side (``embedding.model = "bge-small-en-v1.5"``, a non-loopback ``listen``, ``hub.store`` other than ``"sqlite"``).
   * Precedence and resolution as ``syncd.config``: the defaults < the file < ``SYNCD_*`` (the
     CLI applies ``--data-dir`` last); ``~`` is expanded from ``env``'s HOME by ``syncd.places``.
-  * Imports: ``tomllib`` only for a file with content, else only what the hook loads already;
-    never msgspec or ``syncd.config`` (tests/syncd/test_hook_config.py compares the two on a
-    matrix of configs and on edge values of every listed option).
+  * Imports: ``tomllib`` only for a file with content whose answer is not cached, else only
+    what the hook loads already (``json``); never msgspec or ``syncd.config``
+    (tests/syncd/test_hook_config.py compares the two on a matrix of configs and on edge
+    values of every listed option, read and cached, and after edits).
+
+The cache (``hook-address.json`` in ``syncd.places.default_cache_dir``): ``tomllib``'s import
+is most of what a config file costs the hook (~10 ms), so a usual answer is kept, keyed by
+everything it depends on — the config file's absolute path, device, inode, size, mtime_ns and
+ctime_ns, the ``SYNCD_*`` variables, HOME, XDG_CONFIG_HOME and XDG_DATA_HOME, the platform, the
+size and mtime_ns of this module, ``syncd.places`` and ``syncd.config`` (an upgrade or an edit
+of the rules), and ``CACHE_FORMAT``. Rules:
+  * A hit needs every key equal; anything else — no file, a broken or foreign cache — is a
+    miss, resolved as without a cache. An empty config file, a missing one, a file that is not
+    a regular file or a HOME that is not absolute are never cached (nothing to save, or
+    nothing that identifies them).
+  * The config is stat'ed before it is read, so a change between the two leaves the key older
+    than the answer: the next run misses.
+  * Racy files (git's "racy clean"; Python's .pyc keys on mtime and size alone): a change within
+    the filesystem's timestamp granularity of the last one, with the same size, leaves the
+    stat unchanged. So a config changed less than ``RACY_NS`` (2 s: HFS+'s 1 s, FAT's 2 s)
+    before now is not cached; any later change then gets other times. Left over: a clock
+    stepped back over the file's times, a filesystem that does not update mtime and ctime on
+    a write, NFS's attribute cache (an edit unseen until it expires, 60 s at most by default)
+    and a ``~user`` path's passwd entry changing (answers naming one are not cached).
+  * Written atomically (a ``.<pid>.tmp`` file, 0600, then ``os.replace``); a cache that cannot
+    be written (a read-only or missing place) is not written, the hook unchanged.
 """
 
 from __future__ import annotations
 
+import json  # syncd.hook imports it already
+import os
 import re  # urllib.parse imports it already
+import stat
+import sys
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from syncd.places import (
     ENV_PREFIX,
+    default_cache_dir,
     default_config_path,
     default_data_dir,
     default_hub_data_dir,
@@ -154,12 +183,100 @@ ENV_TEXT = {f"{ENV_PREFIX}{section.upper()}_{name.upper()}": (section, name)
             if check in (path, listen, text, url) or name in ("log_level", "model", "cursor")}
 
 
-def fast_address(config: Path | None, env: Mapping[str, str]) -> tuple[Path, str] | None:
+CACHE_FORMAT = 1
+CACHE_FILE_NAME = "hook-address.json"
+RACY_NS = 2_000_000_000  # a config changed this recently is not cached (the module docstring)
+KEY_ENV = ("HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME")  # besides every SYNCD_* variable
+CODE_FILES = tuple(Path(__file__).with_name(name)
+                   for name in ("hook_config.py", "places.py", "config.py"))
+Address = tuple[Path, str]
+
+
+def fast_address(config: Path | None, env: Mapping[str, str],
+                 clock: Callable[[], int] = time.time_ns) -> Address | None:
     """(``daemon.data_dir``, the URL for ``daemon.listen``) as ``load_config`` resolves them,
-    or None when the config is unusual (the module docstring's rules)."""
+    or None when the config is unusual (the module docstring's rules); from the cache when it
+    holds this config's answer. ``clock`` is "now" in ns, for the racy-file rule."""
+    key = cache_key(config, env)
+    cache = default_cache_dir(env) / CACHE_FILE_NAME
+    if key is not None and (hit := read_cache(cache, key)) is not None:
+        return hit
     raw = _read(config, env)
     if raw is None or not _overlay_env(raw, env):
         return None
+    found = _resolve(raw, env)
+    if (found is not None and key is not None and not _names_a_user(raw)
+            and clock() - max(key["mtime_ns"], key["ctime_ns"]) >= RACY_NS):
+        write_cache(cache, key, found)
+    return found
+
+
+def cache_key(config: Path | None, env: Mapping[str, str]) -> dict[str, Any] | None:
+    """What ``fast_address``'s answer for ``config`` depends on, as JSON would give it back;
+    None when it is not to be cached (the module docstring's rules)."""
+    if not os.path.isabs(env.get("HOME", "")):
+        return None
+    found = expand_path(str(default_config_path(env) if config is None else config), env)
+    try:
+        st = os.stat(found)
+        code = [[str(path), (c := os.stat(path)).st_size, c.st_mtime_ns] for path in CODE_FILES]
+    except (OSError, ValueError):
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+        return None
+    variables = {name: env[name] for name in env
+                 if name.startswith(ENV_PREFIX) or name in KEY_ENV}
+    return {"format": CACHE_FORMAT, "config": os.path.abspath(found), "dev": st.st_dev,
+            "ino": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "ctime_ns": st.st_ctime_ns, "env": dict(sorted(variables.items())),
+            "platform": sys.platform, "code": code}
+
+
+def read_cache(cache: Path, key: dict[str, Any]) -> Address | None:
+    """The cached answer for ``key``, or None (a miss: no file, another key, not ours)."""
+    try:
+        entry = json.loads(cache.read_bytes())
+    except (OSError, ValueError):
+        return None
+    answer = entry.get("answer") if isinstance(entry, dict) and entry.get("key") == key else None
+    if not isinstance(answer, list) or len(answer) != 2 or not all(
+            isinstance(part, str) for part in answer):
+        return None
+    where, url = answer  # and only an answer fast_address could give
+    listen = LOOPBACK_LISTEN.fullmatch(url.removeprefix("http://"))
+    if (not os.path.isabs(where) or has_control_characters(where) or listen is None
+            or not url.startswith("http://") or int(listen[2]) > 65535):
+        return None
+    return Path(where), url
+
+
+def write_cache(cache: Path, key: dict[str, Any], found: Address) -> None:
+    """Keep ``found`` for ``key``, atomically; silently not when the place is not writable."""
+    text = json.dumps({"key": key, "answer": [str(found[0]), found[1]]})
+    tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+    try:
+        cache.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0),
+                     0o600)
+        with open(fd, "w", encoding="ascii") as out:
+            out.write(text)
+        os.replace(tmp, cache)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def _names_a_user(raw: dict[str, Any]) -> bool:
+    """A ``~user`` value: its expansion reads the passwd database, which no key covers."""
+    return any(isinstance(value, str) and value.startswith("~") and value != "~"
+               and not value.startswith("~/")
+               for table in raw.values() for value in table.values())
+
+
+def _resolve(raw: dict[str, Any], env: Mapping[str, str]) -> Address | None:
+    """``fast_address``'s answer for the file's TOML with ``SYNCD_*`` over it."""
     for section, table in raw.items():
         if not isinstance(table, dict):
             return None

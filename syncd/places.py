@@ -47,7 +47,8 @@ def default_data_dir(env: Mapping[str, str] | None = None, platform: str | None 
 
 def default_cache_dir(env: Mapping[str, str] | None = None, platform: str | None = None) -> Path:
     """``$XDG_CACHE_HOME/syncd`` or ``~/.cache/syncd``; on macOS ``~/Library/Caches/syncd``:
-    what can be rebuilt (the fused MiniLM graph, ``local_store.minilm_cache``)."""
+    what syncd keeps only to be faster and can rebuild (the fused MiniLM graph,
+    ``local_store.minilm_cache``; the prompt hook's resolved address), safe to delete."""
     env = os.environ if env is None else env
     platform = platform or sys.platform
     if platform == "darwin":
@@ -75,8 +76,6 @@ def expand_path(text: str, env: Mapping[str, str] | None = None) -> Path:
     if text == "~" or text.startswith("~/"):
         return _home(env) / text[2:]
     return Path(os.path.expanduser(text))
-
-
 
 
 def running_script(argv0: str | None = None) -> Path | None:

@@ -6,13 +6,10 @@ Rules:
     enters), so cosine similarity is a dot product.
   * The index mirrors the ``vectors`` table: rebuilt at start-up, then updated after each
     committed write (never from inside the transaction). Removal swaps in the last vector, so
-    the matrix stays dense.
-  * The matrix is a list of parts, each a column matrix of its own: growing appends a part (a
-    quarter of what is held, between ``MIN_PART`` and ``MAX_PART`` columns), so no growth ever
-    copies what is held, and an index is resident as its vectors plus at most one part's room.
-    An index built from the store in one go (``from_blocks``) is one part of exactly its size.
-    A pull with no room for its vectors drops the index to be rebuilt after
-    (``Shell.drop_index``).
+    the matrix stays dense; capacity grows by doubling. Built from the store (at open, and after
+    a pull with no room for its vectors dropped it: ``Shell.drop_index``), the matrix has room
+    for a quarter more, so a pull never copies a matrix beside its batches and the first saves
+    after it do not double it.
   * Vectors are stored as columns (``dim × capacity``): the query's product is then OpenBLAS's
     plain matrix-vector kernel, which reads the matrix faster than the transposed kernel a
     row per vector calls for (``bench/recall_speed.py``). Writing a block of
@@ -27,7 +24,6 @@ Rules:
 
 from __future__ import annotations
 
-import bisect
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
@@ -39,12 +35,6 @@ Matrix = npt.NDArray[np.float32]
 SAMPLE_STRIDE = 8  # nearest_rows: partition every 8th similarity first
 T = TypeVar("T")
 BLOCK = 64  # rows transposed into the column matrix at a time (64 × 384 floats: 96 KiB)
-# Columns of each part the matrix grows by: a quarter of what it holds, within these bounds
-# (16,384 columns at 384 floats are 24 MiB, the most room a grown index keeps unused). numpy
-# asks the kernel for huge pages on arrays this large, and a column matrix's every row is
-# written as soon as its first columns are, so a part is resident in full from its first use.
-MIN_PART = 1024
-MAX_PART = 16384
 # fill_derived's rows at a time: with ~1,400 generic texts a chunk's product is 2.8 MB. At 2048
 # it was 11 MB, freed and allocated again chunk after chunk on the fill's thread: past its first
 # free glibc serves a block that size from the thread's heap and keeps twice it resident
@@ -93,8 +83,7 @@ class VectorIndex:
     def __init__(self, model: str, dim: int, capacity: int = 1024) -> None:
         self.model = model
         self.dim = dim
-        self._parts: list[Matrix] = [np.zeros((dim, max(capacity, 1)), dtype=np.float32)]
-        self._starts: list[int] = [0]  # each part's first row
+        self._columns: Matrix = np.zeros((dim, max(capacity, 1)), dtype=np.float32)
         self._ids: list[str] = []
         self._frozen_ids: tuple[str, ...] | None = None  # ``_ids`` as of now; None: stale
         self._rows: dict[str, int] = {}
@@ -114,12 +103,14 @@ class VectorIndex:
 
     @classmethod
     def from_blocks(cls, model: str, dim: int, count: int,
-                    blocks: Iterable[Sequence[tuple[str, bytes]]]) -> VectorIndex:
+                    blocks: Iterable[Sequence[tuple[str, bytes]]], *,
+                    room: float = 0.25) -> VectorIndex:
         """Build from ``(id, little-endian float32 blob)`` rows given a block at a time — a
-        cursor's ``fetchmany`` — into one part of the ``count`` expected (more rows only grow
-        it). Each block's blobs are joined alone, so neither a list of every blob nor a copy of
-        them all is ever made (at 100k memories each was 150 MB beside the index)."""
-        index = cls(model, dim, capacity=max(MIN_PART, count))
+        cursor's ``fetchmany`` — into a matrix of the ``count`` expected and ``room`` as much
+        again for rows to come (more rows than announced only grow it). Each block's blobs
+        are joined alone, so neither a list of every blob nor a copy of them all is ever made
+        (at 100k memories each was 150 MB beside the index)."""
+        index = cls(model, dim, capacity=max(1024, count + int(count * room)))
         for block in blocks:
             if not block:
                 continue
@@ -140,12 +131,7 @@ class VectorIndex:
     @property
     def capacity(self) -> int:
         """How many vectors the matrix has room for before it must grow."""
-        return self._starts[-1] + int(self._parts[-1].shape[1])
-
-    @property
-    def parts(self) -> int:
-        """How many parts the matrix is in."""
-        return len(self._parts)
+        return int(self._columns.shape[1])
 
     @property
     def ids(self) -> list[str]:
@@ -153,37 +139,9 @@ class VectorIndex:
 
     @property
     def matrix(self) -> Matrix:
-        """The live vectors, one row each (transposed columns, not contiguous: a view of a
-        one-part matrix, else a copy; do not keep it across writes)."""
-        return self._span(0, len(self._ids)).T
-
-    # ------------------------------------------------------------------ parts (under the lock)
-
-    def _place(self, row: int) -> tuple[Matrix, int]:
-        """The part holding ``row`` and the row's column in it."""
-        at = bisect.bisect_right(self._starts, row) - 1
-        return self._parts[at], row - self._starts[at]
-
-    def _column(self, row: int) -> npt.NDArray[np.float32]:
-        part, column = self._place(row)
-        return part[:, column]
-
-    def _span(self, start: int, end: int) -> Matrix:
-        """Columns ``start…end`` (``dim × (end − start)``): a view inside one part, else a copy."""
-        pieces = [part[:, max(start, first) - first:min(end, first + part.shape[1]) - first]
-                  for first, part in zip(self._starts, self._parts, strict=True)
-                  if first < end and start < first + part.shape[1]]
-        if len(pieces) == 1:
-            return pieces[0]
-        return np.concatenate(pieces, axis=1) if pieces else np.zeros((self.dim, 0), np.float32)
-
-    def _write_span(self, start: int, columns: Matrix) -> None:
-        """Write ``columns`` (``dim × k``) at rows ``start…``, across parts."""
-        end = start + columns.shape[1]
-        for first, part in zip(self._starts, self._parts, strict=True):
-            lo, hi = max(start, first), min(end, first + part.shape[1])
-            if lo < hi:
-                part[:, lo - first:hi - first] = columns[:, lo - start:hi - start]
+        """The live vectors, one row each (a transposed view of the columns, not contiguous;
+        do not keep it across writes)."""
+        return self._columns[:, : len(self._ids)].T
 
     def snapshot(self, query: npt.ArrayLike) -> tuple[tuple[str, ...], npt.NDArray[np.float32]]:
         """(ids, cosine of ``query`` with each) as of one instant — safe from any thread."""
@@ -204,8 +162,7 @@ class VectorIndex:
             rows = {mid: row for mid in ids if (row := self._rows.get(mid)) is not None}
             moved = [mid for mid, row in rows.items()
                      if row >= len(ids_then) or ids_then[row] != mid]
-            columns = (np.stack([self._column(rows[mid]) for mid in moved]) if moved
-                       else None)
+            columns = self._columns[:, [rows[mid] for mid in moved]].T.copy() if moved else None
         out = {mid: float(sims[row]) for mid, row in rows.items() if mid not in moved}
         if columns is not None:
             out.update(zip(moved, (columns @ query).tolist(), strict=True))
@@ -222,7 +179,7 @@ class VectorIndex:
             rows = {mid: row for mid in ids if (row := self._rows.get(mid)) is not None}
             out = {mid: float(self._derived[row]) for mid, row in rows.items()}
             missing = [mid for mid, value in out.items() if value != value]  # NaN
-            columns = (np.stack([self._column(rows[mid]) for mid in missing])
+            columns = (self._columns[:, [rows[mid] for mid in missing]].T.copy()
                        if missing else None)
             generation = self._generation
         if columns is None:
@@ -251,7 +208,7 @@ class VectorIndex:
                 if start >= size:
                     return done
                 end = min(size, start + chunk)
-                block = self._span(start, end).T.copy()
+                block = self._columns[:, start:end].T.copy()
                 generation = self._generation
             values = compute(block)
             with self._lock:
@@ -277,8 +234,7 @@ class VectorIndex:
             self._ids.append(memory_id)
             self._rows[memory_id] = row
             self._frozen_ids = None
-        part, column = self._place(row)
-        part[:, column] = unit_rows(values.reshape(1, -1))[0]
+        self._columns[:, row] = unit_rows(values.reshape(1, -1))[0]
         self._derived[row] = np.nan
 
     def apply(self, changes: list[tuple[str, npt.NDArray[np.float32] | None]]) -> None:
@@ -322,21 +278,19 @@ class VectorIndex:
         for at in range(0, len(vectors), BLOCK):
             block = vectors[at:at + BLOCK]
             rows = unit_rows(floats(block).reshape(len(block), self.dim))
-            self._write_span(start + at, rows.T)
+            self._columns[:, start + at:start + at + len(block)] = rows.T
 
     def _reserve(self, rows: int) -> None:
-        """Room for ``rows`` vectors: one new part when it is short, of what is missing or a
-        quarter of the room there is (within ``MIN_PART``…``MAX_PART``), whichever is more.
-        What is held stays where it is; only the derived values (a float per row) are copied."""
-        capacity = self.capacity
-        if rows <= capacity:
-            return
-        size = max(rows - capacity, min(MAX_PART, max(MIN_PART, capacity // 4)))
-        self._parts.append(np.zeros((self.dim, size), dtype=np.float32))
-        self._starts.append(capacity)
-        derived = np.full(capacity + size, np.nan, np.float32)
-        derived[:len(self._ids)] = self._derived[:len(self._ids)]
-        self._derived = derived
+        """Room for ``rows`` vectors: the matrix at least doubles when it grows."""
+        have = len(self._ids)
+        if rows > self._columns.shape[1]:
+            grown = np.zeros((self.dim, max(rows, have * 2)),
+                             dtype=np.float32)
+            grown[:, :have] = self._columns[:, :have]
+            self._columns = grown
+            derived = np.full(grown.shape[1], np.nan, np.float32)
+            derived[:have] = self._derived[:have]
+            self._derived = derived
 
     def remove(self, memory_id: str) -> None:
         with self._lock:
@@ -351,8 +305,7 @@ class VectorIndex:
         last = len(self._ids) - 1
         if row != last:
             moved = self._ids[last]
-            part, column = self._place(row)
-            part[:, column] = self._column(last)
+            self._columns[:, row] = self._columns[:, last]
             self._derived[row] = self._derived[last]
             self._ids[row] = moved
             self._rows[moved] = row
@@ -363,16 +316,7 @@ class VectorIndex:
         q = np.asarray(query, dtype=np.float32).reshape(-1)
         if q.shape[0] != self.dim:
             raise ValueError(f"query has dim {q.shape[0]}, want {self.dim}")
-        n = len(self._ids)
-        if n <= self._parts[0].shape[1]:
-            sims: npt.NDArray[np.float32] = q @ self._parts[0][:, :n]
-            return sims
-        sims = np.empty(n, dtype=np.float32)
-        for first, part in zip(self._starts, self._parts, strict=True):
-            if first >= n:
-                break
-            end = min(n, first + part.shape[1])
-            np.matmul(q, part[:, :end - first], out=sims[first:end])
+        sims: npt.NDArray[np.float32] = q @ self._columns[:, : len(self._ids)]
         return sims
 
     def top_k(self, query: npt.ArrayLike, k: int,

@@ -12,15 +12,23 @@ the daemon of another checkout (e.g. main's worktree, before this change) in the
 the two columns see the same minutes; that daemon gets the same config (an older one that does
 not know ``idle_unload_secs`` is given none, and its unload rows stay empty).
 
-Then, in this process, the embedder's query latency (one short text per ``embed``) and a
-100-text batch, with the session options before issue 36 (``PREVIOUS_TUNING``) and the chosen
-ones (``DEFAULT_TUNING``), each query on both in turn; ratio = new / old median. Vectors of the
-two are compared too (max |difference|, held to 1e-5 by the tests).
+Memory rows: the daemon's VmRSS; with its child processes (the daemon runs MiniLM in one,
+``local_store.embed_worker``, stopped at the idle unload) as VmRSS summed and as Pss summed.
+
+Then the embedder's query latency (one short text per ``embed``) and a 100-text batch, with the
+session options before issue 36 (``PREVIOUS_TUNING``, in this process), the chosen ones
+(``DEFAULT_TUNING``, in this process) and the chosen ones in a child process as the daemon runs
+them (``WorkerEmbedder``), each query on all three in turn; ratio = that median / old's. Vectors
+of old and new are compared (max |difference|, held to 1e-5 by the tests), and the child's must
+equal new's bit for bit. With ``--baseline``, both daemons are also run side by side (the same
+saves in each, then ``--embeds`` queries through HTTP, each query to both in turn): the
+latency a client sees, in the same minutes.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -48,6 +56,8 @@ from local_store.embed_minilm import (  # noqa: E402
     PREVIOUS_TUNING,
     MiniLMEmbedder,
 )
+from local_store.embed_worker import WorkerEmbedder  # noqa: E402
+from syncd.places import default_cache_dir  # noqa: E402
 
 WORDS = (
     "deploy release tag make build test sqlite writer lock daemon token redact merge conflict "
@@ -67,6 +77,22 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def pss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no Pss for {pid}")
+
+
+def children(pid: int) -> list[int]:
+    """``pid``'s child processes (the embedder's, once the daemon has started it)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with_kids = (task / "children").read_text().split()
+        found += [int(kid) for kid in with_kids]
+    return found
 
 
 class Daemon:
@@ -126,6 +152,14 @@ class Daemon:
     def rss(self) -> float:
         return rss_mb(self.proc.pid)
 
+    def measure(self, out: dict[str, Any], step: str) -> None:
+        """The daemon's VmRSS, and with its child processes: their VmRSS summed (pages they
+        share counted twice) and their Pss summed (shared pages split between them)."""
+        kids = children(self.proc.pid)  # they live as long as the daemon: none exits here
+        out[step] = self.rss
+        out[f"{step}: + child processes"] = self.rss + sum(rss_mb(k) for k in kids)
+        out[f"{step}: Pss, all processes"] = pss_mb(self.proc.pid) + sum(pss_mb(k) for k in kids)
+
     def post(self, path: str, body: dict[str, Any]) -> Any:
         self.conn.request("POST", path, json.dumps(body).encode(), {
             "Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
@@ -159,33 +193,59 @@ def run_daemon(tree: Path, args: argparse.Namespace, knows_idle: bool,
     with tempfile.TemporaryDirectory(prefix="syncd-membench-") as tmp:
         daemon = Daemon(Path(tmp), tree, args.idle, knows_idle, model)
         try:
-            out["at ready"] = daemon.rss
+            daemon.measure(out, "at ready")
             t0 = time.perf_counter()
             for start in range(0, len(saves), args.batch):
                 batch = saves[start:start + args.batch]
                 daemon.post("/v1/agent/memory/tools/save_memories",
                             {"memories": [{"content": text} for text in batch]})
             out["saves (s)"] = time.perf_counter() - t0
-            out[f"after {len(saves)} saves"] = daemon.rss
+            daemon.measure(out, f"after {len(saves)} saves")
             latencies = [daemon.query(q) for q in queries]
             out["query p50 over HTTP (ms)"] = statistics.median(latencies)
-            out[f"after {len(queries)} queries"] = daemon.rss
+            daemon.measure(out, f"after {len(queries)} queries")
             if knows_idle:
                 mark = len(daemon.lines)
                 t0 = time.perf_counter()
                 daemon.wait_for(UNLOADED, args.idle + 60, after=mark)
                 out["unload came after (s)"] = time.perf_counter() - t0
-                out["after the idle unload"] = daemon.rss
+                daemon.measure(out, "after the idle unload")
                 out["first query after unload (ms)"] = daemon.query("how do we deploy a release")
-                out["after reload"] = daemon.rss
+                daemon.measure(out, "after reload")
         finally:
             daemon.stop()
     return out
 
 
+def alternated_queries(trees: dict[str, tuple[Path, bool]], args: argparse.Namespace,
+                       rounds: int) -> dict[str, list[float]]:
+    """Query latency over HTTP (ms) with the daemons of ``trees`` up side by side, each given the
+    same saves, queried in turn (the order rotating): the minutes are the same for all."""
+    rng = np.random.default_rng(7)
+    saves = [memory_text(rng, 12, 80) for _ in range(args.saves)]
+    queries = [memory_text(rng, 3, 8) for _ in range(rounds)]
+    times: dict[str, list[float]] = {name: [] for name in trees}
+    with contextlib.ExitStack() as stack:
+        daemons = {}
+        for name, (tree, knows_idle) in trees.items():
+            home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="syncd-alt-")))
+            daemon = Daemon(home, tree, 3600.0, knows_idle)
+            stack.callback(daemon.stop)
+            for start in range(0, len(saves), args.batch):
+                daemon.post("/v1/agent/memory/tools/save_memories",
+                            {"memories": [{"content": t} for t in saves[start:start + args.batch]]})
+            daemons[name] = daemon
+        order = list(daemons.items())
+        for i, text in enumerate(queries):
+            for name, daemon in order[i % len(order):] + order[:i % len(order)]:
+                times[name].append(daemon.query(text))
+    return times
+
+
 def embed_latencies(blocks: int) -> dict[str, dict[str, list[float]]]:
     """Query and 100-text batch latencies (ms), old and new options alternated in blocks."""
-    pair = {"old": MiniLMEmbedder(tuning=PREVIOUS_TUNING), "new": MiniLMEmbedder()}
+    pair: dict[str, Any] = {"old": MiniLMEmbedder(tuning=PREVIOUS_TUNING), "new": MiniLMEmbedder(),
+                            "child": WorkerEmbedder(cache_dir=default_cache_dir())}
     rng = np.random.default_rng(11)
     queries = [memory_text(rng, 3, 8) for _ in range(25)]
     batch = [memory_text(rng, 12, 80) for _ in range(100)]
@@ -209,6 +269,9 @@ def embed_latencies(blocks: int) -> dict[str, dict[str, list[float]]]:
     check = queries + batch
     diff = float(np.abs(pair["old"].embed(check) - pair["new"].embed(check)).max())
     times["max |old - new| vector difference"] = {"new": [diff]}
+    same = bool((pair["child"].embed(check) == pair["new"].embed(check)).all())
+    times["child process vectors identical to new"] = {"new": [float(same)]}
+    pair["child"].close()
     return times
 
 
@@ -240,6 +303,10 @@ def main() -> None:
         again = run_daemon(args.baseline.resolve(), args, knows)
         columns["baseline"] = {k: statistics.mean([v, again.get(k, v)])
                                for k, v in columns["baseline"].items()}
+    side_by_side = None
+    if args.baseline is not None:
+        side_by_side = alternated_queries({"baseline": (args.baseline.resolve(), knows),
+                                           "this tree": (ROOT, True)}, args, args.embeds)
     times = embed_latencies(max(2, args.embeds // 25))
 
     load1, load5, _ = os.getloadavg()
@@ -255,11 +322,20 @@ def main() -> None:
             value = columns[name].get(key)
             cells.append(f"{value:>14.1f}" if value is not None else f"{'-':>14}")
         print(f"{key:<36}" + "".join(cells))
+    if side_by_side is not None:
+        print()
+        print(f"{'query over HTTP, daemons side by side':<38}{'n':>6}{'p50':>9}{'p95':>9}"
+              "  ratio to baseline p50")
+        base = statistics.median(side_by_side["baseline"])
+        for name, values in side_by_side.items():
+            print(f"{name:<38}{len(values):>6}{statistics.median(values):>9.2f}"
+                  f"{pct(values, 95):>9.2f}  ×{statistics.median(values) / base:.2f}")
     print()
-    print(f"{'embedder in-process (ms)':<36}{'n':>6}{'p50':>9}{'p95':>9}  ratio new/old p50")
+    print(f"{'embedder (ms)':<36}{'n':>6}{'p50':>9}{'p95':>9}  ratio to old p50")
     for what in ("query", "batch"):
-        old, new = times[what]["old"], times[what]["new"]
-        for name, values in (("old options", old), ("new options", new)):
+        old, new, child = times[what]["old"], times[what]["new"], times[what]["child"]
+        for name, values in (("old options", old), ("new options", new),
+                             ("new, child process", child)):
             ratio = statistics.median(values) / statistics.median(old)
             label = f"{what} embed, {name}"
             if what == "batch":
@@ -268,7 +344,10 @@ def main() -> None:
                   f"{pct(values, 95):>9.2f}  ×{ratio:.2f}")
     print(f"max |old - new| vector difference: "
           f"{times['max |old - new| vector difference']['new'][0]:.2e}")
-    print(f"old = {PREVIOUS_TUNING}\nnew = {DEFAULT_TUNING}")
+    print("child process vectors identical to new: "
+          f"{bool(times['child process vectors identical to new']['new'][0])}")
+    print(f"old = {PREVIOUS_TUNING}\nnew = {DEFAULT_TUNING}\n"
+          "child = new, in the daemon's local_store.embed_worker process")
 
 
 if __name__ == "__main__":

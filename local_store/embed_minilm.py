@@ -39,8 +39,6 @@ file's own graph.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import gc
 import hashlib
 import importlib.metadata
@@ -48,7 +46,6 @@ import importlib.util
 import logging
 import math
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -61,6 +58,7 @@ import numpy.typing as npt
 
 from local_store import minilm_cache
 from local_store.embed import Vectors, normalise_rows
+from local_store.heap import release_freed_memory
 from local_store.minilm_graph import FusedModel, WordTable, fused_minilm
 
 MINILM_MODEL_ID = "all-MiniLM-L6-v2"
@@ -205,28 +203,6 @@ class SessionTuning:
 # What main ran before issue 36: the baseline bench/memory.py measures the default against.
 PREVIOUS_TUNING = SessionTuning(cpu_mem_arena=True, mem_pattern=True, max_batch=64)
 DEFAULT_TUNING = SessionTuning()
-
-
-def release_freed_memory() -> None:
-    """Hand the heap's free pages back to the operating system: glibc keeps what Python and
-    onnxruntime free (the session's ~90 MB of weights among it) mapped for reuse otherwise.
-    Nothing to do on other C libraries (macOS returns large blocks by itself)."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-_TRIM: list[Callable[[int], int] | None] = []
-
-
-def _malloc_trim() -> Callable[[int], int] | None:
-    if not _TRIM:
-        found = None
-        if sys.platform.startswith("linux"):
-            with contextlib.suppress(OSError, AttributeError):
-                found = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-        _TRIM.append(found)
-    return _TRIM[0]
 
 
 class _Loaded:
@@ -417,7 +393,10 @@ class MiniLMEmbedder:
         if not rows:
             return out
         with self._using() as loaded:
-            encodings = loaded.tokenizer.encode_batch([texts[i] for i in rows])
+            if len(rows) == 1:  # a query: encode_batch wakes a thread pool (~65 µs more)
+                encodings = [loaded.tokenizer.encode(texts[rows[0]])]
+            else:
+                encodings = loaded.tokenizer.encode_batch([texts[i] for i in rows])
             ids = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
             # Group texts of similar length so each chunk pads little; a row's vector does not
             # depend on what else is in its chunk (the attention mask hides padding).

@@ -49,6 +49,7 @@ import numpy as np
 import numpy.typing as npt
 
 from local_store.embed import Embedder
+from local_store.heap import release_freed_memory
 from local_store.ranking import tokenize
 from local_store.vectors import unit_rows
 
@@ -94,6 +95,8 @@ def generic_words() -> frozenset[str]:
     tokenizer = resources.files("local_store").joinpath("data", *TOKENIZER_FILE)
     vocab = json.loads(tokenizer.read_text("utf-8"))["model"]["vocab"]
     words.update(token for token in vocab if len(token) >= 2 and token.isalpha())
+    del vocab
+    release_freed_memory()  # the parsed tokenizer file: ~7 MB kept resident otherwise
     return frozenset(words)
 
 

@@ -12,7 +12,8 @@ Rules:
   * Background work (model warm-up, re-embedding, the embedder's idle unload) is held by
     reference and cancelled on stop.
   * An embedder with ``unload_if_idle`` (MiniLM) is asked by a timer on the loop, at the time it
-    names, whether to unload; the call runs on a thread (it may free ~100 MB).
+    names, whether to unload; the call runs on a thread (it stops the model's child process).
+    An embedder with ``close`` is closed after the store.
   * The daemon is configured by the ``Config`` it is given (its sections' defaults are the only
     ones); what ``syncd run`` resolves from the flags — the data directory and the address — is
     passed beside it. A configuration that cannot work (a token file missing, a bad pinned key)
@@ -82,14 +83,19 @@ class StartupError(Exception):
 
 def make_embedder(embedding: EmbeddingConfig, *, idle_unload: bool) -> Embedder:
     """The ``[embedding]`` section's embedder. ``idle_unload``: MiniLM gives its memory back
-    after ``embedding.idle_unload_secs`` unused (the daemon; the hub keeps it loaded)."""
+    after ``embedding.idle_unload_secs`` unused (the daemon; the hub keeps it loaded). That one
+    runs in a child process (``local_store.embed_worker``): stopping the child returns all the
+    model took, where an unload in this process left its libraries' pages behind."""
     model, cache_dir, threads = embedding.model, embedding.cache_dir, embedding.threads
     if model == "hashing":
         return HashingEmbedder()
+    if model == "all-MiniLM-L6-v2" and idle_unload and embedding.idle_unload_secs > 0:
+        from local_store.embed_worker import WorkerEmbedder
+        return WorkerEmbedder(intra_op_threads=threads, cache_dir=default_cache_dir(),
+                              idle_unload_secs=embedding.idle_unload_secs)
     if model == "all-MiniLM-L6-v2":
         from local_store.embed_minilm import MiniLMEmbedder
-        return MiniLMEmbedder(intra_op_threads=threads, idle_unload_secs=(
-            embedding.idle_unload_secs if idle_unload else 0.0), cache_dir=default_cache_dir())
+        return MiniLMEmbedder(intra_op_threads=threads, cache_dir=default_cache_dir())
     if model == "bge-small-en-v1.5":
         from local_store.embed_minilm import EmbedderUnavailable, FastEmbedBGE
         if cache_dir is None:
@@ -236,6 +242,8 @@ class Daemon:
                 await asyncio.get_running_loop().run_in_executor(
                     None, state_path(self.data_dir).unlink)
             await store.close()
+            if isinstance(self.embedder, Closing):  # after the store: no embed can follow
+                await loop.run_in_executor(None, self.embedder.close)
             if not served:  # a failed start leaves the data dir as it found it
                 await loop.run_in_executor(None, restore_listing, self.data_dir, found)
 
@@ -325,6 +333,13 @@ class Daemon:
             task = asyncio.create_task(work, name=name)
             self._background.add(task)
             task.add_done_callback(self._background.discard)
+
+
+@runtime_checkable
+class Closing(Protocol):
+    def close(self) -> None:
+        """Stop what the embedder runs (its child process); the daemon's last step."""
+        ...
 
 
 @runtime_checkable

@@ -1,0 +1,332 @@
+"""all-MiniLM-L6-v2 in a child process, so that an idle unload gives back all it took (issue 36).
+
+Unloading the model inside the daemon left ~60 MB behind: onnxruntime's and tokenizers' code
+pages and the heap their imports grew stay mapped in a process once it has imported them.
+``WorkerEmbedder`` keeps all of that in a child process; stopping the child returns it.
+
+Rules:
+  * The daemon never imports onnxruntime or tokenizers. The first embed (or ``load``) starts
+    ``python -m local_store.embed_worker``, which runs the in-process ``MiniLMEmbedder``: the
+    vectors are the same bits. ``unload_if_idle`` stops the child once no embed has run for
+    ``idle_unload_secs`` and none is in flight; the next embed starts another.
+  * One request at a time, over the child's stdin and stdout. A frame is a 4-byte little-endian
+    length and that many bytes. A request is JSON: ``{"texts": [...]}`` or ``{"load": true}``.
+    An answer is ``b"\\0"`` and the rows as little-endian float32, or ``b"\\1"`` and JSON
+    ``{"type": ..., "message": ...}`` for what the embedder raised there.
+  * The child lives no longer than its parent: it exits when it reads end-of-file on stdin, which
+    it does however the parent ends (a stop closes the pipe; a crash or SIGKILL closes it too).
+    It ignores SIGINT, so a Ctrl-C in the daemon's terminal stops the daemon, which stops it.
+  * A child that died is never waited on: an embed that finds it gone starts another, and one
+    that loses it mid-request fails with ``EmbedderUnavailable`` naming its exit status (the
+    store saves the memory without a vector and owes it one, as for any embedder failure).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from local_store.embed import Vectors
+from local_store.embed_minilm import (
+    MINILM_DIM,
+    MINILM_MODEL_ID,
+    EmbedderUnavailable,
+    MiniLMEmbedder,
+)
+
+log = logging.getLogger("local_store.embed_worker")
+
+_LENGTH = struct.Struct("<I")
+_OK, _FAILED = b"\0", b"\1"
+STOP_WAIT_SECS = 10.0  # a child that has not exited this long after its stdin closed is killed
+_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+class ChildFailed(RuntimeError):
+    """The child raised something other than ``EmbedderUnavailable``; its type and message."""
+
+
+def child_command(intra_op_threads: int | None, cache_dir: Path | None) -> list[str]:
+    command = [sys.executable, "-m", "local_store.embed_worker"]
+    if intra_op_threads is not None:
+        command += ["--threads", str(intra_op_threads)]
+    if cache_dir is not None:
+        command += ["--cache-dir", str(cache_dir)]
+    return command
+
+
+class WorkerEmbedder:
+    """The ``MiniLMEmbedder`` interface the daemon uses, served by a child process.
+
+    ``command``: what starts the child (``child_command`` by default; a test gives a small fake).
+    ``clock`` measures idleness for ``unload_if_idle``, as ``MiniLMEmbedder``'s does.
+    """
+
+    def __init__(self, intra_op_threads: int | None = None, *, idle_unload_secs: float = 0.0,
+                 cache_dir: Path | None = None, command: Sequence[str] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if intra_op_threads is not None and intra_op_threads < 1:
+            raise ValueError(f"intra_op_threads must be >= 1, got {intra_op_threads}")
+        if not math.isfinite(idle_unload_secs) or idle_unload_secs < 0:
+            raise ValueError(f"idle_unload_secs must be >= 0, got {idle_unload_secs}")
+        self._command = list(command or child_command(intra_op_threads, cache_dir))
+        self._idle_unload_secs = idle_unload_secs
+        self._clock = clock
+        self._pipe = threading.Lock()  # one request at a time; held across a request and answer
+        self._state = threading.Lock()  # guards the fields below (never held while waiting)
+        self._child: subprocess.Popen[bytes] | None = None
+        self._in_flight = 0
+        self._last_used = 0.0
+        self._load_count = 0
+        self.unload_count = 0
+
+    @property
+    def model_id(self) -> str:
+        return MINILM_MODEL_ID
+
+    @property
+    def dim(self) -> int:
+        return MINILM_DIM
+
+    @property
+    def loaded(self) -> bool:
+        child = self._child
+        return child is not None and child.poll() is None
+
+    @property
+    def load_count(self) -> int:
+        """Children started so far."""
+        return self._load_count
+
+    @property
+    def idle_unload_secs(self) -> float:
+        return self._idle_unload_secs
+
+    @property
+    def pid(self) -> int | None:
+        child = self._child
+        return None if child is None else child.pid
+
+    def load(self) -> None:
+        """Start the child and have it load the model now (``EmbedderUnavailable`` if it cannot)."""
+        self._ask(json.dumps({"load": True}).encode(), rows=0)
+
+    def embed(self, texts: list[str]) -> Vectors:
+        if not any(text.strip() for text in texts):  # zero rows: no child for nothing to embed
+            return np.zeros((len(texts), MINILM_DIM), dtype=np.float32)
+        return self._ask(json.dumps({"texts": texts}).encode(), rows=len(texts))
+
+    def unload_if_idle(self) -> float:
+        """Stop the child when no embed has run for ``idle_unload_secs`` and none is in flight;
+        the seconds after which to ask again (``inf`` when it never unloads)."""
+        idle = self._idle_unload_secs
+        if idle <= 0:
+            return math.inf
+        with self._state:
+            if self._child is None or self._in_flight:
+                return idle  # an embed in flight marks a fresh use when it ends
+            due = self._last_used + idle - self._clock()
+            if due > 0:
+                return due
+            child, self._child = self._child, None
+            self.unload_count += 1
+        _stop(child)
+        log.info("unloaded %s after %g s unused; the next embed loads it again",
+                 MINILM_MODEL_ID, idle)
+        return idle
+
+    def close(self) -> None:
+        """Stop the child, if one runs (the daemon's last step; an embed after it starts one)."""
+        with self._state:
+            child, self._child = self._child, None
+        if child is not None:
+            _stop(child)
+
+    def _ask(self, request: bytes, rows: int) -> Vectors:
+        with self._state:
+            self._in_flight += 1
+        try:
+            with self._pipe:
+                child = self._running()
+                answer = _exchange(child, request)
+        finally:
+            with self._state:
+                self._in_flight -= 1
+                self._last_used = self._clock()
+        return _decode(answer, rows)
+
+    def _running(self) -> subprocess.Popen[bytes]:
+        """The child (under ``_pipe``), started when there is none or the last one died."""
+        with self._state:
+            child = self._child
+        if child is not None and child.poll() is None:
+            return child
+        if child is not None:
+            log.warning("the %s process exited (%s); starting another", MINILM_MODEL_ID,
+                        _status(child))
+            _stop(child)  # its pipes
+        try:
+            child = subprocess.Popen(self._command, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env=_child_env(),
+                                     close_fds=True)
+        except OSError as exc:
+            raise EmbedderUnavailable(f"{MINILM_MODEL_ID}: cannot start its process "
+                                      f"{self._command[0]}: {exc.strerror or exc}") from None
+        with self._state:
+            self._child = child
+            self._load_count += 1
+        return child
+
+
+def _child_env() -> dict[str, str]:
+    """The parent's environment, with this package importable however the parent found it."""
+    env = dict(os.environ)
+    path = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = _PACKAGE_ROOT if not path else _PACKAGE_ROOT + os.pathsep + path
+    return env
+
+
+def _exchange(child: subprocess.Popen[bytes], request: bytes) -> bytes:
+    """Send one frame, read one; a child gone mid-way is ``EmbedderUnavailable``."""
+    assert child.stdin is not None and child.stdout is not None
+    try:  # the file descriptors themselves: no buffer layer between the frames and the pipe
+        _send(child.stdin.fileno(), _LENGTH.pack(len(request)) + request)
+        answer = _receive(child.stdout.fileno())
+    except (OSError, ValueError):  # a broken pipe, or a pipe already closed
+        answer = None
+    if answer is None:  # its stdout closed: it is exiting (or is made to), so reap it
+        _stop(child)
+        raise EmbedderUnavailable(f"{MINILM_MODEL_ID}: its process exited during an embed "
+                                  f"({_status(child)}); the next embed starts another")
+    return answer
+
+
+def _decode(answer: bytes, rows: int) -> Vectors:
+    head, body = answer[:1], answer[1:]
+    if head == _FAILED:
+        failure = json.loads(body)
+        if failure.get("type") == EmbedderUnavailable.__name__:
+            raise EmbedderUnavailable(failure["message"])
+        raise ChildFailed(f"{failure.get('type')}: {failure.get('message')}")
+    if head != _OK or len(body) != rows * MINILM_DIM * 4:
+        raise ChildFailed(f"the {MINILM_MODEL_ID} process answered {len(answer)} bytes for "
+                          f"{rows} rows")
+    matrix: Vectors = np.frombuffer(body, dtype="<f4").reshape(rows, MINILM_DIM).copy()
+    return matrix
+
+
+def _send(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _receive(fd: int) -> bytes | None:
+    """One frame's bytes from ``fd``; None at end-of-file (also in the middle of one)."""
+    head = _read_exactly(fd, _LENGTH.size)
+    if head is None:
+        return None
+    (length,) = _LENGTH.unpack(head)
+    return _read_exactly(fd, length)
+
+
+def _read_exactly(fd: int, size: int) -> bytes | None:
+    parts, left = [], size
+    while left:
+        part = os.read(fd, left)
+        if not part:
+            return None
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
+
+
+def _read_frame(stream: IO[bytes]) -> bytes | None:
+    """One frame's bytes; None at end-of-file (also in the middle of one)."""
+    head = stream.read(_LENGTH.size)
+    if len(head) < _LENGTH.size:
+        return None
+    (length,) = _LENGTH.unpack(head)
+    body = stream.read(length)
+    return body if len(body) == length else None
+
+
+def _write_frame(stream: IO[bytes], body: bytes) -> None:
+    stream.write(_LENGTH.pack(len(body)) + body)
+    stream.flush()
+
+
+def _status(child: subprocess.Popen[bytes]) -> str:
+    code = child.poll()
+    if code is None:
+        return "still running"
+    if code < 0:
+        return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+def _stop(child: subprocess.Popen[bytes]) -> None:
+    """Close the child's stdin (it exits at end-of-file) and reap it; kill it if it lingers."""
+    for stream in (child.stdin, child.stdout):
+        if stream is not None:
+            try:
+                stream.close()
+            except OSError:
+                pass  # a pipe the dead child left broken
+    try:
+        child.wait(STOP_WAIT_SECS)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+
+
+def serve(embedder: Any, requests: IO[bytes], answers: IO[bytes]) -> None:
+    """The child's loop: a frame in, a frame out, until end-of-file."""
+    while (request := _read_frame(requests)) is not None:
+        try:
+            asked = json.loads(request)
+            if asked.get("load"):
+                embedder.load()
+                body = _OK
+            else:
+                body = _OK + np.ascontiguousarray(embedder.embed(asked["texts"]), "<f4").tobytes()
+        except Exception as exc:  # the parent raises it; the child keeps serving
+            body = _FAILED + json.dumps({"type": type(exc).__name__,
+                                         "message": str(exc)}).encode()
+        _write_frame(answers, body)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m local_store.embed_worker",
+                                     description="all-MiniLM-L6-v2 for a syncd daemon, over "
+                                     "length-prefixed frames on stdin and stdout")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--cache-dir", type=Path, default=None)
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops on Ctrl-C, then stops this
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format=f"{MINILM_MODEL_ID} process: %(levelname)s %(message)s")
+    answers = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # whatever a library prints goes to the log, never into a frame
+    embedder = MiniLMEmbedder(intra_op_threads=args.threads, cache_dir=args.cache_dir)
+    serve(embedder, sys.stdin.buffer, answers)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -24,6 +24,7 @@ from local_store import HashingEmbedder
 from local_store.embed_minilm import EmbedderUnavailable, MiniLMEmbedder
 from local_store.embed_worker import (
     _FAILED,
+    _ID,
     _OK,
     ChildFailed,
     WorkerEmbedder,
@@ -182,9 +183,9 @@ def test_a_command_that_cannot_start_is_embedder_unavailable(tmp_path: Path) -> 
 
 def frames(*requests: object) -> io.BytesIO:
     stream = io.BytesIO()
-    for request in requests:
+    for ident, request in enumerate(requests):
         body = request if isinstance(request, bytes) else json.dumps(request).encode()
-        _write_frame(stream, body)
+        _write_frame(stream, _ID.pack(ident) + body)
     stream.seek(0)
     return stream
 
@@ -203,16 +204,16 @@ def test_serve_answers_each_frame_and_a_bad_one_with_a_failure() -> None:
     serve(embedder, frames({"texts": ["deploy", "redis"]}, b"not json", {"nothing": 1},
                            {"load": True}), answers)
     answers.seek(0)
-    first = _read_frame(answers)
-    assert first is not None and first[:1] == _OK
+    got = [_read_frame(answers) for _ in range(4)]
+    assert _read_frame(answers) is None  # end-of-file: the loop ended
+    assert [_ID.unpack_from(frame)[0] for frame in got if frame] == [0, 1, 2, 3]
+    first, bad_json, no_texts, load = (frame[_ID.size:] for frame in got if frame)
+    assert first[:1] == _OK
     rows = np.frombuffer(first[1:], dtype="<f4").reshape(2, 384)
     assert np.array_equal(rows, embedder.embed(["deploy", "redis"]))
-    for expected in ("JSONDecodeError", "KeyError"):
-        failed = _read_frame(answers)
-        assert failed is not None and failed[:1] == _FAILED
-        assert json.loads(failed[1:])["type"] == expected
-    assert _read_frame(answers) == _OK and embedder.loads == 1
-    assert _read_frame(answers) is None  # end-of-file: the loop ended
+    for failed, expected in ((bad_json, "JSONDecodeError"), (no_texts, "KeyError")):
+        assert failed[:1] == _FAILED and json.loads(failed[1:])["type"] == expected
+    assert load == _OK and embedder.loads == 1
 
 
 def test_an_answer_of_the_wrong_size_is_a_failure() -> None:
@@ -239,3 +240,61 @@ def test_the_child_exits_when_its_parent_is_killed() -> None:
         finally:
             parent.kill()
     wait_until(lambda: gone(child))  # it read end-of-file on its stdin
+
+
+def embed_in_threads(worker: WorkerEmbedder, texts: list[str]) -> list[object]:
+    """Each text embedded on its own thread: its row, or what the embed raised."""
+    results: list[object] = [None] * len(texts)
+
+    def one(i: int) -> None:
+        try:
+            results[i] = worker.embed([texts[i]])
+        except Exception as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(texts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def test_answers_given_last_first_reach_the_threads_that_asked(tmp_path: Path) -> None:
+    (tmp_path / "gather").write_text("3")  # three requests in flight, answered in reverse
+    worker = fake(tmp_path)
+    try:
+        results = embed_in_threads(worker, ["a", "bb", "ccc"])
+        for length, rows in enumerate(results, start=1):
+            assert isinstance(rows, np.ndarray) and rows[0, length] == 1.0
+    finally:
+        worker.close()
+
+
+def test_a_child_lost_with_requests_in_flight_fails_them_all(tmp_path: Path) -> None:
+    (tmp_path / "gather").write_text("2")
+    worker = fake(tmp_path)
+    try:
+        (tmp_path / "die-once").touch()
+        results = embed_in_threads(worker, ["a", "bb"])
+        assert all(isinstance(r, EmbedderUnavailable) and "exit status 3" in str(r)
+                   for r in results), results
+        (tmp_path / "gather").write_text("1")
+        assert worker.embed(["abcd"])[0, 4] == 1.0
+        assert worker.load_count == 2
+    finally:
+        worker.close()
+
+
+def test_concurrent_embeds_get_the_in_process_vectors() -> None:
+    """Several threads at once, as the daemon's saves and recalls embed: each its own rows."""
+    texts = [f"{i}: " + TEXTS[i % len(TEXTS)] for i in range(24)]
+    expected = MiniLMEmbedder().embed(texts)
+    worker = WorkerEmbedder()
+    try:
+        results = embed_in_threads(worker, texts)
+        for i, rows in enumerate(results):
+            assert isinstance(rows, np.ndarray), rows
+            assert float(np.abs(rows[0] - expected[i]).max()) <= 1e-5
+    finally:
+        worker.close()

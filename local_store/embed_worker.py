@@ -9,9 +9,8 @@ Rules:
     ``python -m local_store.embed_worker``, which runs the in-process ``MiniLMEmbedder``: the
     vectors are the same bits. ``unload_if_idle`` stops the child once no embed has run for
     ``idle_unload_secs`` and none is in flight; the next embed starts another.
-  * Requests run side by side, as embeds from several threads do in process: each carries an
-    id, the child runs up to ``WORKERS`` at once on its own threads and answers each when done.
-    A frame is a 4-byte little-endian length, then a 4-byte id and the bytes. A request is
+  * Several threads may have a request in flight: each carries an id and its answer carries it
+    back (the child answers one at a time, in order: ``serve`` says why). A frame is a 4-byte little-endian length, then a 4-byte id and the bytes. A request is
     JSON: ``{"texts": [...]}`` or ``{"load": true}``. An answer is ``b"\\0"`` and the rows as
     little-endian float32, or ``b"\\1"`` and JSON ``{"type": ..., "message": ...}`` for what the
     embedder raised there.
@@ -41,7 +40,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
@@ -60,7 +58,6 @@ log = logging.getLogger("local_store.embed_worker")
 _LENGTH = struct.Struct("<I")
 _ID = struct.Struct("<I")
 _OK, _FAILED = b"\0", b"\1"
-WORKERS = 2  # requests the child runs at once: 113–124 req/s mixed load against 102–118 with 1
 STOP_WAIT_SECS = 10.0  # a child that has not exited this long after its stdin closed is killed
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 
@@ -391,25 +388,14 @@ def _reap(child: subprocess.Popen[bytes]) -> None:
         child.wait()
 
 
-def serve(embedder: Any, requests: IO[bytes], answers: IO[bytes], workers: int = 1) -> None:
-    """The child's loop: frames in, each answered (on one of ``workers`` threads) when done,
-    until end-of-file; the requests still running are answered before it returns."""
-    writing = threading.Lock()
-
-    def answer(ident: int, request: bytes) -> None:
-        body = _handle(embedder, request)
-        with writing:
-            _write_frame(answers, _ID.pack(ident) + body)
-
-    if workers == 1:  # on this thread: no hand-over to a pool thread per request
-        while (frame := _read_frame(requests)) is not None:
-            (ident,) = _ID.unpack_from(frame)
-            answer(ident, frame[_ID.size:])
-        return
-    with ThreadPoolExecutor(workers, thread_name_prefix="embed") as pool:
-        while (frame := _read_frame(requests)) is not None:
-            (ident,) = _ID.unpack_from(frame)
-            pool.submit(answer, ident, frame[_ID.size:])
+def serve(embedder: Any, requests: IO[bytes], answers: IO[bytes]) -> None:
+    """The child's loop: a frame in, its answer out, until end-of-file. One at a time on this
+    thread (bench/memory.py, bench/http.py --mixed): two at once on a pool's threads ran the
+    8-client load at 113–124 req/s against 102–118, but a lone query's embed took ×1.18 the
+    in-process time against ×1.09–1.13, and the process held 21 MB more after 1,000 saves."""
+    while (frame := _read_frame(requests)) is not None:
+        (ident,) = _ID.unpack_from(frame)
+        _write_frame(answers, _ID.pack(ident) + _handle(embedder, frame[_ID.size:]))
 
 
 def _handle(embedder: Any, request: bytes) -> bytes:
@@ -438,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # whatever a library prints goes to the log, never into a frame
     embedder = MiniLMEmbedder(intra_op_threads=args.threads, cache_dir=args.cache_dir)
-    serve(embedder, sys.stdin.buffer, answers, WORKERS)
+    serve(embedder, sys.stdin.buffer, answers)
     return 0
 
 

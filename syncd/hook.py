@@ -60,6 +60,9 @@ PROJECT_POINTER = re.compile(
 SESSION_START = "SessionStart"
 SESSION_LIMIT = 8  # memories a session starts with
 SESSION_BUDGET_CHARS = 4000  # the context a session starts with, cut at a line
+# The daemon's heading when no memory matched (``local_store.ranking.FALLBACK_HEADING``, which
+# this module must not import): a session has no query, so it is said in its own words.
+FALLBACK_HEADING = "No memory matched the query. The most important recent memories:\n"
 
 
 def run_hook(config: Path | None, data_dir: Path | None) -> int:
@@ -87,7 +90,7 @@ def run_hook(config: Path | None, data_dir: Path | None) -> int:
             return 0
         context = result.get("context")
         if event == SESSION_START and isinstance(context, str):
-            context = within_budget(context, SESSION_BUDGET_CHARS)
+            context = within_budget(session_heading(context, project), SESSION_BUDGET_CHARS)
         if isinstance(context, str) and context.strip():
             print(json.dumps({"hookSpecificOutput": {"hookEventName": event,
                                                      "additionalContext": context}}))
@@ -109,6 +112,16 @@ def session_query(project: str, realms: list[str]) -> dict[str, Any]:
     session never starts on an empty slate."""
     return {"query": project or "project", "realms": realms, "limit": SESSION_LIMIT,
             "expand_hops": 0}
+
+
+def session_heading(context: str, project: str) -> str:
+    """A session's context says what it is: the daemon's "no memory matched the query" means,
+    at a session's start, that no memory names the project yet."""
+    if not context.startswith(FALLBACK_HEADING):
+        return context
+    named = f"this project ({project})" if project else "this project"
+    return (f"No memory names {named} yet. The most important recent memories:\n"
+            + context[len(FALLBACK_HEADING):])
 
 
 def within_budget(context: str, budget: int) -> str:

@@ -8,7 +8,8 @@ import json
 import signal
 from pathlib import Path
 
-from syncd.hook import named_project
+from local_store import ranking
+from syncd.hook import FALLBACK_HEADING, named_project, session_heading
 from tests.syncd.processes import finish, wait_ready
 from tests.syncd.test_daemon import cli, start
 
@@ -90,6 +91,34 @@ async def test_a_session_starts_with_the_projects_memories(tmp_path: Path) -> No
     finally:
         proc.send_signal(signal.SIGTERM)
         assert (await finish(proc))[0] == 0
+
+
+async def test_a_session_with_no_memory_naming_its_project_says_so(tmp_path: Path) -> None:
+    """The daemon's fallback heading speaks of a query; a session starts without one."""
+    data = tmp_path / "data"
+    proc = await start(data, "--listen", "127.0.0.1:0")
+    await wait_ready(proc)
+    try:
+        code, _, err = await cli(data, "save", "deploys go out with make release")
+        assert code == 0, err
+        hook_input = json.dumps({"hook_event_name": "SessionStart", "source": "startup",
+                                 "cwd": str(tmp_path / "proj"), "session_id": "s1"}).encode()
+        code, out, err = await cli(data, "recall", "--hook", stdin=hook_input)
+        assert code == 0, err
+        context = json.loads(out)["hookSpecificOutput"]["additionalContext"]
+        assert context == ("No memory names this project (proj) yet. The most important "
+                           "recent memories:\n" + context.split("\n", 1)[1]), context
+        assert "make release" in context
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert (await finish(proc))[0] == 0
+
+
+def test_the_hook_knows_the_daemons_fallback_heading() -> None:
+    assert FALLBACK_HEADING == ranking.FALLBACK_HEADING  # the hook cannot import ranking
+    assert session_heading("Relevant memories:\n- x\n", "p") == "Relevant memories:\n- x\n"
+    assert session_heading(FALLBACK_HEADING + "- x\n", "") == (
+        "No memory names this project yet. The most important recent memories:\n- x\n")
 
 
 def test_a_pointer_at_the_project_is_replaced_by_its_name() -> None:

@@ -254,7 +254,7 @@ class _Child:
                     break
                 waiter.woken.clear()  # set again only under _turn, after this
             waiter.woken.wait()
-        while (frame := _receive(self._stdout)) is not None:
+        while (frame := _receive(self._stdout)) is not None and len(frame) >= _ID.size:
             (got,) = _ID.unpack_from(frame)
             with self._turn:
                 other = self._waiting.pop(got, None)
@@ -267,7 +267,8 @@ class _Child:
                 if other is not None:
                     other.answer = frame[_ID.size:]
                     other.woken.set()
-        # Its stdout ended: it is exiting (or is made to). Still the reader: nobody else reads.
+        # Its stdout ended (or made no sense): it is exiting, or is made to. Still the reader:
+        # nobody else reads.
         self._close_stdin()
         _reap(self.popen)
         self._close_stdout()

@@ -298,3 +298,22 @@ def test_concurrent_embeds_get_the_in_process_vectors() -> None:
             assert float(np.abs(rows[0] - expected[i]).max()) <= 1e-5
     finally:
         worker.close()
+
+
+def test_the_child_imports_neither_the_store_nor_msgspec() -> None:
+    """What the child process imports is what it holds resident, for as long as it runs."""
+    script = ("import sys, local_store.embed_worker; "
+              "print(sorted(m for m in ('local_store.store', 'msgspec', 'sqlite3', 'onnx', "
+              "'onnxruntime', 'tokenizers', 'syncd') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]", out  # onnxruntime and tokenizers come with the first load
+
+
+def test_the_packages_names_are_still_there() -> None:
+    import local_store
+    assert set(local_store.__all__) <= set(dir(local_store))
+    for name in local_store.__all__:
+        assert getattr(local_store, name).__name__ == name
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        local_store.Nope  # noqa: B018

@@ -49,6 +49,10 @@ class Paths:
     socket_dir: Path | None = None
     # ``daemon.shutdown_timeout_secs``: the service manager must wait longer than the drain.
     shutdown_secs: float = 10.0
+    # ``syncd.places.default_cache_dir``: where the embedding process keeps the fused MiniLM
+    # graph. Read-only under the unit, every load of the model (the first embed after each idle
+    # unload) rebuilds it: 1.2 s instead of 0.4, past the prompt hook's 1 s.
+    cache_dir: Path | None = None
 
 
 STOP_MARGIN_SECS = 20  # beyond the drain: closing the store, a last WAL checkpoint
@@ -88,6 +92,7 @@ def check_paths(paths: Paths, command: list[str] | None = None) -> None:
     newline or another control character."""
     named = [("the config file", str(paths.config)), ("the data directory", str(paths.data_dir)),
              ("the log directory", str(paths.log_dir))]
+    named += [("the cache directory", str(paths.cache_dir))] if paths.cache_dir else []
     named += [("the syncd command", word) for word in command or ()]
     for what, text in named:
         if has_control_characters(text):
@@ -110,10 +115,11 @@ def render_systemd(paths: Paths, command: list[str] | None = None) -> str:
                                                             command=argument)))
     unit = "".join(lines).replace(f"\nTimeoutStopSec={MIN_STOP_SECS}\n",
                                   f"\nTimeoutStopSec={stop_timeout(paths)}\n")
-    if paths.socket_dir is not None and not paths.socket_dir.is_relative_to(paths.data_dir):
-        # "-": a directory missing at start is skipped rather than failing the unit
-        unit = unit.replace("\nReadWritePaths=", "\nReadWritePaths=" + _systemd_word(
-            f"-{paths.socket_dir}") + " ", 1)
+    for extra in (paths.socket_dir, paths.cache_dir):  # last one first on the line
+        if extra is not None and not extra.is_relative_to(paths.data_dir):
+            # "-": a directory missing at start is skipped rather than failing the unit
+            unit = unit.replace("\nReadWritePaths=", "\nReadWritePaths=" + _systemd_word(
+                f"-{extra}") + " ", 1)
     if any(_in_tmp(path) for path in (paths.data_dir, paths.config, paths.socket_dir)
            if path is not None):
         unit = unit.replace("\nPrivateTmp=yes\n", "\n" + PRIVATE_TMP_OFF)
@@ -200,6 +206,8 @@ def install(platform: str, paths: Paths) -> int:
         return EXIT_TEMPFAIL
     target = unit_path(platform)
     paths.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # ReadWritePaths needs it
+    if paths.cache_dir is not None:  # the unit cannot create it under a read-only ~/.cache
+        paths.cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     if not paths.config.exists():  # the unit names the file; an empty one means the defaults
         paths.config.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         paths.config.write_text("# syncd configuration: deploy/syncd.example.toml in syncd's "

@@ -62,6 +62,7 @@ def _device_id(data_dir: Path) -> str:
 def service_command(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     from syncd import service
     from syncd.config import default_config_path
+    from syncd.places import default_cache_dir
     platform = args.platform or service.default_platform()
     if args.action == "status":
         return service.status(platform)
@@ -73,7 +74,8 @@ def service_command(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     paths = service.Paths(config=config, data_dir=Path(settings["data_dir"]).absolute(),
                           log_dir=Path.home() / "Library" / "Logs" / "syncd",
                           socket_dir=None if socket is None else socket.parent,
-                          shutdown_secs=daemon.shutdown_timeout_secs)
+                          shutdown_secs=daemon.shutdown_timeout_secs,
+                          cache_dir=default_cache_dir().absolute())
     try:  # a path a unit cannot hold is refused before anything is written
         if args.print_only:
             sys.stdout.write(service.render(platform, paths))

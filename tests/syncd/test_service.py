@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from syncd.places import syncd_command
+from syncd.places import default_cache_dir, syncd_command
 from syncd.service import Paths, render_systemd
 from tests.syncd.processes import ROOT, env_for, finish, wait_ready
 from tests.syncd.test_daemon import cli, start
@@ -31,6 +31,35 @@ def syncd_cli(home: Path, *args: str, stdin: str | None = None,
     return subprocess.run([sys.executable, "-m", "syncd", *args], input=stdin,
                           capture_output=True, text=True, env=env_for(home, **extra), timeout=60,
                           check=False)
+
+
+def cache_of(home: Path) -> Path:
+    """The cache directory ``syncd_cli(home, …)`` runs with (the embedding process's)."""
+    return default_cache_dir(env_for(home))
+
+
+def test_the_unit_leaves_the_cache_dir_writable_and_install_creates_it(tmp_path: Path) -> None:
+    """Read-only under ``ProtectSystem=strict``, the fused graph could not be kept: every load
+    of the model rebuilt it (1.2 s against 0.4), past the prompt hook's 1 s."""
+    home, data = tmp_path / "home", tmp_path / "data"
+    cache = tmp_path / "cache dir"
+    unit = render_systemd(Paths(config=tmp_path / "c.toml", data_dir=data, log_dir=tmp_path,
+                                cache_dir=cache))
+    assert f'ReadWritePaths="-{cache}" {data}' in unit.splitlines(), unit
+    inside = render_systemd(Paths(config=tmp_path / "c.toml", data_dir=data, log_dir=tmp_path,
+                                  cache_dir=data / "cache"))
+    assert f"ReadWritePaths={data}" in inside.splitlines(), inside
+    with pytest.raises(ValueError, match="the cache directory"):
+        render_systemd(Paths(config=tmp_path / "c.toml", data_dir=data, log_dir=tmp_path,
+                             cache_dir=tmp_path / "a\nb"))
+    assert not cache_of(home).exists()
+    out = syncd_cli(home, "--data-dir", str(data), "service", "install", "--systemd", "--print")
+    assert out.returncode == 0 and f"-{cache_of(home)}" in out.stdout, out.stdout
+    assert not cache_of(home).exists()  # --print writes nothing
+    path, _ = _fake_manager(tmp_path, "systemctl", "-")
+    out = syncd_cli(home, "--data-dir", str(data), "service", "install", "--systemd", PATH=path)
+    assert out.returncode == 0, out.stderr
+    assert cache_of(home).is_dir() and (cache_of(home).stat().st_mode & 0o777) == 0o700
 
 
 def analyze_verify(unit: Path) -> None:
@@ -57,7 +86,8 @@ def test_systemd_unit_renders_and_verifies(tmp_path: Path) -> None:
     assert not (home / ".config/systemd").exists()  # --print writes nothing
     for line in ("Type=notify", "NotifyAccess=main", "WatchdogSec=30", "Restart=on-failure",
                  "RestartPreventExitStatus=2", "UMask=0077", "NoNewPrivileges=yes",
-                 "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6", f'ReadWritePaths="{data}"'):
+                 "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6",
+                 f'ReadWritePaths=-{cache_of(home)} "{data}"'):
         assert line in unit.splitlines(), line
     exec_start = next(x for x in unit.splitlines() if x.startswith("ExecStart="))
     assert exec_start.endswith(f' --config {home}/.config/syncd/config.toml --data-dir "{data}" run')
@@ -110,7 +140,7 @@ def test_the_units_leave_the_socket_dir_writable_and_outwait_the_drain(tmp_path:
                     "install", "--systemd", "--print")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert f'ReadWritePaths="-{run}" {data}' in lines, out.stdout
+    assert f'ReadWritePaths=-{cache_of(home)} "-{run}" {data}' in lines, out.stdout
     assert "TimeoutStopSec=120" in lines
     path = tmp_path / "syncd.service"
     path.write_text(out.stdout)
@@ -122,7 +152,7 @@ def test_the_units_leave_the_socket_dir_writable_and_outwait_the_drain(tmp_path:
     config.write_text(f'[daemon]\nunix_socket = "{data}/syncd.sock"\n')  # inside: as it was
     out = syncd_cli(home, "--config", str(config), "--data-dir", str(data), "service",
                     "install", "--systemd", "--print")
-    assert f"ReadWritePaths={data}" in out.stdout.splitlines(), out.stdout
+    assert f"ReadWritePaths=-{cache_of(home)} {data}" in out.stdout.splitlines(), out.stdout
     assert "TimeoutStopSec=30" in out.stdout.splitlines()
 
 
@@ -298,7 +328,8 @@ def test_a_dollar_in_a_path_reaches_the_daemon_as_written(tmp_path: Path) -> Non
     assert argv[argv.index("--data-dir") + 1] == str(data), argv
     assert argv[argv.index("--config") + 1] == str(config), argv
     rw = next(x for x in out.stdout.splitlines() if x.startswith("ReadWritePaths="))
-    assert _unquote_words(rw[len("ReadWritePaths="):].replace("%%", "%")) == [str(data)]
+    assert _unquote_words(rw[len("ReadWritePaths="):].replace("%%", "%")) == [
+        f"-{cache_of(tmp_path / 'home')}", str(data)]
     path = tmp_path / "syncd.service"
     path.write_text(out.stdout)
     analyze_verify(path)

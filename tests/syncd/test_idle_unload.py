@@ -12,6 +12,8 @@ import signal
 import sys
 from pathlib import Path
 
+from local_store.embed_minilm import MiniLMEmbedder
+from local_store.embed_worker import WorkerEmbedder
 from syncd.config import EmbeddingConfig
 from syncd.daemon import IdleUnloading, make_embedder, unload_when_idle
 from tests.syncd.processes import cli, env_for, finish, wait_ready
@@ -41,6 +43,12 @@ def test_the_configured_idle_time_reaches_minilm_and_hashing_has_no_timer() -> N
     assert isinstance(minilm, IdleUnloading)
     assert minilm.idle_unload_secs == 7.5  # type: ignore[attr-defined]
     assert not minilm.loaded  # type: ignore[attr-defined]  # construction loads nothing
+    threaded = make_embedder(EmbeddingConfig(model="all-MiniLM-L6-v2", threads=1), idle_unload=True)
+    assert isinstance(threaded, WorkerEmbedder)
+    assert threaded._command[-4:-2] == ["--threads", "1"]  # the child's command line
+    kept = make_embedder(EmbeddingConfig(model="all-MiniLM-L6-v2", idle_unload_secs=0),
+                         idle_unload=True)
+    assert isinstance(kept, MiniLMEmbedder)  # never unloaded: no child process to stop
     assert not isinstance(make_embedder(EmbeddingConfig(model="hashing"), idle_unload=True),
                           IdleUnloading)
 

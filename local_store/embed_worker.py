@@ -19,7 +19,9 @@ Rules:
     no hand-over between threads.
   * The child lives no longer than its parent: it exits when it reads end-of-file on stdin, which
     it does however the parent ends (a stop closes the pipe; a crash or SIGKILL closes it too).
-    It ignores SIGINT, so a Ctrl-C in the daemon's terminal stops the daemon, which stops it.
+    It ignores SIGINT and SIGTERM: a Ctrl-C in the daemon's terminal, or systemd's stop, which
+    signals every process of the unit, stops the daemon, which drains its requests with this
+    process still answering, then stops it (SIGKILL still ends it).
   * An embed that finds the child gone starts another; the requests in flight when it dies fail
     with ``EmbedderUnavailable`` naming its exit status (the store saves such a memory without
     a vector and owes it one, as for any embedder failure).
@@ -419,7 +421,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--cache-dir", type=Path, default=None)
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops on Ctrl-C, then stops this
+    # A Ctrl-C in a terminal, or systemd's stop (SIGTERM to every process of the unit), is for
+    # the parent: it drains its requests, with this process still answering, then stops it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format=f"{MINILM_MODEL_ID} process: %(levelname)s %(message)s")
     answers = os.fdopen(os.dup(1), "wb")

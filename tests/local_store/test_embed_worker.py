@@ -317,3 +317,19 @@ def test_the_packages_names_are_still_there() -> None:
         assert getattr(local_store, name).__name__ == name
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         local_store.Nope  # noqa: B018
+
+
+def test_the_child_outlasts_a_sigterm_meant_for_its_parent() -> None:
+    """systemd's stop signals every process of the unit: the daemon drains its requests, so the
+    child must still answer them."""
+    worker = WorkerEmbedder()
+    try:
+        first = worker.embed(["deploy with make release"])
+        pid = worker.pid
+        assert pid is not None
+        os.kill(pid, 15)
+        assert np.array_equal(worker.embed(["deploy with make release"]), first)
+        assert worker.pid == pid and worker.load_count == 1
+    finally:
+        worker.close()
+    assert gone(pid)

@@ -174,9 +174,13 @@ class Daemon:
         self.versions = VersionPolicy(config.versions.keep, config.versions.max_age_days)
         self.url = ""
         self._stop = asyncio.Event()
+        self._stop_reason = ""
         self._background: set[asyncio.Task[Any]] = set()
 
-    def stop(self) -> None:
+    def stop(self, why: str = "asked to") -> None:
+        """Stop serving; ``why`` goes in the log's "stopping" line (the first one given)."""
+        if not self._stop.is_set():
+            self._stop_reason = why
         self._stop.set()
 
     async def run(self, ready: Callable[[str], None] | None = None) -> int:
@@ -211,7 +215,8 @@ class Daemon:
             app = create_app(store, token=token, extra_hosts=tuple(daemon.allowed_hosts),
                              max_body=daemon.max_body_bytes,
                              plane_model=self.config.control_plane.embedding_model, sync=sync,
-                             keeper=keeper, stop=self.stop)
+                             keeper=keeper,
+                             stop=lambda: self.stop("asked over HTTP: `syncd stop` or the page"))
             runner = web.AppRunner(app, shutdown_timeout=self.shutdown_timeout,
                                    access_log=None, handle_signals=False)
             await runner.setup()
@@ -231,7 +236,8 @@ class Daemon:
             notify(f"READY=1\nSTATUS=serving {self.url}")
             await self._stop.wait()
             notify("STOPPING=1")
-            log.info("stopping: draining requests (up to %.0f s)", self.shutdown_timeout)
+            log.info("stopping (%s): draining requests (up to %.0f s)", self._stop_reason,
+                     self.shutdown_timeout)
             return EXIT_OK
         finally:
             await self._drain(runner, sync, keeper)
@@ -450,14 +456,14 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 @contextlib.contextmanager
-def stop_signals(stop: Callable[[], None]) -> Iterator[None]:
+def stop_signals(stop: Callable[[str], None]) -> Iterator[None]:
     """The ``STOP_SIGNALS`` call ``stop`` while this lasts — set up before any start-up work, so
     a signal that comes during start-up, or just after "ready", is a clean stop once start-up
     is done (installed only after "ready", a SIGTERM within ~10 ms of it killed the process)."""
     loop = asyncio.get_running_loop()
     for sig in STOP_SIGNALS:
         with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop)
+            loop.add_signal_handler(sig, stop, f"{sig.name} received")
     try:
         yield
     finally:

@@ -42,7 +42,9 @@ class Hub:
         self.url = ""
         self._stop = asyncio.Event()
 
-    def stop(self) -> None:
+    def stop(self, why: str = "asked to") -> None:
+        if not self._stop.is_set():
+            log.info("stopping (%s)", why)
         self._stop.set()
 
     async def run(self, ready: Callable[[str], None] | None = None) -> int:

@@ -65,6 +65,18 @@ async def test_a_stop_signal_right_after_ready_is_a_clean_stop(
     assert code == 0, err
     assert "Traceback" not in err
     assert not (data / "daemon.json").exists()  # the daemon removes it on a clean stop
+    assert f"stopping ({sig.name} received)" in err  # the log says what stopped it
+
+
+async def test_the_log_says_a_stop_came_over_http(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    proc = await start(data, "--listen", "127.0.0.1:0")
+    await wait_ready(proc)
+    code, _, err = await cli(data, "stop")
+    assert code == 0, err
+    code, err = await finish(proc)
+    assert code == 0, err
+    assert "stopping (asked over HTTP: `syncd stop` or the page): draining requests" in err
 
 
 async def test_second_daemon_on_the_same_data_dir_refuses(tmp_path: Path) -> None:

@@ -200,5 +200,5 @@ async def test_scheduled_passes_do_not_fill_the_log(tmp_path: Path) -> None:
     assert len(failed) <= 1, err  # one a minute at most (the first may precede "ready")
     others = [line for line in after_ready if " syncd" not in line]
     assert others == [], err  # no other library's per-run lines (APScheduler wrote two)
-    assert "stopping: draining requests" in err  # the log after "ready" is here to be read
+    assert "stopping (SIGTERM received): draining requests" in err  # the log after "ready"
 

@@ -10,7 +10,7 @@ Rules:
     vectors are the same bits. ``unload_if_idle`` stops the child once no embed has run for
     ``idle_unload_secs`` and none is in flight; the next embed starts another.
   * Several threads may have a request in flight: each carries an id and its answer carries it
-    back (the child answers one at a time, in order: ``serve`` says why). A frame is a 4-byte little-endian length, then a 4-byte id and the bytes. A request is
+    back (the child runs one text's requests in order, a batch beside them: ``serve``). A frame is a 4-byte little-endian length, then a 4-byte id and the bytes. A request is
     JSON: ``{"texts": [...]}`` or ``{"load": true}``. An answer is ``b"\\0"`` and the rows as
     little-endian float32, or ``b"\\1"`` and JSON ``{"type": ..., "message": ...}`` for what the
     embedder raised there.
@@ -42,6 +42,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
@@ -312,8 +313,11 @@ class _Waiter:
 
 
 def _child_env() -> dict[str, str]:
-    """The parent's environment, with this package importable however the parent found it."""
+    """The parent's environment, with this package importable however the parent found it,
+    and glibc's malloc kept to one arena: a batch on the child's second thread otherwise left
+    21 MB in that thread's arena, which ``malloc_trim`` did not hand back (bench/memory.py)."""
     env = dict(os.environ)
+    env.setdefault("MALLOC_ARENA_MAX", "1")
     path = env.get("PYTHONPATH")
     env["PYTHONPATH"] = _PACKAGE_ROOT if not path else _PACKAGE_ROOT + os.pathsep + path
     return env
@@ -392,18 +396,43 @@ def _reap(child: subprocess.Popen[bytes]) -> None:
 
 
 def serve(embedder: Any, requests: IO[bytes], answers: IO[bytes]) -> None:
-    """The child's loop: a frame in, its answer out, until end-of-file. One at a time on this
-    thread (bench/memory.py, bench/http.py --mixed): two at once on a pool's threads ran the
-    8-client load at 113–124 req/s against 102–118, but a lone query's embed took ×1.18 the
-    in-process time against ×1.09–1.13, and the process held 21 MB more after 1,000 saves."""
-    while (frame := _read_frame(requests)) is not None:
-        (ident,) = _ID.unpack_from(frame)
-        _write_frame(answers, _ID.pack(ident) + _handle(embedder, frame[_ID.size:]))
+    """The child's loop: frames in, each answered, until end-of-file (then what still runs is
+    answered before it returns).
+
+    A request of one text (a save, a query) runs here, on the reading thread, in order. One of
+    several texts (a batch save, a re-embedding pass) runs on a second thread, one batch at a
+    time, so the queries that come meanwhile are not held behind it, as they were not in the
+    daemon's own process. Every request on the pool's threads instead cost a lone query ×1.18
+    the in-process time (against ×1.09–1.13) and held 21 MB more after 1,000 saves
+    (bench/memory.py)."""
+    writing = threading.Lock()
+
+    def reply(ident: int, asked: Any) -> None:
+        body = _handle(embedder, asked)
+        with writing:
+            _write_frame(answers, _ID.pack(ident) + body)
+
+    with ThreadPoolExecutor(1, thread_name_prefix="embed-batch") as batches:  # started lazily
+        while (frame := _read_frame(requests)) is not None:
+            (ident,) = _ID.unpack_from(frame)
+            asked = _parse(frame[_ID.size:])
+            if isinstance(asked, dict) and len(asked.get("texts") or ()) > 1:
+                batches.submit(reply, ident, asked)
+            else:
+                reply(ident, asked)
 
 
-def _handle(embedder: Any, request: bytes) -> bytes:
+def _parse(request: bytes) -> Any:
     try:
-        asked = json.loads(request)
+        return json.loads(request)
+    except ValueError as exc:
+        return exc
+
+
+def _handle(embedder: Any, asked: Any) -> bytes:
+    try:
+        if isinstance(asked, Exception):
+            raise asked
         if asked.get("load"):
             embedder.load()
             return _OK

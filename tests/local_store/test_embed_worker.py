@@ -77,6 +77,9 @@ def test_the_childs_vectors_are_the_in_process_embedders() -> None:
         assert np.array_equal(vectors, MiniLMEmbedder().embed(TEXTS))
         assert not vectors[1].any()  # empty text: a zero row, as in process
         assert worker.loaded and worker.load_count == 1
+        environ = Path(f"/proc/{worker.pid}/environ").read_bytes().split(b"\0")
+        arenas = os.environ.get("MALLOC_ARENA_MAX", "1")  # one the parent was given stays
+        assert f"MALLOC_ARENA_MAX={arenas}".encode() in environ  # no arena per thread
     finally:
         worker.close()
     assert not worker.loaded
@@ -205,9 +208,10 @@ def test_serve_answers_each_frame_and_a_bad_one_with_a_failure() -> None:
                            {"load": True}), answers)
     answers.seek(0)
     got = [_read_frame(answers) for _ in range(4)]
-    assert _read_frame(answers) is None  # end-of-file: the loop ended
-    assert [_ID.unpack_from(frame)[0] for frame in got if frame] == [0, 1, 2, 3]
-    first, bad_json, no_texts, load = (frame[_ID.size:] for frame in got if frame)
+    assert _read_frame(answers) is None  # end-of-file: every request answered, then it ended
+    by_id = {_ID.unpack_from(frame)[0]: frame[_ID.size:] for frame in got if frame}
+    assert sorted(by_id) == [0, 1, 2, 3]  # the batch (0) runs beside the others
+    first, bad_json, no_texts, load = (by_id[i] for i in range(4))
     assert first[:1] == _OK
     rows = np.frombuffer(first[1:], dtype="<f4").reshape(2, 384)
     assert np.array_equal(rows, embedder.embed(["deploy", "redis"]))
@@ -333,3 +337,42 @@ def test_the_child_outlasts_a_sigterm_meant_for_its_parent() -> None:
     finally:
         worker.close()
     assert gone(pid)
+
+
+class GatedHashing(HashingEmbedder):
+    """Holds every batch (several texts) until ``gate`` is set; one text goes straight through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if len(texts) > 1:
+            assert self.gate.wait(60), "the test never opened the gate"
+        return super().embed(texts)
+
+
+def test_a_query_is_not_held_behind_a_batch_that_runs() -> None:
+    """A re-embedding pass or a batch save runs beside the one-text requests: a prompt's query
+    sent after it is answered first."""
+    embedder = GatedHashing()
+    requests_r, requests_w = os.pipe()
+    answers_r, answers_w = os.pipe()
+    with open(requests_r, "rb") as requests, open(answers_w, "wb") as answers, \
+            open(requests_w, "wb") as ask, open(answers_r, "rb") as answered:
+        loop = threading.Thread(target=serve, args=(embedder, requests, answers))
+        loop.start()
+        try:
+            _write_frame(ask, _ID.pack(7) + json.dumps({"texts": ["deploy", "redis"]}).encode())
+            _write_frame(ask, _ID.pack(8) + json.dumps({"texts": ["solo"]}).encode())
+            first = _read_frame(answered)
+            assert first is not None and _ID.unpack_from(first)[0] == 8  # the batch is held
+            embedder.gate.set()
+            second = _read_frame(answered)
+            assert second is not None and _ID.unpack_from(second)[0] == 7
+            rows = np.frombuffer(second[_ID.size + 1:], dtype="<f4").reshape(2, 384)
+            assert np.array_equal(rows, HashingEmbedder().embed(["deploy", "redis"]))
+        finally:
+            embedder.gate.set()
+            ask.close()  # end-of-file: the loop ends
+            loop.join()

@@ -10,7 +10,8 @@ Rules:
     vectors are the same bits. ``unload_if_idle`` stops the child once no embed has run for
     ``idle_unload_secs`` and none is in flight; the next embed starts another.
   * Several threads may have a request in flight: each carries an id and its answer carries it
-    back (the child runs one text's requests in order, a batch beside them: ``serve``). A frame is a 4-byte little-endian length, then a 4-byte id and the bytes. A request is
+    back (the child runs one-text requests in order and a batch beside them: ``serve``). A
+    frame is a 4-byte little-endian length, then a 4-byte id and the bytes. A request is
     JSON: ``{"texts": [...]}`` or ``{"load": true}``. An answer is ``b"\\0"`` and the rows as
     little-endian float32, or ``b"\\1"`` and JSON ``{"type": ..., "message": ...}`` for what the
     embedder raised there.

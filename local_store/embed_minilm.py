@@ -224,6 +224,14 @@ def _default_threads() -> int:
     return max(1, min(2, os.cpu_count() or 1))
 
 
+def check_settings(intra_op_threads: int | None, idle_unload_secs: float) -> None:
+    """ValueError for settings no MiniLM embedder takes, in process or in a child."""
+    if intra_op_threads is not None and intra_op_threads < 1:
+        raise ValueError(f"intra_op_threads must be >= 1, got {intra_op_threads}")
+    if not math.isfinite(idle_unload_secs) or idle_unload_secs < 0:
+        raise ValueError(f"idle_unload_secs must be >= 0, got {idle_unload_secs}")
+
+
 def _nonempty(texts: list[str]) -> list[int]:
     return [i for i, text in enumerate(texts) if text.strip()]
 
@@ -244,12 +252,9 @@ class MiniLMEmbedder:
                  tuning: SessionTuning = DEFAULT_TUNING, idle_unload_secs: float = 0.0,
                  clock: Callable[[], float] = time.monotonic,
                  cache_dir: Path | None = None) -> None:
-        if intra_op_threads is not None and intra_op_threads < 1:
-            raise ValueError(f"intra_op_threads must be >= 1, got {intra_op_threads}")
+        check_settings(intra_op_threads, idle_unload_secs)
         if tuning.max_batch < 1 or tuning.inter_op_threads < 1:
             raise ValueError(f"max_batch and inter_op_threads must be >= 1: {tuning}")
-        if not math.isfinite(idle_unload_secs) or idle_unload_secs < 0:
-            raise ValueError(f"idle_unload_secs must be >= 0, got {idle_unload_secs}")
         self._threads = intra_op_threads if intra_op_threads is not None else _default_threads()
         self._fused = fused
         self._tuning = tuning

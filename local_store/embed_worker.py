@@ -31,6 +31,7 @@ Rules:
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -55,6 +56,7 @@ from local_store.embed_minilm import (
     MINILM_MODEL_ID,
     EmbedderUnavailable,
     MiniLMEmbedder,
+    check_settings,
 )
 
 log = logging.getLogger("local_store.embed_worker")
@@ -89,10 +91,7 @@ class WorkerEmbedder:
     def __init__(self, intra_op_threads: int | None = None, *, idle_unload_secs: float = 0.0,
                  cache_dir: Path | None = None, command: Sequence[str] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        if intra_op_threads is not None and intra_op_threads < 1:
-            raise ValueError(f"intra_op_threads must be >= 1, got {intra_op_threads}")
-        if not math.isfinite(idle_unload_secs) or idle_unload_secs < 0:
-            raise ValueError(f"idle_unload_secs must be >= 0, got {idle_unload_secs}")
+        check_settings(intra_op_threads, idle_unload_secs)
         self._command = list(command or child_command(intra_op_threads, cache_dir))
         self._idle_unload_secs = idle_unload_secs
         self._clock = clock
@@ -228,12 +227,11 @@ class _Child:
         waiter = _Waiter()
         with self._turn:
             self._waiting[ident] = waiter
-        frame = _LENGTH.pack(_ID.size + len(request)) + _ID.pack(ident) + request
         with self._sending:
             if not self._stdin_closed:
                 assert self.popen.stdin is not None
                 with contextlib.suppress(OSError):  # gone: the read below finds out
-                    _send(self.popen.stdin.fileno(), frame)
+                    _write_frame(self.popen.stdin.fileno(), _ID.pack(ident) + request)
         return self._wait(ident, waiter)
 
     def stop(self) -> None:
@@ -258,7 +256,7 @@ class _Child:
                     break
                 waiter.woken.clear()  # set again only under _turn, after this
             waiter.woken.wait()
-        while (frame := _receive(self._stdout)) is not None and len(frame) >= _ID.size:
+        while (frame := _read_frame(self._stdout)) is not None and len(frame) >= _ID.size:
             (got,) = _ID.unpack_from(frame)
             with self._turn:
                 other = self._waiting.pop(got, None)
@@ -338,25 +336,21 @@ def _decode(answer: bytes, rows: int) -> Vectors:
     return matrix
 
 
-def _send(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _receive(fd: int) -> bytes | None:
-    """One frame's bytes from ``fd``; None at end-of-file (also in the middle of one)."""
-    head = _read_exactly(fd, _LENGTH.size)
+def _read_frame(source: IO[bytes] | int) -> bytes | None:
+    """One frame's bytes from a stream or a file descriptor; None at end-of-file (also in the
+    middle of one)."""
+    head = _read_exactly(source, _LENGTH.size)
     if head is None:
         return None
     (length,) = _LENGTH.unpack(head)
-    return _read_exactly(fd, length)
+    return _read_exactly(source, length)
 
 
-def _read_exactly(fd: int, size: int) -> bytes | None:
+def _read_exactly(source: IO[bytes] | int, size: int) -> bytes | None:
+    read = functools.partial(os.read, source) if isinstance(source, int) else source.read
     parts, left = [], size
     while left:
-        part = os.read(fd, left)
+        part = read(left)
         if not part:
             return None
         parts.append(part)
@@ -364,19 +358,17 @@ def _read_exactly(fd: int, size: int) -> bytes | None:
     return b"".join(parts)
 
 
-def _read_frame(stream: IO[bytes]) -> bytes | None:
-    """One frame's bytes; None at end-of-file (also in the middle of one)."""
-    head = stream.read(_LENGTH.size)
-    if len(head) < _LENGTH.size:
-        return None
-    (length,) = _LENGTH.unpack(head)
-    body = stream.read(length)
-    return body if len(body) == length else None
-
-
-def _write_frame(stream: IO[bytes], body: bytes) -> None:
-    stream.write(_LENGTH.pack(len(body)) + body)
-    stream.flush()
+def _write_frame(target: IO[bytes] | int, body: bytes) -> None:
+    """One frame to a stream (flushed) or a file descriptor (no buffer between it and the
+    pipe)."""
+    frame = _LENGTH.pack(len(body)) + body
+    if isinstance(target, int):
+        view = memoryview(frame)
+        while view:
+            view = view[os.write(target, view):]
+    else:
+        target.write(frame)
+        target.flush()
 
 
 def _status(child: subprocess.Popen[bytes]) -> str:
